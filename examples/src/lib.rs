@@ -1,0 +1,1 @@
+//! Test support for running example programs under `uiw run`.
