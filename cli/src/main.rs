@@ -1,1 +1,633 @@
-fn main() {}
+//! `uiw`: publish, inspect and use uiw software iWARP devices (see `uiw --help`).
+
+mod help;
+mod libs;
+mod netdev;
+mod nodes;
+mod state;
+mod tree;
+
+use state::{Entry, Paths};
+use std::ffi::OsString;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// A failure with its exit status and message.
+struct Fail(u8, String);
+
+type Res<T = ()> = Result<T, Fail>;
+
+fn fail<T>(msg: impl Into<String>) -> Res<T> {
+    Err(Fail(1, msg.into()))
+}
+fn usage<T>(msg: impl Into<String>) -> Res<T> {
+    Err(Fail(2, format!("{}\nTry 'uiw --help'.", msg.into())))
+}
+
+fn main() -> ExitCode {
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    match real_main(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Fail(code, msg)) => {
+            if !msg.is_empty() {
+                eprintln!("uiw: {msg}");
+            }
+            ExitCode::from(code)
+        }
+    }
+}
+
+fn real_main(args: Vec<OsString>) -> Res {
+    let mut it = args.into_iter().peekable();
+    let mut state_override: Option<PathBuf> = None;
+    let cmd = loop {
+        let Some(a) = it.next() else {
+            print!("{}", help::MAIN);
+            return usage("no command given");
+        };
+        match a.to_str() {
+            Some("-h") | Some("--help") | Some("help") => {
+                print!("{}", help::MAIN);
+                return Ok(());
+            }
+            Some("-V") | Some("--version") => {
+                println!("uiw {}", env!("CARGO_PKG_VERSION"));
+                return Ok(());
+            }
+            Some("--state-dir") => match it.next() {
+                Some(v) => state_override = Some(v.into()),
+                None => return usage("--state-dir needs a directory"),
+            },
+            Some(s) if s.starts_with("--state-dir=") => state_override = Some(s["--state-dir=".len()..].into()),
+            Some(s) => break s.to_string(),
+            None => return usage(format!("unknown command {a:?}")),
+        }
+    };
+    let rest: Vec<OsString> = it.collect();
+    let paths = Paths::from_env(state_override);
+    let page = match cmd.as_str() {
+        "up" => help::UP,
+        "down" => help::DOWN,
+        "show" | "list" => help::SHOW,
+        "env" => help::ENV,
+        "run" => help::RUN,
+        "install" => help::INSTALL,
+        "uninstall" => help::UNINSTALL,
+        other => return usage(format!("unknown command '{other}'")),
+    };
+    // `run` passes everything after the command through; other commands take --help anywhere.
+    let wants_help = |v: &[OsString]| v.iter().any(|a| a == "-h" || a == "--help");
+    if cmd != "run" && wants_help(&rest) || cmd == "run" && rest.first().map_or(false, |a| a == "-h" || a == "--help") {
+        print!("{page}");
+        return Ok(());
+    }
+    match cmd.as_str() {
+        "up" => cmd_up(&paths, netdev_opts(&rest, "up")?, true),
+        "down" => cmd_down(&paths, netdev_opts(&rest, "down")?),
+        "show" | "list" => cmd_show(&paths, parse_show(&rest)?),
+        "env" => {
+            no_args(&rest, "env")?;
+            cmd_env(&paths)
+        }
+        "run" => cmd_run(&paths, rest),
+        "install" => cmd_install(&paths, provider_dir_opt(&rest, "install")?),
+        "uninstall" => cmd_uninstall(&paths, provider_dir_opt(&rest, "uninstall")?),
+        _ => unreachable!(),
+    }
+}
+
+fn no_args(rest: &[OsString], cmd: &str) -> Res {
+    match rest.first() {
+        None => Ok(()),
+        Some(a) => usage(format!("{cmd}: unexpected argument {a:?}")),
+    }
+}
+
+fn netdev_opts(rest: &[OsString], cmd: &str) -> Res<Vec<String>> {
+    let mut out = Vec::new();
+    let mut it = rest.iter();
+    while let Some(a) = it.next() {
+        let s = a.to_str().unwrap_or("");
+        let v = if s == "--netdev" || s == "-n" || s == "netdev" {
+            match it.next().and_then(|v| v.to_str()) {
+                Some(v) => v.to_string(),
+                None => return usage(format!("{cmd}: --netdev needs a network device name")),
+            }
+        } else if let Some(v) = s.strip_prefix("--netdev=") {
+            v.to_string()
+        } else {
+            return usage(format!("{cmd}: unexpected argument {a:?}"));
+        };
+        if !out.contains(&v) {
+            out.push(v);
+        }
+    }
+    Ok(out)
+}
+
+fn parse_show(rest: &[OsString]) -> Res<bool> {
+    let mut details = false;
+    for a in rest {
+        match a.to_str() {
+            Some("-d") | Some("--details") => details = true,
+            _ => return usage(format!("show: unexpected argument {a:?}")),
+        }
+    }
+    Ok(details)
+}
+
+fn provider_dir_opt(rest: &[OsString], cmd: &str) -> Res<Option<PathBuf>> {
+    let mut it = rest.iter();
+    let mut dir = None;
+    while let Some(a) = it.next() {
+        match a.to_str() {
+            Some("--provider-dir") => match it.next() {
+                Some(v) => dir = Some(PathBuf::from(v)),
+                None => return usage(format!("{cmd}: --provider-dir needs a directory")),
+            },
+            Some(s) if s.starts_with("--provider-dir=") => dir = Some(s["--provider-dir=".len()..].into()),
+            _ => return usage(format!("{cmd}: unexpected argument {a:?}")),
+        }
+    }
+    Ok(dir)
+}
+
+fn ibdev_for(netdev: &str) -> String {
+    format!("uiw_{netdev}")
+}
+
+fn need_root_msg(node: &Path) -> String {
+    format!(
+        "up: creating {} needs root (like `rdma link add`); run it once with sudo: sudo uiw up",
+        node.display()
+    )
+}
+
+fn io_fail(what: &str, p: &Path, e: std::io::Error) -> Fail {
+    Fail(1, format!("{what} {}: {e}", p.display()))
+}
+
+/// `uiw up`: add `want` (default lo, when nothing is published yet) and refresh all.
+fn cmd_up(paths: &Paths, mut want: Vec<String>, verbose: bool) -> Res {
+    for c in [':', ';'] {
+        if paths.state.to_string_lossy().contains(c) {
+            return fail(format!("state directory {} must not contain '{c}' (RDMAV_DRIVERS splits on it)", paths.state.display()));
+        }
+    }
+    let reg = match nodes::Registry::open_locked(&paths.registry) {
+        Ok(r) => r,
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EROFS)) => {
+            return fail(format!(
+                "up: cannot write the node registry {} ({e}); publishing devices needs root once (like `rdma link add`): sudo uiw up",
+                paths.registry.display()
+            ))
+        }
+        Err(e) => return Err(io_fail("up: cannot open node registry", &paths.registry, e)),
+    };
+    fs::create_dir_all(&paths.state).map_err(|e| io_fail("up: cannot create state directory", &paths.state, e))?;
+
+    let old = state::read_manifest(&paths.manifest());
+    if want.is_empty() && old.is_empty() {
+        want.push("lo".into());
+    }
+    // Devices: previously published ones (refreshed), then the new ones.
+    let mut entries: Vec<Entry> = old.clone();
+    for n in &want {
+        if !entries.iter().any(|e| &e.netdev == n) {
+            entries.push(Entry { ibdev: ibdev_for(n), netdev: n.clone(), uverbs: u32::MAX });
+        }
+    }
+    let mut netdevs = Vec::new();
+    let mut kept = Vec::new();
+    for e in entries {
+        match netdev::lookup(&paths.host_sysfs, &e.netdev) {
+            Ok(nd) => {
+                netdevs.push(nd);
+                kept.push(e);
+            }
+            Err(msg) if want.contains(&e.netdev) => return fail(format!("up: {msg}")),
+            Err(msg) => eprintln!("uiw: up: dropping {}: {msg}", e.ibdev),
+        }
+    }
+    let mut entries = kept;
+
+    // Allocate nodes: keep each device's index when still valid, else the lowest free one.
+    let kernel = tree::kernel_uverbs(&paths.host_sysfs);
+    let mut taken: Vec<u32> = Vec::new();
+    for i in 0..entries.len() {
+        let cur = entries[i].uverbs;
+        let usable = |n: u32, taken: &Vec<u32>| {
+            !kernel.contains(&n) && !taken.contains(&n) && nodes::shape(&paths.node(n)) != nodes::Shape::Foreign
+        };
+        let n = if cur != u32::MAX && usable(cur, &taken) {
+            cur
+        } else {
+            let mut n = 0;
+            while !usable(n, &taken) {
+                n += 1;
+            }
+            n
+        };
+        taken.push(n);
+        entries[i].uverbs = n;
+    }
+    let mut devices = Vec::new();
+    for (e, nd) in entries.iter().zip(netdevs) {
+        let node = paths.node(e.uverbs);
+        let rdev = match nodes::ensure(&node) {
+            Ok(r) => r,
+            Err(nodes::NodeError::NeedRoot(p)) => return fail(need_root_msg(&p)),
+            Err(nodes::NodeError::Io(p, err)) => return Err(io_fail("up: cannot create", &p, err)),
+        };
+        reg.register(&format!("uverbs{}", e.uverbs), &paths.state)
+            .map_err(|err| io_fail("up: cannot register node in", &paths.registry, err))?;
+        devices.push(tree::Device { ibdev: e.ibdev.clone(), uverbs: e.uverbs, rdev, netdev: nd });
+    }
+    let mirror = tree::scan_kernel(&paths.host_sysfs, &devices);
+    tree::publish(&paths.sysfs(), &devices, &mirror).map_err(|e| io_fail("up: cannot write", &paths.sysfs(), e))?;
+    state::write_manifest(&paths.manifest(), &entries).map_err(|e| io_fail("up: cannot write", &paths.manifest(), e))?;
+    // Nodes an earlier `up` of this state dir used and no longer does.
+    for o in &old {
+        if !entries.iter().any(|e| e.uverbs == o.uverbs) {
+            release_node(paths, &reg, o.uverbs);
+        }
+    }
+    let missing = link_libs(paths);
+    if verbose {
+        for d in &devices {
+            println!("{}", show_line(&paths.sysfs().join("class/infiniband").join(&d.ibdev), &d.ibdev, false));
+        }
+        for m in missing {
+            eprintln!("uiw: note: {m}");
+        }
+    }
+    Ok(())
+}
+
+fn release_node(paths: &Paths, reg: &nodes::Registry, n: u32) {
+    let name = format!("uverbs{n}");
+    reg.unregister(&name, &paths.state);
+    if reg.users(&name).is_empty() {
+        nodes::remove(&paths.node(n));
+    }
+}
+
+/// (Re)create `<state>/lib/{libuiw-rdmav34.so,libuiw_preload.so}` as symlinks to the
+/// built libraries. Returns notes about what could not be found.
+fn link_libs(paths: &Paths) -> Vec<String> {
+    let mut notes = Vec::new();
+    let lib = paths.lib();
+    let _ = fs::create_dir_all(&lib);
+    for (link, names, what) in [
+        (state::PROVIDER_LINK, libs::PROVIDER_FILES, "provider libuiw_rdmav34.so (cargo build -p uiw-provider)"),
+        (state::PRELOAD_NAME, libs::PRELOAD_FILES, "preload shim libuiw_preload.so (cargo build -p uiw-preload)"),
+    ] {
+        let dst = lib.join(link);
+        match libs::find(paths, names) {
+            Some(src) => {
+                if fs::read_link(&dst).ok().as_deref() == Some(src.as_path()) {
+                    continue;
+                }
+                let tmp = lib.join(format!(".{link}.tmp"));
+                let _ = fs::remove_file(&tmp);
+                if std::os::unix::fs::symlink(&src, &tmp).and_then(|_| fs::rename(&tmp, &dst)).is_err() {
+                    notes.push(format!("cannot link {} -> {}", dst.display(), src.display()));
+                }
+            }
+            None => {
+                if !dst.exists() {
+                    notes.push(format!(
+                        "{what} not found next to uiw, in $UIW_LIBDIR or in the source tree's target/; programs will see no uiw device until it is built"
+                    ));
+                }
+            }
+        }
+    }
+    notes
+}
+
+fn cmd_down(paths: &Paths, which: Vec<String>) -> Res {
+    let old = state::read_manifest(&paths.manifest());
+    if old.is_empty() {
+        // Nothing published; still clean up leftovers of an interrupted `up`.
+        remove_state(paths);
+        return Ok(());
+    }
+    let reg = nodes::Registry::open_locked(&paths.registry)
+        .map_err(|e| io_fail("down: cannot open node registry", &paths.registry, e))?;
+    let (gone, keep): (Vec<Entry>, Vec<Entry>) =
+        old.into_iter().partition(|e| which.is_empty() || which.contains(&e.netdev));
+    for w in &which {
+        if !gone.iter().any(|e| &e.netdev == w) {
+            eprintln!("uiw: down: {} is not published", ibdev_for(w));
+        }
+    }
+    if keep.is_empty() {
+        let _ = fs::remove_file(paths.manifest());
+        for e in &gone {
+            release_node(paths, &reg, e.uverbs);
+        }
+        remove_state(paths);
+        return Ok(());
+    }
+    state::write_manifest(&paths.manifest(), &keep).map_err(|e| io_fail("down: cannot write", &paths.manifest(), e))?;
+    for e in &gone {
+        release_node(paths, &reg, e.uverbs);
+    }
+    drop(reg);
+    // Rebuild the tree from what is left (also refreshes it).
+    cmd_up(paths, Vec::new(), false)
+}
+
+fn remove_state(paths: &Paths) {
+    let _ = fs::remove_dir_all(paths.sysfs());
+    let _ = fs::remove_dir_all(paths.state.join(".sysfs.new"));
+    let _ = fs::remove_dir_all(paths.state.join(".sysfs.old"));
+    let _ = fs::remove_dir_all(paths.lib());
+    let _ = fs::remove_file(paths.manifest());
+    let _ = fs::remove_dir(&paths.state);
+}
+
+fn read1(p: &Path) -> String {
+    fs::read_to_string(p).map(|s| s.trim_end().to_string()).unwrap_or_default()
+}
+
+/// "4: ACTIVE" -> "ACTIVE"; "5: LinkUp" -> "LINK_UP" (rdma tool spelling).
+fn state_word(s: &str) -> String {
+    let w = s.split_once(": ").map(|x| x.1).unwrap_or(s);
+    let mut out = String::new();
+    let mut prev_lower = false;
+    for c in w.chars() {
+        if c.is_ascii_uppercase() && prev_lower {
+            out.push('_');
+        }
+        prev_lower = c.is_ascii_lowercase();
+        if c == ' ' {
+            out.push('_');
+        } else {
+            out.push(c.to_ascii_uppercase());
+        }
+    }
+    if out.is_empty() {
+        "UNKNOWN".into()
+    } else {
+        out
+    }
+}
+
+fn show_line(dev: &Path, ibdev: &str, kernel: bool) -> String {
+    let mut lines = Vec::new();
+    let mut ports: Vec<String> = fs::read_dir(dev.join("ports"))
+        .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    ports.sort_by_key(|p| p.parse::<u32>().unwrap_or(0));
+    for p in ports {
+        let pd = dev.join("ports").join(&p);
+        let mut l = format!(
+            "link {ibdev}/{p} state {} physical_state {}",
+            state_word(&read1(&pd.join("state"))),
+            state_word(&read1(&pd.join("phys_state")))
+        );
+        let nd = read1(&pd.join("gid_attrs/ndevs/0"));
+        if !nd.is_empty() {
+            l.push_str(&format!(" netdev {nd}"));
+        }
+        if kernel {
+            l.push_str(" (kernel)");
+        }
+        lines.push(l);
+    }
+    lines.join("\n")
+}
+
+fn cmd_show(paths: &Paths, details: bool) -> Res {
+    let entries = state::read_manifest(&paths.manifest());
+    let root = paths.sysfs().join("class/infiniband");
+    if entries.is_empty() {
+        eprintln!("uiw: no uiw device published from {}; publish one with: sudo uiw up", paths.state.display());
+    }
+    for e in &entries {
+        let d = root.join(&e.ibdev);
+        println!("{}", show_line(&d, &e.ibdev, false));
+        if details {
+            println!("    node /dev/infiniband/uverbs{} node_guid {} mtu {} ifindex {}",
+                e.uverbs, read1(&d.join("node_guid")), read1(&d.join("uiw/mtu")), read1(&d.join("uiw/ifindex")));
+            let n: usize = read1(&d.join("uiw/gid_tbl_len")).parse().unwrap_or(0);
+            for i in 0..n {
+                println!("    gid {i} {}", read1(&d.join(format!("ports/1/gids/{i}"))));
+            }
+        }
+    }
+    let mut others: Vec<String> = fs::read_dir(&root)
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| e.file_type().map(|t| t.is_symlink()).unwrap_or(false))
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    others.sort();
+    for o in others {
+        let l = show_line(&root.join(&o), &o, true);
+        if !l.is_empty() {
+            println!("{l}");
+        }
+    }
+    Ok(())
+}
+
+/// The variables for `env` and `run`: (name, value to set, how to combine with an existing value).
+#[derive(Debug)]
+enum Join {
+    Replace,
+    /// append to an existing value with this separator
+    Append(&'static str),
+    /// prepend to an existing value with this separator
+    Prepend(&'static str),
+}
+
+fn uiw_env(paths: &Paths) -> Res<Vec<(&'static str, String, Join)>> {
+    let notes = if fs::metadata(&paths.state).map(|m| !m.permissions().readonly()).unwrap_or(false) {
+        link_libs(paths)
+    } else {
+        Vec::new()
+    };
+    for n in notes {
+        eprintln!("uiw: note: {n}");
+    }
+    let mut v = vec![("SYSFS_PATH", paths.sysfs().display().to_string(), Join::Replace)];
+    if libs::installed(paths).is_none() {
+        v.push(("RDMAV_DRIVERS", paths.lib().join("libuiw").display().to_string(), Join::Append(":")));
+    }
+    v.push(("LD_PRELOAD", paths.lib().join(state::PRELOAD_NAME).display().to_string(), Join::Append(" ")));
+    // The librdmacm drop-in, next to whichever provider we use.
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    if let Ok(p) = fs::canonicalize(paths.lib().join(state::PROVIDER_LINK)) {
+        if let Some(d) = p.parent() {
+            dirs.push(d.to_path_buf());
+        }
+    }
+    dirs.extend(libs::search_dirs(paths));
+    if let Some(d) = dirs.iter().map(|d| d.join("rdmacm")).find(|d| d.is_dir()) {
+        let d = fs::canonicalize(&d).unwrap_or(d);
+        v.push(("LD_LIBRARY_PATH", d.display().to_string(), Join::Prepend(":")));
+    }
+    Ok(v)
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+fn cmd_env(paths: &Paths) -> Res {
+    if state::read_manifest(&paths.manifest()).is_empty() {
+        eprintln!("uiw: warning: no uiw device published from {}; publish one with: sudo uiw up", paths.state.display());
+    }
+    for (k, v, j) in uiw_env(paths)? {
+        let q = shell_quote(&v);
+        match j {
+            Join::Replace => println!("export {k}={q}"),
+            Join::Append(sep) => println!("export {k}=\"${{{k}:+${k}{sep}}}\"{q}"),
+            Join::Prepend(sep) => println!("export {k}={q}\"${{{k}:+{sep}${k}}}\""),
+        }
+    }
+    Ok(())
+}
+
+fn cmd_run(paths: &Paths, rest: Vec<OsString>) -> Res {
+    let mut argv = rest;
+    if argv.first().map_or(false, |a| a == "--") {
+        argv.remove(0);
+    }
+    if argv.is_empty() {
+        return usage("run: no command given (uiw run -- CMD [ARGS]...)");
+    }
+    if state::read_manifest(&paths.manifest()).is_empty() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            eprintln!("uiw: run: no device published yet; publishing uiw_lo (uiw up)");
+            cmd_up(paths, Vec::new(), false)?;
+        } else {
+            return fail(format!(
+                "run: no uiw device is published from {}; publish one first (once, as root): sudo uiw up [--netdev NAME]",
+                paths.state.display()
+            ));
+        }
+    }
+    let mut cmd = std::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
+    for (k, v, j) in uiw_env(paths)? {
+        let cur = std::env::var(k).unwrap_or_default();
+        let parts_contain = |sep: &str| cur.split(sep).any(|p| p == v);
+        let val = match j {
+            Join::Replace => v,
+            Join::Append(_) | Join::Prepend(_) if cur.is_empty() => v,
+            Join::Append(sep) if parts_contain(sep) => cur,
+            Join::Prepend(sep) if parts_contain(sep) => cur,
+            Join::Append(sep) => format!("{cur}{sep}{v}"),
+            Join::Prepend(sep) => format!("{v}{sep}{cur}"),
+        };
+        cmd.env(k, val);
+    }
+    use std::os::unix::process::CommandExt;
+    let e = cmd.exec();
+    Err(Fail(if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 }, format!("run: cannot execute {:?}: {e}", argv[0])))
+}
+
+fn copy_atomic(src: &Path, dst: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = dst.with_file_name(format!(".{}.uiw-tmp", dst.file_name().unwrap_or_default().to_string_lossy()));
+    fs::copy(src, &tmp)?;
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o644))?;
+    fs::rename(&tmp, dst)
+}
+
+fn install_targets(paths: &Paths, dir: Option<PathBuf>) -> Res<(PathBuf, PathBuf, PathBuf)> {
+    let pdir = match dir {
+        Some(d) => d,
+        None => match libs::provider_dir(paths) {
+            Some(d) => d,
+            None => return fail("cannot find libibverbs' provider directory (is libibverbs installed?); pass --provider-dir DIR"),
+        },
+    };
+    let shim_dir = pdir.parent().map(|p| p.join("uiw")).unwrap_or_else(|| pdir.join("uiw"));
+    Ok((pdir.join("libuiw-rdmav34.so"), shim_dir.join(state::PRELOAD_NAME), paths.rooted("/etc/libibverbs.d/uiw.driver")))
+}
+
+fn cmd_install(paths: &Paths, dir: Option<PathBuf>) -> Res {
+    let (prov, shim, driver) = install_targets(paths, dir)?;
+    let Some(src) = libs::find(paths, &["libuiw_rdmav34.so"]) else {
+        return fail("install: provider libuiw_rdmav34.so not found (cargo build --release -p uiw-provider, or set UIW_LIBDIR)");
+    };
+    let perm = |e: std::io::Error, p: &Path| -> Fail {
+        if matches!(e.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EROFS)) {
+            Fail(1, format!("install: writing {} needs root: sudo uiw install", p.display()))
+        } else {
+            io_fail("install: cannot write", p, e)
+        }
+    };
+    copy_atomic(&src, &prov).map_err(|e| perm(e, &prov))?;
+    println!("installed {} (from {})", prov.display(), src.display());
+    match libs::find(paths, libs::PRELOAD_FILES) {
+        Some(s) if s != shim => {
+            fs::create_dir_all(shim.parent().unwrap()).map_err(|e| perm(e, &shim))?;
+            copy_atomic(&s, &shim).map_err(|e| perm(e, &shim))?;
+            println!("installed {}", shim.display());
+        }
+        Some(_) => {}
+        None => eprintln!("uiw: install: note: preload shim libuiw_preload.so not found; not installed"),
+    }
+    fs::create_dir_all(driver.parent().unwrap()).map_err(|e| perm(e, &driver))?;
+    fs::write(&driver, "driver uiw\n").map_err(|e| perm(e, &driver))?;
+    println!("installed {}", driver.display());
+    Ok(())
+}
+
+fn cmd_uninstall(paths: &Paths, dir: Option<PathBuf>) -> Res {
+    let mut provs: Vec<PathBuf> = match dir {
+        Some(d) => vec![d.join("libuiw-rdmav34.so")],
+        None => libs::provider_dir_candidates(paths).into_iter().map(|d| d.join("libuiw-rdmav34.so")).collect(),
+    };
+    provs.retain(|p| p.exists());
+    let mut targets = Vec::new();
+    for p in &provs {
+        targets.push(p.clone());
+        if let Some(pd) = p.parent().and_then(|d| d.parent()) {
+            targets.push(pd.join("uiw").join(state::PRELOAD_NAME));
+        }
+    }
+    targets.push(paths.rooted("/etc/libibverbs.d/uiw.driver"));
+    for t in targets {
+        match fs::remove_file(&t) {
+            Ok(()) => {
+                println!("removed {}", t.display());
+                if let Some(d) = t.parent().filter(|d| d.ends_with("uiw")) {
+                    let _ = fs::remove_dir(d);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EROFS)) => {
+                return fail(format!("uninstall: removing {} needs root: sudo uiw uninstall", t.display()))
+            }
+            Err(e) => return Err(io_fail("uninstall: cannot remove", &t, e)),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn words() {
+        assert_eq!(state_word("4: ACTIVE"), "ACTIVE");
+        assert_eq!(state_word("5: LinkUp"), "LINK_UP");
+        assert_eq!(state_word("3: Disabled"), "DISABLED");
+        assert_eq!(state_word("1: DOWN"), "DOWN");
+    }
+    #[test]
+    fn quote() {
+        assert_eq!(shell_quote("a'b"), "'a'\\''b'");
+    }
+}

@@ -1,0 +1,220 @@
+//! `uiw --help` and `uiw <command> --help`.
+
+pub const MAIN: &str = "\
+NAME
+    uiw - publish, inspect and use uiw software iWARP RDMA devices
+
+SYNOPSIS
+    uiw [--state-dir DIR] COMMAND [OPTIONS]
+    uiw up [--netdev NAME]...
+    uiw down [--netdev NAME]...
+    uiw show [-d]
+    uiw env
+    uiw run [--] CMD [ARGS]...
+    uiw install [--provider-dir DIR]
+    uiw uninstall [--provider-dir DIR]
+
+DESCRIPTION
+    uiw is a userspace software iWARP provider for rdma-core's libibverbs. There
+    is no kernel module: `uiw up` plays the part `rdma link add NAME type siw
+    netdev DEV` plays for the kernel's siw. It writes a sysfs-shaped description
+    of one RDMA device per network device (uiw_<netdev>) into a state directory
+    and creates the /dev/infiniband/uverbsN node libibverbs insists on opening.
+    Programs then find the device when started with `uiw run` (or with the
+    variables `uiw env` prints), and talk iWARP over TCP with other uiw and siw
+    peers.
+
+COMMANDS
+    up        Publish devices (default: uiw_lo on lo). Needs root once, for
+              /dev/infiniband. Idempotent; re-run it after address changes.
+    down      Withdraw devices (default: all) and remove the nodes only uiw used.
+    show      List published devices, like `rdma link show`.
+    env       Print `export VAR=...` lines for a POSIX shell: eval \"$(uiw env)\".
+    run       Run a program with the uiw environment (SYSFS_PATH, RDMAV_DRIVERS,
+              LD_PRELOAD of the uiw shim).
+    install   Install the provider system-wide (libibverbs provider directory and
+              /etc/libibverbs.d/uiw.driver).
+    uninstall Reverse `uiw install`.
+
+    `uiw COMMAND --help` describes each command in detail.
+
+GLOBAL OPTIONS
+    --state-dir DIR   State directory (default: $UIW_STATE_DIR, else /run/uiw).
+    -h, --help        Show this help.
+    -V, --version     Show the version.
+
+FILES
+    /run/uiw/sysfs               the tree SYSFS_PATH points at
+    /run/uiw/lib                 libuiw-rdmav34.so and libuiw_preload.so links
+    /run/uiw/devices             published devices: <ibdev> <netdev> uverbs<N>
+    /dev/infiniband/uverbsN      device nodes (char 1:3, or a symlink to /dev/null)
+    /run/uiw-nodes/uverbsN/      which state directories use each node
+
+ENVIRONMENT
+    UIW_STATE_DIR      state directory (default /run/uiw)
+    UIW_LIBDIR         colon-separated directories searched first for
+                       libuiw_rdmav34.so and libuiw_preload.so
+    UIW_NODE_REGISTRY  node ownership registry (default /run/uiw-nodes)
+    UIW_INSTALL_ROOT   prefix for install/uninstall (like DESTDIR)
+    UIW_DEV_DIR, UIW_HOST_SYSFS
+                       testing only: replace /dev/infiniband and /sys. libibverbs
+                       itself always opens /dev/infiniband.
+
+EXIT STATUS
+    0 on success, 1 on failure, 2 on a usage error; `run` returns the program's.
+
+SEE ALSO
+    rdma-link(8), ibv_devices(1), ibv_devinfo(1)
+";
+
+pub const UP: &str = "\
+NAME
+    uiw up - publish uiw devices
+
+SYNOPSIS
+    uiw up [--netdev NAME]...
+
+DESCRIPTION
+    Publishes one RDMA device named uiw_<NAME> for each --netdev (default: lo),
+    in addition to those already published from this state directory, and
+    refreshes all of them: GID table (the netdev's IPv4 addresses as IPv4-mapped
+    IPv6 GIDs, ::ffff:a.b.c.d), MTU, link state and the list of mirrored kernel
+    RDMA devices. Running it again changes nothing else; it is safe to repeat.
+
+    For each device it writes, under <state>/sysfs:
+        class/infiniband_verbs/abi_version                 6
+        class/infiniband_verbs/uverbsN/{ibdev,dev,abi_version}
+        class/infiniband/uiw_NAME/{node_type,node_guid,sys_image_guid,node_desc,
+            fw_ver,board_id,hca_type,device/modalias}
+        class/infiniband/uiw_NAME/ports/1/{state,phys_state,link_layer,rate,lid,
+            sm_lid,lid_mask_count,sm_sl,cap_mask,gids/I,gid_attrs/types/I,
+            gid_attrs/ndevs/I,pkeys/0}
+        class/infiniband/uiw_NAME/uiw/{format,netdev,mtu,ifindex,mac,gid_tbl_len,
+            active_speed,active_width,uverbs}     (read by the provider)
+    and creates /dev/infiniband/uverbsN (N: the lowest index no kernel device
+    and no other device of this state directory uses): a character device with
+    /dev/null's numbers 1:3, or, where mknod is refused, a symlink to /dev/null.
+    `uverbsN/dev` holds the node's real numbers, so libibverbs will not hand a
+    real kernel uverbs node that later takes the name to the uiw provider.
+
+    Real kernel RDMA devices found in /sys/class/infiniband{,_verbs} are
+    mirrored into the tree as symlinks, so `uiw run` does not hide them
+    (best effort: devices that appear later show up after the next `uiw up`).
+
+    Creating /dev/infiniband needs root once, like `rdma link add`.
+
+OPTIONS
+    --netdev NAME   Network device to attach to; repeatable. Default: lo.
+";
+
+pub const DOWN: &str = "\
+NAME
+    uiw down - withdraw uiw devices
+
+SYNOPSIS
+    uiw down [--netdev NAME]...
+
+DESCRIPTION
+    Withdraws the devices attached to each --netdev (default: all devices of
+    this state directory). Removes a /dev/infiniband/uverbsN node only when no
+    other state directory uses it and it is a uiw node (char 1:3 or a symlink to
+    /dev/null); kernel nodes are never touched. With no device left, removes the
+    tree, the library links and the manifest. Withdrawing nothing is not an
+    error.
+
+OPTIONS
+    --netdev NAME   Withdraw only uiw_NAME; repeatable.
+";
+
+pub const SHOW: &str = "\
+NAME
+    uiw show - list devices
+
+SYNOPSIS
+    uiw show [-d|--details]
+
+DESCRIPTION
+    Prints one line per port, in the format of `rdma link show`:
+        link uiw_lo/1 state ACTIVE physical_state LINK_UP netdev lo
+    Mirrored kernel devices are listed too, marked `(kernel)`. The state is the
+    one recorded by the last `uiw up`.
+
+OPTIONS
+    -d, --details   Also print node, GUID, MTU and GIDs.
+";
+
+pub const ENV: &str = "\
+NAME
+    uiw env - print the environment that selects uiw devices
+
+SYNOPSIS
+    eval \"$(uiw env)\"
+
+DESCRIPTION
+    Prints POSIX shell `export` lines:
+        SYSFS_PATH       <state>/sysfs: libibverbs reads devices from there
+                         when it cannot open a NETLINK_RDMA socket
+        RDMAV_DRIVERS    <state>/lib/libuiw: loads <state>/lib/libuiw-rdmav34.so;
+                         omitted when `uiw install` installed the provider
+        LD_PRELOAD       appends libuiw_preload.so, which makes NETLINK_RDMA
+                         sockets fail (so hosts with an RDMA kernel stack use
+                         SYSFS_PATH too) and serves completion-channel commands
+        LD_LIBRARY_PATH  prepends <libdir>/rdmacm (the librdmacm drop-in), if
+                         that directory exists
+";
+
+pub const RUN: &str = "\
+NAME
+    uiw run - run a program on uiw devices
+
+SYNOPSIS
+    uiw run [--] CMD [ARGS]...
+
+DESCRIPTION
+    Executes CMD with the variables `uiw env` describes set (an existing
+    LD_PRELOAD is kept, the shim is appended; an existing RDMAV_DRIVERS is kept,
+    uiw's is appended). If no device is published yet, publishes uiw_lo first
+    when running as root, and otherwise explains how to publish one.
+
+EXAMPLES
+    uiw run -- ibv_devinfo -v
+    uiw run -- ib_write_bw -d uiw_lo -x 0         (server)
+    uiw run -- ib_write_bw -d uiw_lo -x 0 127.0.0.1
+    uiw run -- ibv_rc_pingpong -d uiw_lo -g 0
+
+EXIT STATUS
+    CMD's exit status; 127 if CMD cannot be executed; 1 on uiw's own failures.
+";
+
+pub const INSTALL: &str = "\
+NAME
+    uiw install - install the uiw provider system-wide
+
+SYNOPSIS
+    uiw install [--provider-dir DIR]
+
+DESCRIPTION
+    Copies the provider to libibverbs' provider directory as
+    libuiw-rdmav34.so (e.g. /usr/lib/x86_64-linux-gnu/libibverbs/), the shim to
+    <libdir>/uiw/libuiw_preload.so, and writes /etc/libibverbs.d/uiw.driver
+    (`driver uiw`). Afterwards RDMAV_DRIVERS is not needed. Programs still need
+    SYSFS_PATH (and, on hosts where NETLINK_RDMA works, the shim): use `uiw run`.
+    The provider directory is the first of `pkg-config --variable=libdir
+    libibverbs`/libibverbs and the distributions' usual places that already
+    holds a lib*-rdmav34.so. UIW_INSTALL_ROOT prefixes every path (DESTDIR).
+
+OPTIONS
+    --provider-dir DIR   Install the provider into DIR instead.
+";
+
+pub const UNINSTALL: &str = "\
+NAME
+    uiw uninstall - remove what `uiw install` installed
+
+SYNOPSIS
+    uiw uninstall [--provider-dir DIR]
+
+DESCRIPTION
+    Removes libuiw-rdmav34.so from the provider directory, the shim and
+    /etc/libibverbs.d/uiw.driver. Removing nothing is not an error.
+";

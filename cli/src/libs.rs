@@ -1,0 +1,103 @@
+//! Finding the provider (`libuiw_rdmav34.so`), the preload shim
+//! (`libuiw_preload.so`) and libibverbs' provider directory.
+
+use crate::state::Paths;
+use std::path::{Path, PathBuf};
+
+pub const PROVIDER_FILES: &[&str] = &["libuiw_rdmav34.so", "libuiw-rdmav34.so"];
+pub const PRELOAD_FILES: &[&str] = &["libuiw_preload.so"];
+
+/// Directories searched, in order:
+/// 1. each entry of `UIW_LIBDIR` (colon-separated),
+/// 2. the directory of the running `uiw` binary (cargo puts all artefacts of a
+///    profile side by side), then `<bindir>/../lib/uiw` (an installed layout),
+/// 3. libibverbs' provider directories and their `../uiw` (after `uiw install`),
+/// 4. this source tree's `target/release` and `target/debug`, newest first.
+pub fn search_dirs(paths: &Paths) -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    if let Some(l) = std::env::var_os("UIW_LIBDIR") {
+        v.extend(std::env::split_paths(&l).filter(|p| !p.as_os_str().is_empty()));
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(d) = exe.parent() {
+            v.push(d.to_path_buf());
+            v.push(d.join("../lib/uiw"));
+        }
+    }
+    for d in provider_dir_candidates(paths) {
+        v.push(d.join("../uiw"));
+        v.push(d);
+    }
+    let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut t: Vec<PathBuf> = vec![ws.join("target/release"), ws.join("target/debug")];
+    let mtime = |p: &PathBuf| {
+        PROVIDER_FILES
+            .iter()
+            .filter_map(|f| std::fs::metadata(p.join(f)).and_then(|m| m.modified()).ok())
+            .max()
+    };
+    t.sort_by_key(|p| std::cmp::Reverse(mtime(p)));
+    v.extend(t);
+    v
+}
+
+pub fn find(paths: &Paths, names: &[&str]) -> Option<PathBuf> {
+    for d in search_dirs(paths) {
+        for n in names {
+            let p = d.join(n);
+            if p.is_file() {
+                return Some(std::fs::canonicalize(&p).unwrap_or(p));
+            }
+        }
+    }
+    None
+}
+
+/// Where libibverbs may look for `lib<name>-rdmav34.so` (under the install root).
+pub fn provider_dir_candidates(paths: &Paths) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = Vec::new();
+    if let Ok(out) = std::process::Command::new("pkg-config")
+        .args(["--variable=libdir", "libibverbs"])
+        .stderr(std::process::Stdio::null())
+        .output()
+    {
+        let s = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if out.status.success() && s.starts_with('/') {
+            v.push(paths.rooted(&format!("{s}/libibverbs")));
+        }
+    }
+    let triple = format!("{}-linux-gnu", std::env::consts::ARCH);
+    for d in [
+        format!("/usr/lib/{triple}/libibverbs"),
+        "/usr/lib64/libibverbs".into(),
+        "/usr/lib/libibverbs".into(),
+        "/usr/local/lib/libibverbs".into(),
+    ] {
+        let p = paths.rooted(&d);
+        if !v.contains(&p) {
+            v.push(p);
+        }
+    }
+    v
+}
+
+/// The directory holding libibverbs' providers: the first candidate containing a
+/// `lib*-rdmav34.so`, else the first that exists.
+pub fn provider_dir(paths: &Paths) -> Option<PathBuf> {
+    let c = provider_dir_candidates(paths);
+    let has_provider = |d: &PathBuf| {
+        std::fs::read_dir(d)
+            .map(|rd| rd.flatten().any(|e| e.file_name().to_string_lossy().ends_with("-rdmav34.so")))
+            .unwrap_or(false)
+    };
+    c.iter().find(|d| has_provider(d)).or_else(|| c.iter().find(|d| d.is_dir())).cloned()
+}
+
+/// Installed system-wide: `/etc/libibverbs.d/uiw.driver` exists and a provider
+/// directory holds `libuiw-rdmav34.so`.
+pub fn installed(paths: &Paths) -> Option<PathBuf> {
+    if !paths.rooted("/etc/libibverbs.d/uiw.driver").is_file() {
+        return None;
+    }
+    provider_dir_candidates(paths).into_iter().map(|d| d.join("libuiw-rdmav34.so")).find(|p| p.is_file())
+}

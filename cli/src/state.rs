@@ -1,0 +1,114 @@
+//! Where things live. Every location has an environment override so tests can
+//! run the real binary against temporary directories.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+pub const DEFAULT_STATE_DIR: &str = "/run/uiw";
+pub const DEFAULT_DEV_DIR: &str = "/dev/infiniband";
+pub const DEFAULT_REGISTRY: &str = "/run/uiw-nodes";
+pub const PROVIDER_LINK: &str = "libuiw-rdmav34.so";
+pub const PRELOAD_NAME: &str = "libuiw_preload.so";
+
+#[derive(Debug, Clone)]
+pub struct Paths {
+    /// UIW_STATE_DIR / --state-dir, default /run/uiw
+    pub state: PathBuf,
+    /// UIW_DEV_DIR (testing only: libibverbs hard-codes /dev/infiniband)
+    pub dev_dir: PathBuf,
+    /// UIW_NODE_REGISTRY
+    pub registry: PathBuf,
+    /// UIW_HOST_SYSFS (testing only), default /sys: where kernel devices and netdevs are read
+    pub host_sysfs: PathBuf,
+    /// UIW_INSTALL_ROOT: a DESTDIR-like prefix for install/uninstall and install detection
+    pub install_root: PathBuf,
+}
+
+fn env_path(var: &str) -> Option<PathBuf> {
+    std::env::var_os(var).filter(|v| !v.is_empty()).map(PathBuf::from)
+}
+
+/// Make a path absolute without resolving symlinks in it.
+pub fn absolute(p: &Path) -> PathBuf {
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        std::env::current_dir().map(|c| c.join(p)).unwrap_or_else(|_| p.to_path_buf())
+    }
+}
+
+impl Paths {
+    pub fn from_env(state_override: Option<PathBuf>) -> Paths {
+        let state = absolute(&state_override.or_else(|| env_path("UIW_STATE_DIR")).unwrap_or_else(|| DEFAULT_STATE_DIR.into()));
+        let dev_dir = absolute(&env_path("UIW_DEV_DIR").unwrap_or_else(|| DEFAULT_DEV_DIR.into()));
+        let registry = env_path("UIW_NODE_REGISTRY").map(|p| absolute(&p)).unwrap_or_else(|| {
+            if dev_dir == Path::new(DEFAULT_DEV_DIR) {
+                DEFAULT_REGISTRY.into()
+            } else {
+                let mut s = dev_dir.as_os_str().to_owned();
+                s.push(".uiw-nodes");
+                PathBuf::from(s)
+            }
+        });
+        Paths {
+            state,
+            dev_dir,
+            registry,
+            host_sysfs: env_path("UIW_HOST_SYSFS").unwrap_or_else(|| "/sys".into()),
+            install_root: env_path("UIW_INSTALL_ROOT").unwrap_or_else(|| "/".into()),
+        }
+    }
+    pub fn sysfs(&self) -> PathBuf {
+        self.state.join("sysfs")
+    }
+    pub fn lib(&self) -> PathBuf {
+        self.state.join("lib")
+    }
+    pub fn manifest(&self) -> PathBuf {
+        self.state.join("devices")
+    }
+    pub fn node(&self, n: u32) -> PathBuf {
+        self.dev_dir.join(format!("uverbs{n}"))
+    }
+    /// A path under the install root.
+    pub fn rooted(&self, p: &str) -> PathBuf {
+        self.install_root.join(p.trim_start_matches('/'))
+    }
+}
+
+/// One published device, as recorded in `<state>/devices`:
+/// `<ibdev> <netdev> uverbs<N>` per line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub ibdev: String,
+    pub netdev: String,
+    pub uverbs: u32,
+}
+
+pub fn read_manifest(path: &Path) -> Vec<Entry> {
+    let Ok(s) = fs::read_to_string(path) else { return Vec::new() };
+    s.lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let ibdev = it.next()?.to_string();
+            let netdev = it.next()?.to_string();
+            let uverbs = it.next()?.strip_prefix("uverbs")?.parse().ok()?;
+            Some(Entry { ibdev, netdev, uverbs })
+        })
+        .collect()
+}
+
+pub fn write_manifest(path: &Path, entries: &[Entry]) -> std::io::Result<()> {
+    let mut s = String::from("# uiw devices published from this state dir: <ibdev> <netdev> <uverbs node>\n");
+    for e in entries {
+        s.push_str(&format!("{} {} uverbs{}\n", e.ibdev, e.netdev, e.uverbs));
+    }
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, s)?;
+    fs::rename(&tmp, path)
+}
+
+/// Does the state dir at `state` currently use node `node` ("uverbsN")?
+pub fn manifest_lists(state: &Path, node: &str) -> bool {
+    read_manifest(&state.join("devices")).iter().any(|e| format!("uverbs{}", e.uverbs) == node)
+}
