@@ -10,5 +10,6 @@ pub mod ddp;
 pub mod error;
 pub mod mpa;
 pub mod rdmap;
+pub mod segment;
 
 pub use error::{Layer, PostError, TaggedError, TermCode, WcStatus, WireError};

@@ -1,0 +1,575 @@
+//! FPDU segmentation (transmit) and deframing (receive).
+//!
+//! Transmit: a message of any size becomes a sequence of DDP segments, one
+//! per FPDU, each at most MULPDU bytes of ULPDU (RFC 5041 §5.1, RFC 5044
+//! §4.1). [`Segmenter`] yields [`SegmentPlan`]s: the encoded MPA length +
+//! DDP/RDMAP header, which slice of the message goes next, and (once the
+//! caller has the payload at hand) the trailer (pad + CRC). The codec never
+//! copies payload.
+//!
+//! Receive: [`Deframer`] consumes the TCP byte stream in a pull style. It
+//! says what it wants next ([`Want`]): a few header bytes (buffered
+//! internally, they are small), `n` payload bytes (the caller puts them
+//! wherever the placement logic says and hands the placed bytes back for
+//! CRC accounting), or the trailer. RDMAP control messages (Read Request,
+//! Terminate, Atomic, Immediate Data) are small and are delivered whole as
+//! part of the header event.
+
+use crate::crc::Crc32c;
+use crate::ddp::{DdpHeader, TAGGED_HDR_LEN, UNTAGGED_HDR_LEN};
+use crate::error::WireError;
+use crate::mpa::{pad_len, CRC_LEN, LEN_FIELD};
+use crate::rdmap::{Opcode, RdmapCtrl};
+
+/// Largest control ULPDU tail (after the DDP header) the deframer buffers:
+/// enough for any Terminate (6 + 18 + 28), Atomic Request (52), Immediate
+/// Data (8). Bigger control messages are a framing error.
+pub const CONTROL_CAP: usize = 128;
+/// Header buffer: MPA length + DDP header + control bytes.
+pub const MAX_HDR: usize = LEN_FIELD + UNTAGGED_HDR_LEN + CONTROL_CAP;
+
+/// A small inline byte buffer for headers and trailers.
+#[derive(Clone, Copy)]
+pub struct InlineBuf<const N: usize> {
+    buf: [u8; N],
+    len: usize,
+}
+
+impl<const N: usize> InlineBuf<N> {
+    pub fn new() -> Self {
+        InlineBuf { buf: [0; N], len: 0 }
+    }
+    pub fn as_slice(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    fn push(&mut self, b: &[u8]) {
+        self.buf[self.len..self.len + b.len()].copy_from_slice(b);
+        self.len += b.len();
+    }
+}
+
+impl<const N: usize> Default for InlineBuf<N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<const N: usize> core::fmt::Debug for InlineBuf<N> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{:02x?}", self.as_slice())
+    }
+}
+
+pub type HeaderBuf = InlineBuf<MAX_HDR>;
+/// Pad (≤ 3) + CRC (4).
+pub type Trailer = InlineBuf<7>;
+
+/// Encode MPA length + DDP header + fixed RDMAP body (`body`) for a segment
+/// whose payload (after `body`) is `payload_len` bytes.
+pub fn encode_header(ddp: &DdpHeader, body: &[u8], payload_len: usize) -> HeaderBuf {
+    let mut h = HeaderBuf::new();
+    let ulpdu = ddp.len() + body.len() + payload_len;
+    debug_assert!(ulpdu <= u16::MAX as usize);
+    h.push(&(ulpdu as u16).to_be_bytes());
+    let mut d = [0u8; UNTAGGED_HDR_LEN];
+    let n = ddp.encode(&mut d);
+    h.push(&d[..n]);
+    let b = body.len().min(CONTROL_CAP);
+    h.push(&body[..b]);
+    h
+}
+
+/// Compute the trailer of an FPDU: `pad` zero bytes, then the CRC over
+/// `header` (which starts with the MPA length), every payload part, and the
+/// pad; CRC bytes are zero when `crc_on` is false.
+pub fn trailer(crc_on: bool, header: &[u8], payload: &[&[u8]]) -> Trailer {
+    let plen: usize = payload.iter().map(|p| p.len()).sum();
+    let ulpdu = header.len() - LEN_FIELD + plen;
+    let pad = pad_len(ulpdu);
+    let mut t = Trailer::new();
+    t.push(&[0u8; 3][..pad]);
+    if crc_on {
+        let mut c = Crc32c::new();
+        c.update(header);
+        for p in payload {
+            c.update(p);
+        }
+        c.update(&[0u8; 3][..pad]);
+        t.push(&c.to_wire());
+    } else {
+        t.push(&[0u8; 4]);
+    }
+    t
+}
+
+/// Convenience: append a whole FPDU (copies `payload`); used for control
+/// messages and in tests.
+pub fn encode_fpdu(ddp: &DdpHeader, body: &[u8], payload: &[u8], crc_on: bool, out: &mut Vec<u8>) {
+    let h = encode_header(ddp, body, payload.len());
+    out.extend_from_slice(h.as_slice());
+    out.extend_from_slice(payload);
+    out.extend_from_slice(trailer(crc_on, h.as_slice(), &[payload]).as_slice());
+}
+
+/// One complete FPDU parsed from memory.
+#[derive(Clone, Copy, Debug)]
+pub struct FpduView<'a> {
+    pub ulpdu_len: u16,
+    pub ddp: DdpHeader,
+    /// Fixed RDMAP body (Read Request / Atomic headers), possibly empty.
+    pub body: &'a [u8],
+    /// Everything after the body: data, or the Terminate/Immediate body.
+    pub payload: &'a [u8],
+    pub pad: &'a [u8],
+    /// CRC field as read from the wire.
+    pub crc: u32,
+    /// CRC32c computed over the FPDU.
+    pub crc_computed: u32,
+}
+
+impl FpduView<'_> {
+    pub fn crc_ok(&self) -> bool {
+        self.crc == self.crc_computed
+    }
+}
+
+/// Parse one complete FPDU at the start of `buf`.
+pub fn parse_fpdu(buf: &[u8]) -> Result<(FpduView<'_>, usize), WireError> {
+    if buf.len() < LEN_FIELD {
+        return Err(WireError::Truncated { need: LEN_FIELD });
+    }
+    let ulpdu_len = u16::from_be_bytes([buf[0], buf[1]]);
+    let ul = ulpdu_len as usize;
+    let total = LEN_FIELD + ul + pad_len(ul) + CRC_LEN;
+    if buf.len() < total {
+        return Err(WireError::Truncated { need: total });
+    }
+    let ulpdu = &buf[LEN_FIELD..LEN_FIELD + ul];
+    if ulpdu.is_empty() || ulpdu.len() < DdpHeader::len_for_ctrl(ulpdu[0]) {
+        return Err(WireError::UlpduTooShort(ulpdu_len));
+    }
+    let (ddp, dl) = DdpHeader::parse(ulpdu)?;
+    let bl = ddp.rdmap.op().map(|o| o.body_len()).unwrap_or(0);
+    if ulpdu.len() < dl + bl {
+        return Err(WireError::UlpduTooShort(ulpdu_len));
+    }
+    let pad_start = LEN_FIELD + ul;
+    let crc_start = pad_start + pad_len(ul);
+    let crc = crate::crc::from_wire([buf[crc_start], buf[crc_start + 1], buf[crc_start + 2], buf[crc_start + 3]]);
+    let crc_computed = crate::crc::crc32c(&buf[..crc_start]);
+    Ok((
+        FpduView {
+            ulpdu_len,
+            ddp,
+            body: &ulpdu[dl..dl + bl],
+            payload: &ulpdu[dl + bl..],
+            pad: &buf[pad_start..crc_start],
+            crc,
+            crc_computed,
+        },
+        total,
+    ))
+}
+
+/// What the DDP segments of one message are addressed to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// Tagged: sink STag and the TO of the first byte.
+    Tagged { stag: u32, to: u64 },
+    /// Untagged: queue, MSN, and the RDMAP word of RsvdULP (Invalidate STag).
+    Untagged { qn: u32, msn: u32, rsvd_ulp: u32 },
+}
+
+/// Splits one RDMAP message into DDP segments (RFC 5041 §5.1).
+#[derive(Clone, Debug)]
+pub struct Segmenter {
+    op: Opcode,
+    target: Target,
+    total: u32,
+    offset: u32,
+    max_payload: u32,
+    done: bool,
+}
+
+/// One DDP segment to transmit: write `header`, then `payload_len` bytes of
+/// the message starting at `msg_offset`, then [`SegmentPlan::trailer`].
+#[derive(Clone, Copy, Debug)]
+pub struct SegmentPlan {
+    pub header: HeaderBuf,
+    pub msg_offset: u32,
+    pub payload_len: u32,
+    pub last: bool,
+}
+
+impl SegmentPlan {
+    /// ULPDU length of this segment.
+    pub fn ulpdu_len(&self) -> usize {
+        self.header.len() - LEN_FIELD + self.payload_len as usize
+    }
+    /// Whole FPDU length on the wire.
+    pub fn fpdu_len(&self) -> usize {
+        crate::mpa::fpdu_len(self.ulpdu_len())
+    }
+    /// Trailer once the payload is known (pass the payload in one or more
+    /// slices totalling `payload_len` bytes).
+    pub fn trailer(&self, crc_on: bool, payload: &[&[u8]]) -> Trailer {
+        trailer(crc_on, self.header.as_slice(), payload)
+    }
+}
+
+impl Segmenter {
+    /// `mulpdu` is [`crate::mpa::mulpdu`] of the connection's MSS. Data
+    /// carrying opcodes only (Write, Read Response, Send*).
+    pub fn new(op: Opcode, target: Target, len: u32, mulpdu: usize) -> Segmenter {
+        let hl = match target {
+            Target::Tagged { .. } => TAGGED_HDR_LEN,
+            Target::Untagged { .. } => UNTAGGED_HDR_LEN,
+        };
+        let max_payload = mulpdu.saturating_sub(hl).max(1).min(u32::MAX as usize) as u32;
+        Segmenter { op, target, total: len, offset: 0, max_payload, done: false }
+    }
+
+    pub fn remaining(&self) -> u32 {
+        self.total - self.offset
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+}
+
+impl Iterator for Segmenter {
+    type Item = SegmentPlan;
+    fn next(&mut self) -> Option<SegmentPlan> {
+        if self.done {
+            return None;
+        }
+        let n = self.remaining().min(self.max_payload);
+        let last = self.offset + n == self.total;
+        let rd = RdmapCtrl::new(self.op);
+        let ddp = match self.target {
+            Target::Tagged { stag, to } => DdpHeader::tagged(stag, to.wrapping_add(self.offset as u64), last, rd),
+            Target::Untagged { qn, msn, rsvd_ulp } => DdpHeader::untagged(qn, msn, self.offset, rsvd_ulp, last, rd),
+        };
+        let plan = SegmentPlan { header: encode_header(&ddp, &[], n as usize), msg_offset: self.offset, payload_len: n, last };
+        self.offset += n;
+        self.done = last;
+        Some(plan)
+    }
+}
+
+/// What the deframer needs next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Want {
+    /// Up to this many header bytes (pass them to [`Deframer::feed`]).
+    Header(usize),
+    /// Up to this many payload bytes of the current segment.
+    Payload(u32),
+    /// Up to this many trailer bytes (pad + CRC).
+    Trailer(usize),
+}
+
+/// Header of a received DDP segment.
+#[derive(Clone, Copy, Debug)]
+pub struct RxSegment {
+    pub ulpdu_len: u16,
+    pub ddp: DdpHeader,
+    /// RDMAP control bytes after the DDP header (Read Request body, Atomic
+    /// headers, Terminate body, Immediate Data); empty for data segments.
+    pub control: InlineBuf<CONTROL_CAP>,
+    /// Payload bytes that follow (0 for control messages).
+    pub payload_len: u32,
+}
+
+/// Deframer events.
+#[derive(Clone, Copy, Debug)]
+pub enum RxEvent {
+    /// A segment header is complete; payload (if any) follows.
+    Segment(RxSegment),
+    /// `n` payload bytes were consumed from the input given to `feed`.
+    Payload(usize),
+    /// Segment trailer done. `crc_ok` is always true when CRC is off.
+    End { crc_ok: bool },
+}
+
+/// Deframing errors; all are fatal for the stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrameError {
+    /// ULPDU shorter than the headers its DDP/RDMAP control bytes announce.
+    UlpduTooShort(u16),
+    /// Control message longer than [`CONTROL_CAP`].
+    ControlTooLong(u16),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum St {
+    /// Collecting header bytes; `need` is the total header length known so far.
+    Header { need: usize },
+    Payload { rem: u32 },
+    Trailer { need: usize },
+}
+
+/// Pull-style FPDU deframer (no markers, see [`crate::mpa`]).
+#[derive(Clone, Debug)]
+pub struct Deframer {
+    crc_on: bool,
+    st: St,
+    hdr: HeaderBuf,
+    crc: Crc32c,
+    trailer: Trailer,
+    ulpdu_len: u16,
+}
+
+/// Bytes needed to know the header length: MPA length + DDP ctrl + RDMAP ctrl.
+const PROBE: usize = LEN_FIELD + 2;
+
+impl Deframer {
+    pub fn new(crc_on: bool) -> Deframer {
+        Deframer {
+            crc_on,
+            st: St::Header { need: PROBE },
+            hdr: HeaderBuf::new(),
+            crc: Crc32c::new(),
+            trailer: Trailer::new(),
+            ulpdu_len: 0,
+        }
+    }
+
+    pub fn crc_on(&self) -> bool {
+        self.crc_on
+    }
+
+    /// True between FPDUs (no partial FPDU buffered).
+    pub fn at_boundary(&self) -> bool {
+        self.st == St::Header { need: PROBE } && self.hdr.is_empty()
+    }
+
+    pub fn want(&self) -> Want {
+        match self.st {
+            St::Header { need } => Want::Header(need - self.hdr.len()),
+            St::Payload { rem } => Want::Payload(rem),
+            St::Trailer { need } => Want::Trailer(need - self.trailer.len()),
+        }
+    }
+
+    /// Consume bytes of the stream. Header and trailer bytes are copied
+    /// into the deframer; payload bytes are only accounted (CRC) and
+    /// reported as `RxEvent::Payload(n)` — the caller places `data[..n]`.
+    /// For the zero-copy path, receive payload straight into its final
+    /// place and pass the placed bytes here. Returns bytes consumed and at
+    /// most one event; call again with the rest.
+    pub fn feed(&mut self, data: &[u8]) -> Result<(usize, Option<RxEvent>), FrameError> {
+        match self.st {
+            St::Header { need } => {
+                let take = (need - self.hdr.len()).min(data.len());
+                self.hdr.push(&data[..take]);
+                if self.hdr.len() < need {
+                    return Ok((take, None));
+                }
+                if need == PROBE {
+                    let h = self.hdr.as_slice();
+                    let ul = u16::from_be_bytes([h[0], h[1]]);
+                    let dl = DdpHeader::len_for_ctrl(h[2]);
+                    let op = RdmapCtrl::from_byte(h[3]).op();
+                    let ctl = match op {
+                        Some(o) if o.is_control() => (ul as usize).saturating_sub(dl),
+                        Some(o) => o.body_len(),
+                        None => 0,
+                    };
+                    let min_body = op.map(|o| o.body_len()).unwrap_or(0);
+                    if (ul as usize) < dl + min_body {
+                        return Err(FrameError::UlpduTooShort(ul));
+                    }
+                    if ctl > CONTROL_CAP {
+                        return Err(FrameError::ControlTooLong(ul));
+                    }
+                    self.ulpdu_len = ul;
+                    let full = LEN_FIELD + dl + ctl;
+                    if full > need {
+                        self.st = St::Header { need: full };
+                        return Ok((take, None));
+                    }
+                }
+                // Header complete.
+                let h = self.hdr.as_slice();
+                self.crc = Crc32c::new();
+                if self.crc_on {
+                    self.crc.update(h);
+                }
+                let (ddp, dl) = match DdpHeader::parse(&h[LEN_FIELD..]) {
+                    Ok(x) => x,
+                    Err(_) => return Err(FrameError::UlpduTooShort(self.ulpdu_len)),
+                };
+                let mut control = InlineBuf::<CONTROL_CAP>::new();
+                control.push(&h[LEN_FIELD + dl..]);
+                let consumed_ulpdu = h.len() - LEN_FIELD;
+                let payload_len = (self.ulpdu_len as usize - consumed_ulpdu) as u32;
+                let seg = RxSegment { ulpdu_len: self.ulpdu_len, ddp, control, payload_len };
+                self.hdr = HeaderBuf::new();
+                self.trailer = Trailer::new();
+                self.st = if payload_len > 0 {
+                    St::Payload { rem: payload_len }
+                } else {
+                    St::Trailer { need: pad_len(self.ulpdu_len as usize) + CRC_LEN }
+                };
+                Ok((take, Some(RxEvent::Segment(seg))))
+            }
+            St::Payload { rem } => {
+                let n = (rem as usize).min(data.len());
+                if self.crc_on {
+                    self.crc.update(&data[..n]);
+                }
+                let rem = rem - n as u32;
+                self.st = if rem == 0 {
+                    St::Trailer { need: pad_len(self.ulpdu_len as usize) + CRC_LEN }
+                } else {
+                    St::Payload { rem }
+                };
+                Ok((n, Some(RxEvent::Payload(n))))
+            }
+            St::Trailer { need } => {
+                let take = (need - self.trailer.len()).min(data.len());
+                self.trailer.push(&data[..take]);
+                if self.trailer.len() < need {
+                    return Ok((take, None));
+                }
+                let t = self.trailer.as_slice();
+                let pad = need - CRC_LEN;
+                let crc_ok = if self.crc_on {
+                    self.crc.update(&t[..pad]);
+                    let w = [t[pad], t[pad + 1], t[pad + 2], t[pad + 3]];
+                    crate::crc::from_wire(w) == self.crc.value()
+                } else {
+                    true
+                };
+                self.trailer = Trailer::new();
+                self.st = St::Header { need: PROBE };
+                Ok((take, Some(RxEvent::End { crc_ok })))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ddp::BufferModel;
+    use crate::mpa::mulpdu;
+
+    // siw-write-p2p frame 8: zero-length Write RTR FPDU.
+    const RTR: [u8; 20] = [0x00, 0x0e, 0xc1, 0x40, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+
+    #[test]
+    fn rtr_round_trip() {
+        let (f, n) = parse_fpdu(&RTR).unwrap();
+        assert_eq!(n, 20);
+        assert_eq!(f.ulpdu_len, 14);
+        assert!(f.payload.is_empty());
+        let mut out = Vec::new();
+        encode_fpdu(&f.ddp, f.body, f.payload, false, &mut out);
+        assert_eq!(out, RTR);
+        for i in 0..RTR.len() {
+            assert!(parse_fpdu(&RTR[..i]).is_err());
+        }
+    }
+
+    #[test]
+    fn segmenter_sizes() {
+        let m = mulpdu(1460);
+        let segs: Vec<_> = Segmenter::new(Opcode::Write, Target::Tagged { stag: 0x100, to: 0x1000 }, 4000, m).collect();
+        assert_eq!(segs.len(), 3);
+        assert_eq!(segs[0].payload_len, 1436);
+        assert_eq!(segs[0].fpdu_len(), 1456);
+        assert!(!segs[0].last && segs[2].last);
+        assert_eq!(segs[2].payload_len, 4000 - 2 * 1436);
+        let (f, _) = {
+            let mut b = segs[1].header.as_slice().to_vec();
+            b.extend(vec![0u8; segs[1].payload_len as usize]);
+            b.extend_from_slice(segs[1].trailer(true, &[&vec![0u8; segs[1].payload_len as usize]]).as_slice());
+            let v = b.clone();
+            let (f, n) = parse_fpdu(&v).map(|(f, n)| (f.ddp, n)).unwrap();
+            (f, n)
+        };
+        assert_eq!(f.model, BufferModel::Tagged { stag: 0x100, to: 0x1000 + 1436 });
+        // zero-length message: one segment
+        let z: Vec<_> = Segmenter::new(Opcode::Send, Target::Untagged { qn: 0, msn: 1, rsvd_ulp: 0 }, 0, m).collect();
+        assert_eq!(z.len(), 1);
+        assert!(z[0].last);
+        let u: Vec<_> = Segmenter::new(Opcode::Send, Target::Untagged { qn: 0, msn: 1, rsvd_ulp: 0 }, 3000, m).collect();
+        assert_eq!(u[0].payload_len, 1432);
+        assert_eq!(u[1].header.as_slice()[LEN_FIELD + 14..LEN_FIELD + 18], 1432u32.to_be_bytes());
+    }
+
+    #[test]
+    fn deframer_byte_by_byte() {
+        let mut stream = Vec::new();
+        let payload: Vec<u8> = (0..1000u32).map(|i| i as u8).collect();
+        for plan in Segmenter::new(Opcode::Send, Target::Untagged { qn: 0, msn: 1, rsvd_ulp: 0 }, 1000, 300) {
+            let p = &payload[plan.msg_offset as usize..][..plan.payload_len as usize];
+            stream.extend_from_slice(plan.header.as_slice());
+            stream.extend_from_slice(p);
+            stream.extend_from_slice(plan.trailer(true, &[p]).as_slice());
+        }
+        for chunk in [1usize, 3, 7, 1000] {
+            let mut d = Deframer::new(true);
+            let mut got = Vec::new();
+            let mut segs = 0;
+            let mut ends = 0;
+            for c in stream.chunks(chunk) {
+                let mut c = c;
+                while !c.is_empty() {
+                    let (n, ev) = d.feed(c).unwrap();
+                    match ev {
+                        Some(RxEvent::Payload(k)) => got.extend_from_slice(&c[..k]),
+                        Some(RxEvent::Segment(_)) => segs += 1,
+                        Some(RxEvent::End { crc_ok }) => {
+                            assert!(crc_ok);
+                            ends += 1
+                        }
+                        None => {}
+                    }
+                    c = &c[n..];
+                }
+            }
+            assert_eq!(got, payload);
+            assert_eq!(segs, ends);
+            assert_eq!(segs, 4);
+            assert!(d.at_boundary());
+        }
+        // corrupt one payload byte: CRC must fail
+        let mut bad = stream.clone();
+        bad[30] ^= 1;
+        let mut d = Deframer::new(true);
+        let mut c = &bad[..];
+        let mut saw_bad = false;
+        while !c.is_empty() {
+            let (n, ev) = d.feed(c).unwrap();
+            if let Some(RxEvent::End { crc_ok: false }) = ev {
+                saw_bad = true;
+            }
+            c = &c[n..];
+        }
+        assert!(saw_bad);
+    }
+
+    #[test]
+    fn deframer_errors() {
+        let mut d = Deframer::new(false);
+        // ULPDU length 4 with a tagged header
+        assert_eq!(d.feed(&[0, 4, 0xc1, 0x40]).unwrap_err(), FrameError::UlpduTooShort(4));
+        let mut d = Deframer::new(false);
+        // Terminate with 1000-byte body
+        let mut h = vec![0x03, 0xfa, 0x41, 0x47];
+        h.extend([0u8; 16]);
+        assert_eq!(d.feed(&h).unwrap_err(), FrameError::ControlTooLong(1018));
+        // Read request ULPDU too short for its 28-byte body
+        let mut d = Deframer::new(false);
+        assert_eq!(d.feed(&[0, 20, 0x41, 0x41]).unwrap_err(), FrameError::UlpduTooShort(20));
+    }
+}
