@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# ci/setup-and-run.sh — build uiw, publish the loopback device uiw_lo, and run
+# standard, unmodified rdma-core tools against it.
+#
+#   sudo ./ci/setup-and-run.sh          # or as root; as a user it builds as
+#                                       # you and re-runs itself with sudo
+#
+# What it does:
+#   1. cargo build --workspace           (uiw, libuiw-rdmav34.so, the shim)
+#   2. uiw up                            publish uiw_lo (127.0.0.1); creating
+#                                        /dev/infiniband/uverbsN needs root once
+#   3. uiw run -- ibv_devices
+#      uiw run -- ibv_devinfo -v -d uiw_lo
+#   4. with RUN_PINGPONG=1: ibv_rc_pingpong server and client over uiw_lo
+#      (RC Send/Recv through the uiw data path, on 127.0.0.1, GID index 0)
+#
+# Environment:
+#   CARGO_PROFILE=release   build and use the release profile (default: dev)
+#   RUN_PINGPONG=1          also run the ibv_rc_pingpong pair
+#   PINGPONG_EVENTS=1       ...and once more with -e (completion channel)
+#   PINGPONG_PORT=18515     TCP port for ibv_rc_pingpong's own exchange
+#   UIW_DOWN_AFTER=1        take the device down at the end (default: leave it
+#                           up so you can go on with `uiw run -- <your tool>`)
+#   UIW_STATE_DIR           where uiw keeps the published tree (uiw's default
+#                           if unset)
+set -euo pipefail
+
+# The data path is in progress: flip to 1 once RC Send/Recv works end to end.
+RUN_PINGPONG_DEFAULT=0
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+root=$(pwd)
+
+profile_args=()
+profile_dir=debug
+if [[ "${CARGO_PROFILE:-dev}" == release ]]; then
+	profile_args=(--release)
+	profile_dir=release
+fi
+target_dir=${CARGO_TARGET_DIR:-$root/target}
+uiw=$target_dir/$profile_dir/uiw
+
+step() { printf '\n==> %s\n' "$*" >&2; }
+
+if [[ "${UIW_SKIP_BUILD:-0}" != 1 ]]; then
+	step "cargo build --workspace ${profile_args[*]}"
+	cargo build --workspace "${profile_args[@]}"
+fi
+if [[ ! -x "$uiw" ]]; then
+	echo "setup-and-run: $uiw was not built" >&2
+	exit 1
+fi
+
+if [[ $(id -u) -ne 0 ]]; then
+	if ! command -v sudo >/dev/null; then
+		echo "setup-and-run: publishing a device needs root once (it creates" \
+			"/dev/infiniband/uverbsN); run this script as root" >&2
+		exit 1
+	fi
+	step "re-running as root with sudo (the build is done)"
+	exec sudo env "PATH=$PATH" UIW_SKIP_BUILD=1 \
+		"CARGO_PROFILE=${CARGO_PROFILE:-dev}" "CARGO_TARGET_DIR=$target_dir" \
+		"RUN_PINGPONG=${RUN_PINGPONG:-}" "PINGPONG_EVENTS=${PINGPONG_EVENTS:-}" \
+		"PINGPONG_PORT=${PINGPONG_PORT:-}" "UIW_DOWN_AFTER=${UIW_DOWN_AFTER:-}" \
+		${UIW_STATE_DIR:+"UIW_STATE_DIR=$UIW_STATE_DIR"} \
+		bash "$0" "$@"
+fi
+
+if [[ "${UIW_DOWN_AFTER:-0}" == 1 ]]; then
+	trap '"$uiw" down || true' EXIT
+fi
+
+step "uiw up"
+"$uiw" up
+
+step "uiw run -- ibv_devices"
+"$uiw" run -- ibv_devices
+
+step "uiw run -- ibv_devinfo -v -d uiw_lo"
+"$uiw" run -- ibv_devinfo -v -d uiw_lo
+
+# Wait until something listens on TCP port $1 (at most ~10 s).
+wait_listen() {
+	local i
+	for i in $(seq 100); do
+		if ss -Htln "sport = :$1" 2>/dev/null | grep -q .; then
+			return 0
+		fi
+		sleep 0.1
+	done
+	return 1
+}
+
+# One ibv_rc_pingpong pair: server in the background, client to 127.0.0.1.
+# -g 0: iWARP/Ethernet ports need a GID; uiw_lo's GID 0 is ::ffff:127.0.0.1.
+pingpong() {
+	local port=${PINGPONG_PORT:-18515} spid status=0 sstatus=0
+	local args=(-d uiw_lo -g 0 -p "$port" "$@")
+
+	step "uiw run -- ibv_rc_pingpong ${args[*]}  (server)  &  ... 127.0.0.1  (client)"
+	timeout 60 "$uiw" run -- ibv_rc_pingpong "${args[@]}" &
+	spid=$!
+	if ! wait_listen "$port"; then
+		echo "setup-and-run: the ibv_rc_pingpong server did not start listening" >&2
+		kill "$spid" 2>/dev/null || true
+		wait "$spid" 2>/dev/null || true
+		return 1
+	fi
+	timeout 60 "$uiw" run -- ibv_rc_pingpong "${args[@]}" 127.0.0.1 || status=$?
+	wait "$spid" || sstatus=$?
+	[[ $status -ne 0 ]] || status=$sstatus
+	if [[ $status -ne 0 ]]; then
+		echo "setup-and-run: ibv_rc_pingpong $* failed (status $status)" >&2
+	fi
+	return "$status"
+}
+
+if [[ "${RUN_PINGPONG:-$RUN_PINGPONG_DEFAULT}" == 1 ]]; then
+	pingpong
+	if [[ "${PINGPONG_EVENTS:-0}" == 1 ]]; then
+		pingpong -e
+	fi
+else
+	step "skipping ibv_rc_pingpong (data path in progress; RUN_PINGPONG=1 runs it)"
+fi
+
+step "done"
+if [[ "${UIW_DOWN_AFTER:-0}" != 1 ]]; then
+	cat >&2 <<EOF
+uiw_lo stays published. Try:
+    $uiw run -- ibv_devinfo -d uiw_lo
+    $uiw run -- bash        # a shell whose programs all see uiw_lo
+    $uiw down               # remove it
+EOF
+fi
