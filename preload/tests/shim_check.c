@@ -1,0 +1,140 @@
+/* Run under LD_PRELOAD=libuiw_preload.so by tests/shim.rs.
+ * Prints "ok <name>" per check; exits non-zero on the first failure. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <linux/netlink.h>
+#include "uiw_preload.h"
+
+#define CHECK(name, cond)                                                      \
+	do {                                                                   \
+		if (!(cond)) {                                                 \
+			fprintf(stderr, "FAIL %s (line %d, errno %d %s)\n",    \
+				name, __LINE__, errno, strerror(errno));       \
+			exit(1);                                               \
+		}                                                              \
+		printf("ok %s\n", name);                                       \
+	} while (0)
+
+struct cmd { uint32_t command; uint16_t in_words, out_words; uint64_t response; };
+struct resp { uint32_t fd; };
+
+static int calls;
+static int last_fd;
+static struct cmd last_cmd;
+
+static ssize_t handler(void *ctx, int fd, const void *buf, size_t len)
+{
+	calls++;
+	last_fd = fd;
+	if (len != sizeof(struct cmd)) {
+		errno = EINVAL;
+		return -1;
+	}
+	memcpy(&last_cmd, buf, sizeof last_cmd);
+	((struct resp *)(uintptr_t)last_cmd.response)->fd = *(int *)ctx;
+	return (ssize_t)len;
+}
+
+int main(void)
+{
+	int sysfs = getenv("SYSFS_PATH") != NULL;
+	int s;
+
+	errno = 0;
+	s = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, 20 /* NETLINK_RDMA */);
+	if (sysfs)
+		CHECK("netlink_rdma_refused", s == -1 && errno == EPROTONOSUPPORT);
+	else {
+		/* Not intercepted: whatever the kernel says (EPROTONOSUPPORT on hosts
+		 * without RDMA, a socket elsewhere). */
+		CHECK("netlink_rdma_passthrough", s >= 0 || errno == EPROTONOSUPPORT);
+		if (s >= 0)
+			close(s);
+	}
+	s = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
+	CHECK("netlink_route_works", s >= 0);
+	close(s);
+	s = socket(AF_INET, SOCK_STREAM, 0);
+	CHECK("inet_works", s >= 0);
+	close(s);
+
+	uiw_preload_register_cmd_fd_v1_fn reg = (uiw_preload_register_cmd_fd_v1_fn)
+		dlsym(RTLD_DEFAULT, "uiw_preload_register_cmd_fd_v1");
+	uiw_preload_unregister_cmd_fd_v1_fn unreg = (uiw_preload_unregister_cmd_fd_v1_fn)
+		dlsym(RTLD_DEFAULT, "uiw_preload_unregister_cmd_fd_v1");
+	CHECK("dlsym", reg && unreg);
+
+	int fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+	int chan = 42;
+	CHECK("register", reg(fd, handler, &chan) == 0);
+	CHECK("register_twice_ebusy", reg(fd, handler, &chan) == EBUSY);
+	CHECK("register_null_einval", reg(fd + 1, NULL, &chan) == EINVAL);
+	CHECK("register_neg_ebadf", reg(-1, handler, &chan) == EBADF);
+
+	struct resp r = { .fd = 0xffffffff };
+	struct cmd c = { .command = 6 /* CREATE_COMP_CHANNEL */, .in_words = 4,
+			 .out_words = 1, .response = (uintptr_t)&r };
+	ssize_t n = write(fd, &c, sizeof c);
+	CHECK("write_goes_to_handler", n == (ssize_t)sizeof c && sizeof c == 16 && calls == 1 && last_fd == fd);
+	CHECK("handler_saw_bytes", memcmp(&last_cmd, &c, sizeof c) == 0);
+	CHECK("response_written", r.fd == 42);
+	errno = 0;
+	n = write(fd, &c, 3);
+	CHECK("handler_error_passthrough", n == -1 && errno == EINVAL && calls == 2);
+
+	int p[2];
+	CHECK("pipe", pipe(p) == 0);
+	CHECK("other_fd_real_write", write(p[1], "x", 1) == 1 && calls == 2);
+	char ch;
+	CHECK("other_fd_read", read(p[0], &ch, 1) == 1 && ch == 'x');
+
+	/* close() unregisters: the next fd with that number is a plain fd. */
+	close(fd);
+	int fd2 = open("/dev/null", O_RDWR | O_CLOEXEC);
+	CHECK("fd_reused", fd2 == fd);
+	CHECK("close_unregisters", write(fd2, &c, sizeof c) == (ssize_t)sizeof c && calls == 2);
+
+	/* explicit unregister */
+	CHECK("register_again", reg(fd2, handler, &chan) == 0);
+	unreg(fd2);
+	CHECK("unregister", write(fd2, &c, sizeof c) == (ssize_t)sizeof c && calls == 2);
+	unreg(fd2); /* no-op */
+
+	/* dup2 onto a registered fd drops the registration */
+	CHECK("register_dup2", reg(fd2, handler, &chan) == 0);
+	CHECK("dup2", dup2(p[1], fd2) == fd2);
+	CHECK("dup2_unregisters", write(fd2, "y", 1) == 1 && calls == 2 &&
+				  read(p[0], &ch, 1) == 1 && ch == 'y');
+	close(fd2);
+
+	/* fds beyond the direct table */
+	struct rlimit rl;
+	getrlimit(RLIMIT_NOFILE, &rl);
+	if (rl.rlim_max > 70001) {
+		rl.rlim_cur = 70001;
+		setrlimit(RLIMIT_NOFILE, &rl);
+	}
+	int big = fcntl(p[1], F_DUPFD_CLOEXEC, 70000);
+	if (big >= 0) {
+		CHECK("register_big", reg(big, handler, &chan) == 0);
+		r.fd = 0;
+		CHECK("big_write_to_handler", write(big, &c, sizeof c) == (ssize_t)sizeof c && calls == 3 && r.fd == 42 && last_fd == big);
+		close(big);
+		int big2 = fcntl(p[1], F_DUPFD_CLOEXEC, 70000);
+		CHECK("big_close_unregisters", big2 == big && write(big2, "z", 1) == 1 && calls == 3);
+		close(big2);
+	} else {
+		printf("skip big_fd (RLIMIT_NOFILE)\n");
+	}
+	printf("all ok\n");
+	return 0;
+}
