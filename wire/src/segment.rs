@@ -89,18 +89,29 @@ pub fn encode_header(ddp: &DdpHeader, body: &[u8], payload_len: usize) -> Header
 /// `header` (which starts with the MPA length), every payload part, and the
 /// pad; CRC bytes are zero when `crc_on` is false.
 pub fn trailer(crc_on: bool, header: &[u8], payload: &[&[u8]]) -> Trailer {
+    trailer_with_pad(crc_on, header, payload, &[0u8; 3])
+}
+
+/// Like [`trailer`] but with given pad byte values (only the first
+/// `pad_len` bytes of `pad_bytes` are used). RFC 5044 leaves pad contents
+/// to the sender and siw does not zero them; this lets a received FPDU be
+/// re-encoded byte for byte.
+pub fn trailer_with_pad(crc_on: bool, header: &[u8], payload: &[&[u8]], pad_bytes: &[u8]) -> Trailer {
     let plen: usize = payload.iter().map(|p| p.len()).sum();
     let ulpdu = header.len() - LEN_FIELD + plen;
     let pad = pad_len(ulpdu);
+    let mut padb = [0u8; 3];
+    let k = pad.min(pad_bytes.len());
+    padb[..k].copy_from_slice(&pad_bytes[..k]);
     let mut t = Trailer::new();
-    t.push(&[0u8; 3][..pad]);
+    t.push(&padb[..pad]);
     if crc_on {
         let mut c = Crc32c::new();
         c.update(header);
         for p in payload {
             c.update(p);
         }
-        c.update(&[0u8; 3][..pad]);
+        c.update(&padb[..pad]);
         t.push(&c.to_wire());
     } else {
         t.push(&[0u8; 4]);
@@ -111,10 +122,15 @@ pub fn trailer(crc_on: bool, header: &[u8], payload: &[&[u8]]) -> Trailer {
 /// Convenience: append a whole FPDU (copies `payload`); used for control
 /// messages and in tests.
 pub fn encode_fpdu(ddp: &DdpHeader, body: &[u8], payload: &[u8], crc_on: bool, out: &mut Vec<u8>) {
+    encode_fpdu_with_pad(ddp, body, payload, &[], crc_on, out)
+}
+
+/// [`encode_fpdu`] with explicit pad byte values (see [`trailer_with_pad`]).
+pub fn encode_fpdu_with_pad(ddp: &DdpHeader, body: &[u8], payload: &[u8], pad: &[u8], crc_on: bool, out: &mut Vec<u8>) {
     let h = encode_header(ddp, body, payload.len());
     out.extend_from_slice(h.as_slice());
     out.extend_from_slice(payload);
-    out.extend_from_slice(trailer(crc_on, h.as_slice(), &[payload]).as_slice());
+    out.extend_from_slice(trailer_with_pad(crc_on, h.as_slice(), &[payload], pad).as_slice());
 }
 
 /// One complete FPDU parsed from memory.
