@@ -389,7 +389,10 @@ fn show_line(dev: &Path, ibdev: &str, kernel: bool) -> String {
             state_word(&read1(&pd.join("state"))),
             state_word(&read1(&pd.join("phys_state")))
         );
-        let nd = read1(&pd.join("gid_attrs/ndevs/0"));
+        let mut nd = read1(&dev.join("uiw/netdev"));
+        if nd.is_empty() {
+            nd = read1(&pd.join("gid_attrs/ndevs/0"));
+        }
         if !nd.is_empty() {
             l.push_str(&format!(" netdev {nd}"));
         }
