@@ -451,7 +451,11 @@ enum Join {
 }
 
 fn uiw_env(paths: &Paths) -> Res<Vec<(&'static str, String, Join)>> {
-    let notes = if fs::metadata(&paths.state).map(|m| !m.permissions().readonly()).unwrap_or(false) {
+    let writable = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(paths.state.as_os_str()))
+        // SAFETY: access(2) on a valid NUL-terminated path.
+        .map(|c| unsafe { libc::access(c.as_ptr(), libc::W_OK) } == 0)
+        .unwrap_or(false);
+    let notes = if writable {
         link_libs(paths)
     } else {
         Vec::new()

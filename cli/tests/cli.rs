@@ -570,3 +570,56 @@ fn ibv_devinfo_shows_uiw_lo() {
         assert!(out.contains(want), "missing {want:?} in:\n{out}\n{err}");
     }
 }
+
+/// libibverbs itself (with a do-nothing provider, tests/stub_provider.c) discovers the
+/// tree and node `uiw up` makes: needs root, cc, libibverbs-dev and ibv_devices.
+#[test]
+fn libibverbs_discovers_the_tree() {
+    if !is_root() {
+        eprintln!("skipping: needs root to create /dev/infiniband/uverbsN");
+        return;
+    }
+    if Command::new("ibv_devices").arg("--help").output().is_err() {
+        eprintln!("skipping: ibv_devices not installed (apt install ibverbs-utils)");
+        return;
+    }
+    let mut e = Env::new("stub");
+    e.real_dev = true;
+    let stub_dir = e.t.p("stub");
+    fs::create_dir_all(&stub_dir).unwrap();
+    let so = stub_dir.join("libuiwstub-rdmav34.so");
+    let cc = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(["-shared", "-fPIC", "-Wall", "-Werror", "-o"])
+        .arg(&so)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/stub_provider.c"))
+        .arg("-libverbs")
+        .output();
+    match cc {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => {
+            eprintln!("skipping: cannot build the stub provider (libibverbs-dev?): {}", String::from_utf8_lossy(&o.stderr));
+            return;
+        }
+        Err(_) => {
+            eprintln!("skipping: no C compiler");
+            return;
+        }
+    }
+    e.ok(&["up"]);
+    let st = e.state();
+    let o = Command::new("ibv_devices")
+        .env("SYSFS_PATH", st.join("sysfs"))
+        .env("RDMAV_DRIVERS", stub_dir.join("libuiwstub"))
+        .env("IBV_SHOW_WARNINGS", "1")
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    e.ok(&["down"]);
+    assert!(o.status.success(), "{out}\n{err}");
+    assert!(
+        out.lines().any(|l| l.split_whitespace().collect::<Vec<_>>() == ["uiw_lo", "7569775f6c6f0000"]),
+        "ibv_devices did not list uiw_lo with its GUID:\n{out}\n{err}"
+    );
+}
