@@ -78,7 +78,7 @@ fn real_main(args: Vec<OsString>) -> Res {
     };
     // `run` passes everything after the command through; other commands take --help anywhere.
     let wants_help = |v: &[OsString]| v.iter().any(|a| a == "-h" || a == "--help");
-    if cmd != "run" && wants_help(&rest) || cmd == "run" && rest.first().map_or(false, |a| a == "-h" || a == "--help") {
+    if cmd != "run" && wants_help(&rest) || cmd == "run" && rest.first().is_some_and(|a| a == "-h" || a == "--help") {
         print!("{page}");
         return Ok(());
     }
@@ -215,6 +215,7 @@ fn cmd_up(paths: &Paths, mut want: Vec<String>, verbose: bool) -> Res {
     // Allocate nodes: keep each device's index when still valid, else the lowest free one.
     let kernel = tree::kernel_uverbs(&paths.host_sysfs);
     let mut taken: Vec<u32> = Vec::new();
+    #[allow(clippy::needless_range_loop)]
     for i in 0..entries.len() {
         let cur = entries[i].uverbs;
         let usable = |n: u32, taken: &Vec<u32>| {
@@ -504,7 +505,7 @@ fn cmd_env(paths: &Paths) -> Res {
 
 fn cmd_run(paths: &Paths, rest: Vec<OsString>) -> Res {
     let mut argv = rest;
-    if argv.first().map_or(false, |a| a == "--") {
+    if argv.first().is_some_and(|a| a == "--") {
         argv.remove(0);
     }
     if argv.is_empty() {

@@ -32,7 +32,7 @@ impl Registry {
             let _ = fs::set_permissions(dir, fs::Permissions::from_mode(0o1777));
         }
         let lockp = dir.join(".lock");
-        let f = fs::OpenOptions::new().read(true).write(true).create(true).open(&lockp)
+        let f = fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&lockp)
             .or_else(|_| fs::File::open(&lockp))?;
         let _ = fs::set_permissions(&lockp, fs::Permissions::from_mode(0o666));
         use std::os::unix::io::AsRawFd;

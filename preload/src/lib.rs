@@ -16,7 +16,7 @@
 //! unregistered fd: one relaxed atomic load (no fd registered) or one more
 //! atomic load of the fd's slot. Nothing here allocates or panics.
 
-#![allow(clippy::missing_safety_doc)]
+#![allow(clippy::missing_safety_doc, clippy::needless_range_loop, clippy::manual_c_str_literals)]
 
 use core::ffi::{c_char, c_int, c_uint, c_void};
 use core::sync::atomic::{AtomicI32, AtomicUsize, Ordering};

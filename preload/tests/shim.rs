@@ -13,7 +13,7 @@ fn shim() -> PathBuf {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut c = Command::new(cargo);
         c.args(["build", "-p", "uiw-preload"]).current_dir(env!("CARGO_MANIFEST_DIR"));
-        if profile.file_name().map_or(false, |n| n == "release") {
+        if profile.file_name().is_some_and(|n| n == "release") {
             c.arg("--release");
         }
         assert!(c.status().unwrap().success());
