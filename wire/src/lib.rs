@@ -5,10 +5,12 @@
 //! out. See `README.md` for the module map and design decisions.
 #![forbid(unsafe_code)]
 
+pub mod conn;
 pub mod crc;
 pub mod ddp;
 pub mod error;
 pub mod mpa;
+pub mod placement;
 pub mod rdmap;
 pub mod segment;
 

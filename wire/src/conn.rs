@@ -1,0 +1,1524 @@
+//! The per-QP connection state machine: MPA negotiation (RFC 5044 §7,
+//! RFC 6581), DDP placement rules (RFC 5041 §5–§7), RDMAP operations and
+//! Terminate handling (RFC 5040 §5–§7), RFC 7306 extensions between uiw
+//! peers.
+//!
+//! # API
+//!
+//! Sans-IO in the style of `quinn-proto`: the engine owns the socket and the
+//! clock.
+//!
+//! * Bytes in: [`Connection::handle_bytes`] (copying convenience, needs a
+//!   [`MemoryIo`]), or the zero-copy pull API: [`Connection::rx_want`] says
+//!   whether the next bytes are framing ([`RxWant::Bytes`]: read at most `n`
+//!   bytes and pass them to [`Connection::rx_bytes`]) or payload
+//!   ([`RxWant::Place`]: `recv()` at most `len` bytes straight into the
+//!   memory named by the [`Placement`], then report them with
+//!   [`Connection::rx_placed`]).
+//! * Bytes out: [`Connection::poll_transmit`] (copying) or
+//!   [`Connection::next_tx`], which yields small control frames as bytes and
+//!   data segments as a header + a payload [`Source`] + a trailer to compute
+//!   once the payload is at hand (`sendmsg` with an iovec, no copy).
+//! * [`Connection::poll_event`]: establishment, completions (with ibverbs
+//!   status), Terminates, close.
+//! * [`Connection::poll_timeout`] / [`Connection::handle_timeout`] with the
+//!   caller's clock in milliseconds.
+//! * Work requests: [`Connection::post_send`], [`Connection::post_write`],
+//!   [`Connection::post_read`], [`Connection::post_atomic`],
+//!   [`Connection::post_recv`].
+//!
+//! ```
+//! use uiw_wire::conn::{Config, Connection, Event, Role, SendFlags};
+//! use uiw_wire::placement::{Access, Memory, MemoryIo, Placement, Source};
+//! use uiw_wire::TaggedError;
+//!
+//! // A toy memory: one buffer per side, receive buffers by wr_id.
+//! #[derive(Default)]
+//! struct Mem { send: Vec<u8>, recv: Vec<u8> }
+//! impl Memory for Mem {
+//!     fn check_tagged(&self, _: u32, _: u64, _: u32, _: Access) -> Result<(), TaggedError> {
+//!         Err(TaggedError::InvalidStag)
+//!     }
+//! }
+//! impl MemoryIo for Mem {
+//!     fn read(&self, src: Source, out: &mut [u8]) {
+//!         if let Source::Wr { offset, .. } = src {
+//!             out.copy_from_slice(&self.send[offset as usize..][..out.len()]);
+//!         }
+//!     }
+//!     fn write(&mut self, dst: Placement, data: &[u8]) {
+//!         if let Placement::Recv { offset, .. } = dst {
+//!             self.recv[offset as usize..][..data.len()].copy_from_slice(data);
+//!         }
+//!     }
+//! }
+//!
+//! let mut a = Connection::new(Config::new(Role::Initiator), 0);
+//! let mut b = Connection::new(Config::new(Role::Responder), 0);
+//! let (mut ma, mut mb) = (Mem { send: b"hello".to_vec(), ..Default::default() },
+//!                         Mem { recv: vec![0; 16], ..Default::default() });
+//! b.post_recv(7, 16).unwrap();
+//! let mut wire = Vec::new();
+//! // Pump bytes both ways until nothing moves.
+//! let mut posted = false;
+//! for _ in 0..10 {
+//!     while a.poll_transmit(&mut wire, &ma) {}
+//!     let mut off = 0;
+//!     while off < wire.len() { off += b.handle_bytes(&wire[off..], &mut mb); }
+//!     wire.clear();
+//!     while b.poll_transmit(&mut wire, &mb) {}
+//!     let mut off = 0;
+//!     while off < wire.len() { off += a.handle_bytes(&wire[off..], &mut ma); }
+//!     wire.clear();
+//!     if a.is_established() && !posted {
+//!         a.post_send(1, SendFlags::default(), 5).unwrap();
+//!         posted = true;
+//!     }
+//! }
+//! let mut got = None;
+//! while let Some(ev) = b.poll_event() {
+//!     if let Event::Completion(c) = ev { got = Some(c); }
+//! }
+//! let c = got.unwrap();
+//! assert_eq!((c.wr_id, c.byte_len), (7, 5));
+//! assert_eq!(&mb.recv[..5], b"hello");
+//! ```
+
+use std::collections::VecDeque;
+
+use crate::ddp::{qn, BufferModel, DdpHeader};
+use crate::error::{PostError, TermCode, WcStatus};
+use crate::mpa::{self, FrameKind, IrdOrd, RrFrame};
+use crate::placement::{Access, Memory, MemoryIo, Placement, Source};
+use crate::rdmap::{
+    AtomicOp, AtomicRequest, AtomicResponse, Opcode, RdmapCtrl, ReadRequest, Terminate, IMMEDIATE_LEN,
+};
+use crate::segment::{self, Deframer, FrameError, HeaderBuf, RxEvent, RxSegment, Segmenter, Target, Trailer};
+
+/// Which end of the TCP connection this is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Sends the MPA Request (the TCP active side).
+    Initiator,
+    /// Answers with the MPA Reply.
+    Responder,
+}
+
+/// Which zero-length RTR messages to offer (initiator) or accept/prefer
+/// (responder), RFC 6581 §5.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rtr {
+    pub write: bool,
+    pub read: bool,
+    pub send: bool,
+}
+
+/// Connection parameters.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub role: Role,
+    /// MPA revision to use (1 or 2). A responder answers revision 1 requests
+    /// with revision 1 regardless.
+    pub revision: u8,
+    /// Request (initiator) or require (responder) CRC.
+    pub crc: bool,
+    /// Inbound RDMA Read Requests we accept concurrently.
+    pub ird: u16,
+    /// Outbound RDMA Reads we issue concurrently.
+    pub ord: u16,
+    /// Peer-to-peer mode (RFC 6581 §5): use an RTR message.
+    pub p2p: bool,
+    pub rtr: Rtr,
+    /// Offer RFC 7306 extensions (used only if the peer offers them too).
+    pub extensions: bool,
+    /// TCP MSS: FPDU sizing.
+    pub mss: usize,
+    /// ULP private data for the Request/Reply (≤ 512 − 4 bytes).
+    pub private_data: Vec<u8>,
+    /// Time allowed for MPA negotiation (and the RTR), milliseconds.
+    pub mpa_timeout_ms: u64,
+}
+
+impl Config {
+    pub fn new(role: Role) -> Config {
+        Config {
+            role,
+            revision: 2,
+            crc: false,
+            ird: 16,
+            ord: 16,
+            p2p: false,
+            rtr: Rtr { write: true, read: true, send: false },
+            extensions: false,
+            mss: 1460,
+            private_data: Vec::new(),
+            mpa_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// Connection state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    /// Initiator: Request sent, waiting for the Reply.
+    WaitReply,
+    /// Responder: waiting for the Request.
+    WaitRequest,
+    /// P2P: waiting for the peer's RTR (responder) — we may not send yet.
+    WaitRtr,
+    /// Data transfer.
+    Established,
+    /// A Terminate was sent or received, or the stream broke. Work requests
+    /// are flushed; the engine should close the socket once `next_tx` is
+    /// empty.
+    Error,
+    /// MPA negotiation rejected (either side).
+    Rejected,
+    /// Orderly close.
+    Closed,
+}
+
+/// Result of MPA negotiation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Negotiated {
+    pub revision: u8,
+    pub crc: bool,
+    /// Our effective IRD and ORD.
+    pub ird: u16,
+    pub ord: u16,
+    pub p2p: bool,
+    pub extensions: bool,
+    /// The peer's ULP private data (IRD/ORD words removed).
+    pub private_data: Vec<u8>,
+}
+
+/// libibverbs `enum ibv_wc_opcode` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum WcOpcode {
+    Send = 0,
+    RdmaWrite = 1,
+    RdmaRead = 2,
+    CompSwap = 3,
+    FetchAdd = 4,
+    Recv = 128,
+    RecvRdmaWithImm = 129,
+}
+
+/// A work completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    pub wr_id: u64,
+    pub opcode: WcOpcode,
+    pub status: WcStatus,
+    pub byte_len: u32,
+    /// RFC 7306 Immediate Data (receive side).
+    pub imm: Option<u64>,
+    /// STag invalidated by a Send with Invalidate (receive side).
+    pub invalidated: Option<u32>,
+    /// Solicited event (Send with SE / Immediate Data with SE).
+    pub solicited: bool,
+    /// Original remote value of an atomic (requester side); also written to
+    /// the result buffer by the copying API.
+    pub atomic_result: Option<u64>,
+}
+
+impl Completion {
+    fn new(wr_id: u64, opcode: WcOpcode, status: WcStatus, byte_len: u32) -> Completion {
+        Completion { wr_id, opcode, status, byte_len, imm: None, invalidated: None, solicited: false, atomic_result: None }
+    }
+    /// Receive-queue completion (vs send queue).
+    pub fn is_recv(&self) -> bool {
+        (self.opcode as u32) >= 128
+    }
+}
+
+/// Connection events.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// MPA negotiation done; RDMA traffic may flow.
+    Established(Negotiated),
+    /// The MPA Request was rejected (by us, or by the peer); the peer's
+    /// private data is given.
+    Rejected { by_peer: bool, private_data: Vec<u8> },
+    Completion(Completion),
+    /// A Terminate was sent (`sent`) or received. The connection is in
+    /// [`State::Error`].
+    Terminated { sent: bool, term: Terminate },
+    /// A stream-level failure without Terminate (bad MPA frame, timeout,
+    /// peer closed the socket).
+    Failed(Failure),
+    Closed,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// Invalid MPA Request/Reply (RFC 5044 §8 code 4).
+    BadMpaFrame,
+    /// Markers requested by the peer's Reply, or other unsupported mode.
+    Unsupported,
+    /// MPA negotiation or RTR timed out.
+    Timeout,
+    /// The peer closed the TCP stream.
+    PeerClosed,
+}
+
+/// Send variants (RFC 5040 §4.3).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SendFlags {
+    pub solicited: bool,
+    /// Invalidate this STag at the peer (Send with Invalidate).
+    pub invalidate: Option<u32>,
+}
+
+/// What the receive side needs next (zero-copy API).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RxWant {
+    /// Read at most this many bytes and give them to `rx_bytes`.
+    Bytes(usize),
+    /// Receive at most `len` payload bytes directly into `place`, then call
+    /// `rx_placed` with them.
+    Place { len: u32, place: Placement },
+    /// Nothing more is accepted (error/closed): discard input.
+    Discard,
+}
+
+/// One transmit unit (zero-copy API).
+#[derive(Debug)]
+pub enum Tx {
+    /// Send these bytes as they are (MPA frames, control FPDUs).
+    Bytes(Vec<u8>),
+    /// A data segment: send `header`, then `payload_len` bytes from
+    /// `source`, then `trailer(&[payload slices])`.
+    Segment(TxSegment),
+}
+
+#[derive(Debug)]
+pub struct TxSegment {
+    pub header: HeaderBuf,
+    pub payload_len: u32,
+    pub source: Source,
+    pub crc: bool,
+}
+
+impl TxSegment {
+    /// Pad and CRC for this segment, once the payload is at hand.
+    pub fn trailer(&self, payload: &[&[u8]]) -> Trailer {
+        segment::trailer(self.crc, self.header.as_slice(), payload)
+    }
+}
+
+#[derive(Clone, Debug)]
+enum SqWr {
+    Send { wr_id: u64, flags: SendFlags, len: u32 },
+    Write { wr_id: u64, stag: u32, to: u64, len: u32, imm: Option<u64> },
+    Read { wr_id: u64, local_stag: u32, local_to: u64, stag: u32, to: u64, len: u32 },
+    Atomic { wr_id: u64, op: AtomicOp, result: (u32, u64), stag: u32, to: u64, add_swap: u64, compare: u64 },
+    /// Standalone Immediate Data message.
+    Imm { wr_id: u64, imm: u64, solicited: bool },
+}
+
+impl SqWr {
+    fn wr_id(&self) -> u64 {
+        match *self {
+            SqWr::Send { wr_id, .. }
+            | SqWr::Write { wr_id, .. }
+            | SqWr::Read { wr_id, .. }
+            | SqWr::Atomic { wr_id, .. }
+            | SqWr::Imm { wr_id, .. } => wr_id,
+        }
+    }
+    fn wc_opcode(&self) -> WcOpcode {
+        match self {
+            SqWr::Send { .. } | SqWr::Imm { .. } => WcOpcode::Send,
+            SqWr::Write { .. } => WcOpcode::RdmaWrite,
+            SqWr::Read { .. } => WcOpcode::RdmaRead,
+            SqWr::Atomic { op: AtomicOp::FetchAdd, .. } => WcOpcode::FetchAdd,
+            SqWr::Atomic { .. } => WcOpcode::CompSwap,
+        }
+    }
+}
+
+/// Message being segmented for transmission.
+struct OutMsg {
+    seg: Segmenter,
+    source: Source,
+    on_done: Option<Completion>,
+    /// Control FPDU to send right after (Write with Immediate).
+    then: Option<Vec<u8>>,
+    /// Read Response: counts against IRD until fully sent.
+    is_read_resp: bool,
+}
+
+enum TxItem {
+    Msg(OutMsg),
+    Control { bytes: Vec<u8>, on_done: Option<Completion> },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct ReadWr {
+    wr_id: u64,
+    local_stag: u32,
+    local_to: u64,
+    len: u32,
+    done: u32,
+    rtr: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct AtomicWr {
+    wr_id: u64,
+    req_id: u32,
+    result: (u32, u64),
+    opcode: WcOpcode,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct RecvWr {
+    wr_id: u64,
+    len: u32,
+    done: u32,
+}
+
+/// State of the segment being received.
+#[derive(Clone, Copy, Debug)]
+struct RxCur {
+    seg: RxSegment,
+    place: Placement,
+    /// Payload bytes of this segment placed so far.
+    done: u32,
+}
+
+/// An error found while receiving, to be reported by Terminate.
+#[derive(Clone, Copy, Debug)]
+struct Fault {
+    code: TermCode,
+    /// Echo the segment's headers (M/D, and R for Read Requests).
+    echo: bool,
+}
+
+impl Fault {
+    fn echo(code: TermCode) -> Fault {
+        Fault { code, echo: true }
+    }
+    fn bare(code: TermCode) -> Fault {
+        Fault { code, echo: false }
+    }
+}
+
+/// One iWARP connection (one QP on one TCP stream).
+pub struct Connection {
+    cfg: Config,
+    state: State,
+    neg: Option<Negotiated>,
+    deadline: Option<u64>,
+    events: VecDeque<Event>,
+    // MPA phase
+    mpa_in: Vec<u8>,
+    mpa_out: Vec<u8>,
+    /// Initiator in P2P mode: RTR still to send (queued control FPDU).
+    rtr_kind: Option<RtrKind>,
+    // transmit
+    mulpdu: usize,
+    crc: bool,
+    sq: VecDeque<SqWr>,
+    rsp: VecDeque<TxItem>,
+    cur_tx: Option<OutMsg>,
+    tx_follow: VecDeque<Vec<u8>>,
+    tx_msn: [u32; 5],
+    orq: VecDeque<ReadWr>,
+    atomics: VecDeque<AtomicWr>,
+    next_atomic_id: u32,
+    /// Read responses queued or in transmission (IRD accounting).
+    irq_busy: u32,
+    // receive
+    deframer: Deframer,
+    rx_cur: Option<RxCur>,
+    rx_msn: [u32; 5],
+    recvq: VecDeque<RecvWr>,
+    recv_cur: Option<RecvWr>,
+    /// Expected next (STag, TO) of an in-progress inbound Write.
+    write_cont: Option<(u32, u64)>,
+    terminate_sent: bool,
+    /// Atomic result to store for the copying API: ((stag, to), value).
+    pending_atomic_store: Option<((u32, u64), u64)>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RtrKind {
+    Write,
+    Read,
+    Send,
+}
+
+const MPA_HDR: usize = mpa::RR_HDR_LEN;
+
+impl Connection {
+    /// Create a connection; `now_ms` is the caller's clock. An initiator
+    /// queues its MPA Request immediately.
+    pub fn new(cfg: Config, now_ms: u64) -> Connection {
+        let mut c = Connection {
+            state: if cfg.role == Role::Initiator { State::WaitReply } else { State::WaitRequest },
+            neg: None,
+            deadline: Some(now_ms.saturating_add(cfg.mpa_timeout_ms)),
+            events: VecDeque::new(),
+            mpa_in: Vec::new(),
+            mpa_out: Vec::new(),
+            rtr_kind: None,
+            mulpdu: mpa::mulpdu(cfg.mss),
+            crc: false,
+            sq: VecDeque::new(),
+            rsp: VecDeque::new(),
+            cur_tx: None,
+            tx_follow: VecDeque::new(),
+            tx_msn: [1; 5],
+            orq: VecDeque::new(),
+            atomics: VecDeque::new(),
+            next_atomic_id: 1,
+            irq_busy: 0,
+            deframer: Deframer::new(false),
+            rx_cur: None,
+            rx_msn: [1; 5],
+            recvq: VecDeque::new(),
+            recv_cur: None,
+            write_cont: None,
+            terminate_sent: false,
+            pending_atomic_store: None,
+            cfg,
+        };
+        if c.cfg.role == Role::Initiator {
+            let mut flags = 0;
+            if c.cfg.crc {
+                flags |= mpa::FLAG_CRC;
+            }
+            if c.cfg.extensions {
+                flags |= mpa::FLAG_UIW_EXT;
+            }
+            let io = (c.cfg.revision >= 2).then(|| IrdOrd {
+                ird: c.cfg.ird,
+                ord: c.cfg.ord,
+                p2p: c.cfg.p2p,
+                send_rtr: c.cfg.p2p && c.cfg.rtr.send,
+                write_rtr: c.cfg.p2p && c.cfg.rtr.write,
+                read_rtr: c.cfg.p2p && c.cfg.rtr.read,
+            });
+            let rev = c.cfg.revision.clamp(1, 2);
+            mpa::encode_rr(FrameKind::Request, flags, rev, io, &c.cfg.private_data, &mut c.mpa_out);
+        }
+        c
+    }
+
+    pub fn state(&self) -> State {
+        self.state
+    }
+
+    pub fn is_established(&self) -> bool {
+        self.state == State::Established
+    }
+
+    /// Negotiated parameters, once known.
+    pub fn negotiated(&self) -> Option<&Negotiated> {
+        self.neg.as_ref()
+    }
+
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// Next deadline (ms on the caller's clock), if any.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        self.deadline
+    }
+
+    pub fn handle_timeout(&mut self, now_ms: u64) {
+        if let Some(d) = self.deadline {
+            if now_ms >= d && matches!(self.state, State::WaitReply | State::WaitRequest | State::WaitRtr) {
+                self.deadline = None;
+                self.fail(Failure::Timeout);
+            }
+        }
+    }
+
+    /// The engine saw EOF (or a reset) on the socket.
+    pub fn handle_eof(&mut self) {
+        match self.state {
+            State::Error | State::Closed | State::Rejected => {}
+            _ => self.fail(Failure::PeerClosed),
+        }
+    }
+
+    /// Orderly close: flush outstanding work (WR_FLUSH_ERR) and report
+    /// `Closed`. The engine then shuts the socket down.
+    pub fn close(&mut self) {
+        if self.state == State::Closed {
+            return;
+        }
+        self.flush_all(None);
+        self.state = State::Closed;
+        self.deadline = None;
+        self.events.push_back(Event::Closed);
+    }
+
+    // ------------------------------------------------------------------
+    // Posting
+    // ------------------------------------------------------------------
+
+    fn can_post(&self) -> Result<(), PostError> {
+        match self.state {
+            State::Error | State::Closed | State::Rejected => Err(PostError::InvalidState),
+            _ => Ok(()),
+        }
+    }
+
+    /// Post a receive buffer of `len` bytes (the engine keeps its SGL by
+    /// `wr_id`).
+    pub fn post_recv(&mut self, wr_id: u64, len: u32) -> Result<(), PostError> {
+        self.can_post()?;
+        self.recvq.push_back(RecvWr { wr_id, len, done: 0 });
+        Ok(())
+    }
+
+    /// Post a Send of `len` bytes taken from the work request's gather list.
+    pub fn post_send(&mut self, wr_id: u64, flags: SendFlags, len: u32) -> Result<(), PostError> {
+        self.can_post()?;
+        self.sq.push_back(SqWr::Send { wr_id, flags, len });
+        Ok(())
+    }
+
+    /// Post an RDMA Write to `(stag, to)`; with `imm`, an RFC 7306 Immediate
+    /// Data message follows (Write with Immediate).
+    pub fn post_write(&mut self, wr_id: u64, stag: u32, to: u64, len: u32, imm: Option<u64>) -> Result<(), PostError> {
+        self.can_post()?;
+        if imm.is_some() && !self.ext_ok() {
+            return Err(PostError::NotSupported);
+        }
+        self.sq.push_back(SqWr::Write { wr_id, stag, to, len, imm });
+        Ok(())
+    }
+
+    /// Post an RDMA Read of `len` bytes from the peer's `(stag, to)` into our
+    /// `(local_stag, local_to)`. At most ORD reads are outstanding; later
+    /// ones wait (and so does everything posted after them).
+    pub fn post_read(
+        &mut self,
+        wr_id: u64,
+        local_stag: u32,
+        local_to: u64,
+        stag: u32,
+        to: u64,
+        len: u32,
+    ) -> Result<(), PostError> {
+        self.can_post()?;
+        self.sq.push_back(SqWr::Read { wr_id, local_stag, local_to, stag, to, len });
+        Ok(())
+    }
+
+    /// Post an RFC 7306 atomic on the peer's 8 bytes at `(stag, to)`; the
+    /// original value is returned in the completion and stored at
+    /// `result = (local_stag, local_to)` by the copying API.
+    #[allow(clippy::too_many_arguments)]
+    pub fn post_atomic(
+        &mut self,
+        wr_id: u64,
+        op: AtomicOp,
+        result: (u32, u64),
+        stag: u32,
+        to: u64,
+        add_swap: u64,
+        compare: u64,
+    ) -> Result<(), PostError> {
+        self.can_post()?;
+        if !self.ext_ok() {
+            return Err(PostError::NotSupported);
+        }
+        self.sq.push_back(SqWr::Atomic { wr_id, op, result, stag, to, add_swap, compare });
+        Ok(())
+    }
+
+    /// Post a standalone RFC 7306 Immediate Data message.
+    pub fn post_immediate(&mut self, wr_id: u64, imm: u64, solicited: bool) -> Result<(), PostError> {
+        self.can_post()?;
+        if !self.ext_ok() {
+            return Err(PostError::NotSupported);
+        }
+        self.sq.push_back(SqWr::Imm { wr_id, imm, solicited });
+        Ok(())
+    }
+
+    /// Post an RFC 7306 operation even though it was not negotiated (tests
+    /// of the peer's "unexpected opcode" handling).
+    #[doc(hidden)]
+    pub fn post_immediate_unchecked(&mut self, wr_id: u64, imm: u64) {
+        self.sq.push_back(SqWr::Imm { wr_id, imm, solicited: false });
+    }
+
+    fn ext_ok(&self) -> bool {
+        match &self.neg {
+            Some(n) => n.extensions,
+            None => self.cfg.extensions,
+        }
+    }
+
+    // ------------------------------------------------------------------
+    // Transmit
+    // ------------------------------------------------------------------
+
+    /// Copying convenience: append the next transmit unit to `out`.
+    /// Returns false when there is nothing to send now.
+    pub fn poll_transmit(&mut self, out: &mut Vec<u8>, mem: &impl MemoryIo) -> bool {
+        match self.next_tx() {
+            None => false,
+            Some(Tx::Bytes(b)) => {
+                out.extend_from_slice(&b);
+                true
+            }
+            Some(Tx::Segment(s)) => {
+                out.extend_from_slice(s.header.as_slice());
+                let start = out.len();
+                out.resize(start + s.payload_len as usize, 0);
+                if s.payload_len > 0 {
+                    mem.read(s.source, &mut out[start..]);
+                }
+                let t = s.trailer(&[&out[start..]]);
+                out.extend_from_slice(t.as_slice());
+                true
+            }
+        }
+    }
+
+    /// Zero-copy transmit: the next unit to send. Handing out the last
+    /// segment of a Send or Write completes it (as siw does).
+    pub fn next_tx(&mut self) -> Option<Tx> {
+        if !self.mpa_out.is_empty() {
+            return Some(Tx::Bytes(std::mem::take(&mut self.mpa_out)));
+        }
+        match self.state {
+            State::Established => {}
+            State::Error => {
+                // Only a pending Terminate goes out.
+                return self.rsp.pop_front().and_then(|i| match i {
+                    TxItem::Control { bytes, .. } => Some(Tx::Bytes(bytes)),
+                    TxItem::Msg(_) => None,
+                });
+            }
+            _ => return None,
+        }
+        if let Some(m) = &mut self.cur_tx {
+            if let Some(plan) = m.seg.next() {
+                let seg = TxSegment {
+                    header: plan.header,
+                    payload_len: plan.payload_len,
+                    source: m.source.advance(plan.msg_offset),
+                    crc: self.crc,
+                };
+                if plan.last {
+                    let m = self.cur_tx.take().unwrap();
+                    if m.is_read_resp {
+                        self.irq_busy = self.irq_busy.saturating_sub(1);
+                    }
+                    if let Some(t) = m.then {
+                        self.tx_follow.push_back(t);
+                    }
+                    if let Some(c) = m.on_done {
+                        self.events.push_back(Event::Completion(c));
+                    }
+                }
+                return Some(Tx::Segment(seg));
+            }
+            self.cur_tx = None;
+        }
+        if let Some(b) = self.tx_follow.pop_front() {
+            return Some(Tx::Bytes(b));
+        }
+        if let Some(item) = self.rsp.pop_front() {
+            match item {
+                TxItem::Control { bytes, on_done } => {
+                    if let Some(c) = on_done {
+                        self.events.push_back(Event::Completion(c));
+                    }
+                    return Some(Tx::Bytes(bytes));
+                }
+                TxItem::Msg(m) => {
+                    self.cur_tx = Some(m);
+                    return self.next_tx();
+                }
+            }
+        }
+        let front = self.sq.front()?;
+        if let SqWr::Read { wr_id, .. } = *front {
+            let ord = self.neg.as_ref().map(|n| n.ord).unwrap_or(0) as usize;
+            if ord == 0 {
+                // No outbound reads negotiated (e.g. siw as a rev-1 peer).
+                self.sq.pop_front();
+                self.events.push_back(Event::Completion(Completion::new(
+                    wr_id,
+                    WcOpcode::RdmaRead,
+                    WcStatus::LocQpOpErr,
+                    0,
+                )));
+                return self.next_tx();
+            }
+            if self.orq.iter().filter(|r| !r.rtr).count() >= ord {
+                return None; // wait for a Read Response (ORD)
+            }
+        }
+        let wr = self.sq.pop_front().unwrap();
+        self.start_sq(wr);
+        self.next_tx()
+    }
+
+    fn control_fpdu(&self, ddp: &DdpHeader, body: &[u8], payload: &[u8]) -> Vec<u8> {
+        let mut v = Vec::new();
+        segment::encode_fpdu(ddp, body, payload, self.crc, &mut v);
+        v
+    }
+
+    fn next_msn(&mut self, q: u32) -> u32 {
+        let m = self.tx_msn[q as usize];
+        self.tx_msn[q as usize] = m.wrapping_add(1);
+        m
+    }
+
+    fn start_sq(&mut self, wr: SqWr) {
+        let wc = wr.wc_opcode();
+        match wr {
+            SqWr::Send { wr_id, flags, len } => {
+                let op = match (flags.solicited, flags.invalidate.is_some()) {
+                    (false, false) => Opcode::Send,
+                    (false, true) => Opcode::SendInv,
+                    (true, false) => Opcode::SendSe,
+                    (true, true) => Opcode::SendSeInv,
+                };
+                let msn = self.next_msn(qn::SEND);
+                let target = Target::Untagged { qn: qn::SEND, msn, rsvd_ulp: flags.invalidate.unwrap_or(0) };
+                self.cur_tx = Some(OutMsg {
+                    seg: Segmenter::new(op, target, len, self.mulpdu),
+                    source: Source::Wr { wr_id, offset: 0 },
+                    on_done: Some(Completion::new(wr_id, wc, WcStatus::Success, len)),
+                    then: None,
+                    is_read_resp: false,
+                });
+            }
+            SqWr::Write { wr_id, stag, to, len, imm } => {
+                let then = imm.map(|v| {
+                    let msn = self.next_msn(qn::SEND);
+                    let d = DdpHeader::untagged(qn::SEND, msn, 0, 0, true, RdmapCtrl::new(Opcode::ImmediateData));
+                    self.control_fpdu(&d, &[], &v.to_be_bytes())
+                });
+                self.cur_tx = Some(OutMsg {
+                    seg: Segmenter::new(Opcode::Write, Target::Tagged { stag, to }, len, self.mulpdu),
+                    source: Source::Wr { wr_id, offset: 0 },
+                    on_done: Some(Completion::new(wr_id, wc, WcStatus::Success, len)),
+                    then,
+                    is_read_resp: false,
+                });
+            }
+            SqWr::Read { wr_id, local_stag, local_to, stag, to, len } => {
+                self.send_read_request(wr_id, local_stag, local_to, stag, to, len, false);
+            }
+            SqWr::Atomic { wr_id, op, result, stag, to, add_swap, compare } => {
+                let req_id = self.next_atomic_id;
+                self.next_atomic_id = self.next_atomic_id.wrapping_add(1);
+                let msn = self.next_msn(qn::ATOMIC_REQUEST);
+                let body = AtomicRequest {
+                    op_word: op as u32,
+                    req_id,
+                    stag,
+                    to,
+                    add_swap,
+                    add_swap_mask: u64::MAX,
+                    compare,
+                    compare_mask: u64::MAX,
+                };
+                let mut b = [0u8; crate::rdmap::ATOMIC_REQ_LEN];
+                body.encode(&mut b);
+                let d = DdpHeader::untagged(qn::ATOMIC_REQUEST, msn, 0, 0, true, RdmapCtrl::new(Opcode::AtomicRequest));
+                let bytes = self.control_fpdu(&d, &b, &[]);
+                self.atomics.push_back(AtomicWr { wr_id, req_id, result, opcode: wc });
+                self.tx_follow.push_back(bytes);
+            }
+            SqWr::Imm { wr_id, imm, solicited } => {
+                let msn = self.next_msn(qn::SEND);
+                let op = if solicited { Opcode::ImmediateDataSe } else { Opcode::ImmediateData };
+                let d = DdpHeader::untagged(qn::SEND, msn, 0, 0, true, RdmapCtrl::new(op));
+                let bytes = self.control_fpdu(&d, &[], &imm.to_be_bytes());
+                self.events.push_back(Event::Completion(Completion::new(wr_id, wc, WcStatus::Success, 0)));
+                self.tx_follow.push_back(bytes);
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn send_read_request(&mut self, wr_id: u64, local_stag: u32, local_to: u64, stag: u32, to: u64, len: u32, rtr: bool) {
+        let msn = self.next_msn(qn::READ_REQUEST);
+        let rr = ReadRequest { sink_stag: local_stag, sink_to: local_to, size: len, src_stag: stag, src_to: to };
+        let mut b = [0u8; crate::rdmap::READ_REQ_LEN];
+        rr.encode(&mut b);
+        let d = DdpHeader::untagged(qn::READ_REQUEST, msn, 0, 0, true, RdmapCtrl::new(Opcode::ReadRequest));
+        let bytes = self.control_fpdu(&d, &b, &[]);
+        self.orq.push_back(ReadWr { wr_id, local_stag, local_to, len, done: 0, rtr });
+        self.tx_follow.push_back(bytes);
+    }
+
+    // ------------------------------------------------------------------
+    // Receive
+    // ------------------------------------------------------------------
+
+    /// What the receive side needs next.
+    pub fn rx_want(&self) -> RxWant {
+        match self.state {
+            State::WaitReply | State::WaitRequest => {
+                let need = if self.mpa_in.len() < MPA_HDR {
+                    MPA_HDR
+                } else {
+                    MPA_HDR + u16::from_be_bytes([self.mpa_in[18], self.mpa_in[19]]) as usize
+                };
+                RxWant::Bytes(need.saturating_sub(self.mpa_in.len()).max(1))
+            }
+            State::Error | State::Closed | State::Rejected => RxWant::Discard,
+            State::Established | State::WaitRtr => match self.deframer.want() {
+                segment::Want::Header(n) | segment::Want::Trailer(n) => RxWant::Bytes(n),
+                segment::Want::Payload(n) => match &self.rx_cur {
+                    Some(c) => RxWant::Place { len: n, place: c.place.advance(c.done) },
+                    None => RxWant::Place { len: n, place: Placement::Discard },
+                },
+            },
+        }
+    }
+
+    /// Copying convenience: consume stream bytes, placing payload through
+    /// `mem`. Returns the number of bytes consumed (call again with the
+    /// rest; 0 is never returned for non-empty input).
+    pub fn handle_bytes(&mut self, data: &[u8], mem: &mut impl MemoryIo) -> usize {
+        if data.is_empty() {
+            return 0;
+        }
+        let n = match self.rx_want() {
+            RxWant::Discard => data.len(),
+            RxWant::Bytes(_) => self.rx_bytes(data, mem),
+            RxWant::Place { len, place } => {
+                let n = (len as usize).min(data.len());
+                mem.write(place, &data[..n]);
+                self.rx_placed(&data[..n], mem);
+                n
+            }
+        };
+        if let Some(((stag, to), v)) = self.pending_atomic_store.take() {
+            mem.write(Placement::Tagged { stag, to }, &v.to_ne_bytes());
+        }
+        n
+    }
+
+    /// Zero-copy API: consume framing bytes (MPA frames, headers, trailers).
+    /// Returns bytes consumed; if the deframer is in a payload state the
+    /// bytes are treated as payload to be *discarded* (use `rx_placed`).
+    pub fn rx_bytes(&mut self, data: &[u8], mem: &mut impl Memory) -> usize {
+        match self.state {
+            State::WaitReply | State::WaitRequest => self.rx_mpa(data),
+            State::Error | State::Closed | State::Rejected => data.len(),
+            State::Established | State::WaitRtr => {
+                if let segment::Want::Payload(_) = self.deframer.want() {
+                    return self.rx_placed(data, mem);
+                }
+                self.rx_stream(data, mem)
+            }
+        }
+    }
+
+    /// Zero-copy API: `placed` payload bytes were written at the placement
+    /// returned by `rx_want`. Returns bytes accounted.
+    pub fn rx_placed(&mut self, placed: &[u8], mem: &mut impl Memory) -> usize {
+        if !matches!(self.state, State::Established | State::WaitRtr) {
+            return placed.len();
+        }
+        self.rx_stream(placed, mem)
+    }
+
+    fn rx_stream(&mut self, data: &[u8], mem: &mut impl Memory) -> usize {
+        let (n, ev) = match self.deframer.feed(data) {
+            Ok(x) => x,
+            Err(e) => {
+                let code = match e {
+                    FrameError::UlpduTooShort(_) => TermCode::DDP_LOCAL_CATASTROPHIC,
+                    FrameError::ControlTooLong(_) => TermCode::DDP_LOCAL_CATASTROPHIC,
+                };
+                self.terminate(Fault::bare(code), None, WcStatus::GeneralErr);
+                return data.len();
+            }
+        };
+        match ev {
+            None => {}
+            Some(RxEvent::Segment(seg)) => {
+                if let Err(f) = self.on_segment(seg, mem) {
+                    let st = self.fault_status(&f, &seg);
+                    self.terminate(f, Some(&seg), st);
+                }
+            }
+            Some(RxEvent::Payload(k)) => {
+                if let Some(c) = &mut self.rx_cur {
+                    c.done += k as u32;
+                }
+            }
+            Some(RxEvent::End { crc_ok }) => {
+                if !crc_ok {
+                    self.terminate(Fault::bare(TermCode::MPA_CRC), None, WcStatus::GeneralErr);
+                } else if let Some(cur) = self.rx_cur.take() {
+                    if let Err(f) = self.on_segment_end(cur, mem) {
+                        let st = self.fault_status(&f, &cur.seg);
+                        self.terminate(f, Some(&cur.seg), st);
+                    }
+                }
+            }
+        }
+        n
+    }
+
+    fn fault_status(&self, f: &Fault, seg: &RxSegment) -> WcStatus {
+        match seg.ddp.rdmap.op() {
+            Some(Opcode::ReadResponse) => WcStatus::LocProtErr,
+            Some(op) if op.is_send() && f.code == TermCode::DDP_U_NO_BUFFER && self.recv_cur.is_some() => {
+                WcStatus::LocLenErr
+            }
+            _ => WcStatus::GeneralErr,
+        }
+    }
+
+    fn rx_mpa(&mut self, data: &[u8]) -> usize {
+        let want = match self.rx_want() {
+            RxWant::Bytes(n) => n,
+            _ => return 0,
+        };
+        let take = want.min(data.len());
+        self.mpa_in.extend_from_slice(&data[..take]);
+        let parsed = match RrFrame::parse(&self.mpa_in) {
+            Ok((f, _)) => Some((f.hdr, f.private_data.to_vec())),
+            Err(crate::error::WireError::Truncated { .. }) => None,
+            Err(_) => {
+                self.fail(Failure::BadMpaFrame);
+                return data.len();
+            }
+        };
+        if let Some((hdr, pd)) = parsed {
+            self.mpa_in.clear();
+            let frame = RrFrame { hdr, private_data: &pd };
+            match (self.cfg.role, hdr.kind) {
+                (Role::Responder, FrameKind::Request) => self.on_request(&frame),
+                (Role::Initiator, FrameKind::Reply) => self.on_reply(&frame),
+                _ => self.fail(Failure::BadMpaFrame),
+            }
+        }
+        take
+    }
+
+    fn on_request(&mut self, f: &RrFrame<'_>) {
+        let rev = f.hdr.revision;
+        if rev == 0 || rev > 2 {
+            self.fail(Failure::BadMpaFrame);
+            return;
+        }
+        let rev = rev.min(self.cfg.revision.max(1));
+        let enhanced = rev == 2 && f.hdr.enhanced();
+        let peer = f.ird_ord();
+        let mut flags = 0;
+        let crc = f.hdr.crc() || self.cfg.crc;
+        if crc {
+            flags |= mpa::FLAG_CRC;
+        }
+        let ext = self.cfg.extensions && f.hdr.flags & mpa::FLAG_UIW_EXT != 0;
+        if ext {
+            flags |= mpa::FLAG_UIW_EXT;
+        }
+        if f.hdr.markers() {
+            // We never do markers: reject, as siw does.
+            let io = enhanced.then(IrdOrd::default);
+            mpa::encode_rr(FrameKind::Reply, flags | mpa::FLAG_REJECT, rev, io, &[], &mut self.mpa_out);
+            self.state = State::Rejected;
+            self.deadline = None;
+            self.events.push_back(Event::Rejected { by_peer: false, private_data: f.ulp_private_data().to_vec() });
+            return;
+        }
+        // RFC 6581 §5: our IRD covers the initiator's ORD, our ORD is
+        // limited by its IRD.
+        let (ird, ord) = match peer {
+            Some(p) => (self.cfg.ird.min(p.ord.max(if p.p2p && p.read_rtr { 1 } else { 0 })), self.cfg.ord.min(p.ird)),
+            None => (self.cfg.ird, self.cfg.ord),
+        };
+        let mut p2p = false;
+        let mut reply_io = enhanced.then(|| IrdOrd { ird, ord, ..Default::default() });
+        if let (Some(p), Some(io)) = (peer, reply_io.as_mut()) {
+            if p.p2p && self.cfg.p2p {
+                // Choose one RTR: zero-length Write preferred (as siw).
+                let pick = if p.write_rtr && self.cfg.rtr.write {
+                    Some(RtrKind::Write)
+                } else if p.read_rtr && self.cfg.rtr.read {
+                    Some(RtrKind::Read)
+                } else if p.send_rtr && self.cfg.rtr.send {
+                    Some(RtrKind::Send)
+                } else {
+                    None
+                };
+                if let Some(k) = pick {
+                    p2p = true;
+                    io.p2p = true;
+                    io.write_rtr = k == RtrKind::Write;
+                    io.read_rtr = k == RtrKind::Read;
+                    io.send_rtr = k == RtrKind::Send;
+                    if k == RtrKind::Read && io.ird == 0 {
+                        io.ird = 1;
+                    }
+                    self.rtr_kind = Some(k);
+                }
+            }
+        }
+        let (ird, ord) = reply_io.map(|io| (io.ird, io.ord)).unwrap_or((ird, ord));
+        mpa::encode_rr(FrameKind::Reply, flags, rev, reply_io, &self.cfg.private_data, &mut self.mpa_out);
+        self.crc = crc;
+        self.deframer = Deframer::new(crc);
+        let neg = Negotiated {
+            revision: rev,
+            crc,
+            ird,
+            ord,
+            p2p,
+            extensions: ext,
+            private_data: f.ulp_private_data().to_vec(),
+        };
+        self.neg = Some(neg.clone());
+        if p2p {
+            self.state = State::WaitRtr;
+        } else {
+            self.state = State::Established;
+            self.deadline = None;
+            self.events.push_back(Event::Established(neg));
+        }
+    }
+
+    fn on_reply(&mut self, f: &RrFrame<'_>) {
+        self.deadline = None;
+        if f.hdr.reject() {
+            self.state = State::Rejected;
+            self.events.push_back(Event::Rejected { by_peer: true, private_data: f.ulp_private_data().to_vec() });
+            return;
+        }
+        if f.hdr.markers() || f.hdr.revision == 0 || f.hdr.revision > self.cfg.revision.max(1) {
+            self.fail(if f.hdr.markers() { Failure::Unsupported } else { Failure::BadMpaFrame });
+            return;
+        }
+        let crc = f.hdr.crc() || self.cfg.crc;
+        let ext = self.cfg.extensions && f.hdr.flags & mpa::FLAG_UIW_EXT != 0;
+        let (mut ird, mut ord) = (self.cfg.ird, self.cfg.ord);
+        let mut p2p = false;
+        if let Some(p) = f.ird_ord() {
+            ord = ord.min(p.ird);
+            ird = ird.max(p.ord).min(self.cfg.ird.max(p.ord));
+            if p.p2p && self.cfg.p2p {
+                let k = if p.write_rtr {
+                    Some(RtrKind::Write)
+                } else if p.read_rtr {
+                    Some(RtrKind::Read)
+                } else if p.send_rtr {
+                    Some(RtrKind::Send)
+                } else {
+                    None
+                };
+                p2p = k.is_some();
+                self.rtr_kind = k;
+            }
+        }
+        self.crc = crc;
+        self.deframer = Deframer::new(crc);
+        let neg = Negotiated { revision: f.hdr.revision, crc, ird, ord, p2p, extensions: ext, private_data: f.ulp_private_data().to_vec() };
+        self.neg = Some(neg.clone());
+        self.state = State::Established;
+        // Initiator sends the RTR as its first FPDU (RFC 6581 §5).
+        match self.rtr_kind {
+            Some(RtrKind::Write) => {
+                let d = DdpHeader::tagged(1, 0, true, RdmapCtrl::new(Opcode::Write));
+                let b = self.control_fpdu(&d, &[], &[]);
+                self.tx_follow.push_back(b);
+            }
+            Some(RtrKind::Read) => {
+                // Zero-length Read: its Read Response completes nothing.
+                self.send_read_request(u64::MAX, 1, 0, 1, 0, 0, true);
+            }
+            Some(RtrKind::Send) => {
+                let msn = self.next_msn(qn::SEND);
+                let d = DdpHeader::untagged(qn::SEND, msn, 0, 0, true, RdmapCtrl::new(Opcode::Send));
+                let b = self.control_fpdu(&d, &[], &[]);
+                self.tx_follow.push_back(b);
+            }
+            None => {}
+        }
+        self.events.push_back(Event::Established(neg));
+    }
+
+    /// Handle a complete segment header; set up placement.
+    fn on_segment(&mut self, seg: RxSegment, mem: &mut impl Memory) -> Result<(), Fault> {
+        let d = &seg.ddp;
+        if d.dv != crate::ddp::DDP_VERSION {
+            return Err(Fault::echo(if d.is_tagged() {
+                TermCode::DDP_T_INVALID_VERSION
+            } else {
+                TermCode::DDP_U_INVALID_VERSION
+            }));
+        }
+        if d.rdmap.rv != crate::rdmap::RDMAP_VERSION {
+            return Err(Fault::echo(TermCode::RDMAP_INVALID_VERSION));
+        }
+        let op = match d.rdmap.op() {
+            Some(op) if !op.is_extension() || self.neg.as_ref().map(|n| n.extensions).unwrap_or(false) => op,
+            _ => return Err(Fault::echo(TermCode::RDMAP_UNEXPECTED_OPCODE)),
+        };
+        if op.is_tagged() != d.is_tagged() {
+            return Err(Fault::echo(TermCode::RDMAP_UNEXPECTED_OPCODE));
+        }
+        if self.state == State::WaitRtr {
+            return self.on_rtr(op, seg);
+        }
+        let len = seg.payload_len;
+        let place;
+        match d.model {
+            BufferModel::Tagged { stag, to } => match op {
+                Opcode::Write => {
+                    if let Some((es, eto)) = self.write_cont {
+                        if es != stag {
+                            return Err(Fault::echo(TermCode::DDP_T_INVALID_STAG));
+                        }
+                        if eto != to {
+                            return Err(Fault::echo(TermCode::DDP_T_BASE_BOUNDS));
+                        }
+                    }
+                    if len > 0 {
+                        mem.check_tagged(stag, to, len, Access::RemoteWrite).map_err(|e| Fault::echo(e.ddp_code()))?;
+                    }
+                    self.write_cont = if d.last { None } else { Some((stag, to.wrapping_add(len as u64))) };
+                    place = Placement::Tagged { stag, to };
+                }
+                Opcode::ReadResponse => {
+                    let r = match self.orq.front() {
+                        Some(r) => *r,
+                        None => return Err(Fault::echo(TermCode::DDP_LOCAL_CATASTROPHIC)),
+                    };
+                    if r.local_stag != stag {
+                        return Err(Fault::echo(TermCode::DDP_T_INVALID_STAG));
+                    }
+                    if r.local_to.wrapping_add(r.done as u64) != to || r.done as u64 + len as u64 > r.len as u64 {
+                        return Err(Fault::echo(TermCode::DDP_T_BASE_BOUNDS));
+                    }
+                    if d.last && r.done + len != r.len {
+                        return Err(Fault::echo(TermCode::DDP_T_BASE_BOUNDS));
+                    }
+                    if len > 0 && !r.rtr {
+                        mem.check_tagged(stag, to, len, Access::LocalWrite).map_err(|e| Fault::echo(e.ddp_code()))?;
+                    }
+                    place = if r.rtr { Placement::Discard } else { Placement::Tagged { stag, to } };
+                }
+                _ => unreachable!(),
+            },
+            BufferModel::Untagged { rsvd_ulp, qn: q, msn, mo } => {
+                let want_q = op.queue().unwrap_or(u32::MAX);
+                if q != want_q {
+                    return Err(Fault::echo(TermCode::DDP_U_INVALID_QN));
+                }
+                let qi = q as usize;
+                if op != Opcode::Terminate && msn != self.rx_msn[qi] {
+                    return Err(Fault::echo(TermCode::DDP_U_INVALID_MSN));
+                }
+                if op.is_control() {
+                    if mo != 0 || !d.last {
+                        return Err(Fault::echo(TermCode::DDP_U_INVALID_MO));
+                    }
+                    return self.on_control(op, seg, rsvd_ulp, mem);
+                }
+                // Send variants.
+                let rwr = match self.recv_cur {
+                    Some(r) => r,
+                    None => {
+                        if mo != 0 {
+                            return Err(Fault::echo(TermCode::DDP_U_INVALID_MO));
+                        }
+                        match self.recvq.pop_front() {
+                            Some(r) => {
+                                self.recv_cur = Some(r);
+                                r
+                            }
+                            None => return Err(Fault::echo(TermCode::DDP_U_NO_BUFFER)),
+                        }
+                    }
+                };
+                if mo != rwr.done {
+                    return Err(Fault::echo(TermCode::DDP_U_INVALID_MO));
+                }
+                if rwr.done as u64 + len as u64 > rwr.len as u64 {
+                    return Err(Fault::echo(TermCode::DDP_U_NO_BUFFER));
+                }
+                place = Placement::Recv { wr_id: rwr.wr_id, offset: rwr.done };
+            }
+        }
+        self.rx_cur = Some(RxCur { seg, place, done: 0 });
+        Ok(())
+    }
+
+    /// Responder in P2P mode: the first FPDU must be the agreed RTR.
+    fn on_rtr(&mut self, op: Opcode, seg: RxSegment) -> Result<(), Fault> {
+        let ok = match (self.rtr_kind, op) {
+            (Some(RtrKind::Write), Opcode::Write) => seg.payload_len == 0,
+            (Some(RtrKind::Send), Opcode::Send) => seg.payload_len == 0,
+            (Some(RtrKind::Read), Opcode::ReadRequest) => {
+                ReadRequest::parse(seg.control.as_slice()).map(|r| r.size == 0).unwrap_or(false)
+            }
+            _ => false,
+        };
+        if !ok {
+            return Err(Fault::bare(TermCode::MPA_NO_MATCHING_RTR));
+        }
+        match op {
+            Opcode::Send => self.rx_msn[qn::SEND as usize] += 1,
+            Opcode::ReadRequest => {
+                let rr = ReadRequest::parse(seg.control.as_slice()).unwrap();
+                self.rx_msn[qn::READ_REQUEST as usize] += 1;
+                let d = DdpHeader::tagged(rr.sink_stag, rr.sink_to, true, RdmapCtrl::new(Opcode::ReadResponse));
+                let b = self.control_fpdu(&d, &[], &[]);
+                self.rsp.push_back(TxItem::Control { bytes: b, on_done: None });
+            }
+            _ => {}
+        }
+        self.rx_cur = Some(RxCur { seg, place: Placement::Discard, done: 0 });
+        self.state = State::Established;
+        self.deadline = None;
+        let neg = self.neg.clone().unwrap();
+        self.events.push_back(Event::Established(neg));
+        Ok(())
+    }
+
+    /// Control messages: the whole body is in `seg.control`.
+    fn on_control(&mut self, op: Opcode, seg: RxSegment, _rsvd_ulp: u32, mem: &mut impl Memory) -> Result<(), Fault> {
+        let body = seg.control.as_slice();
+        match op {
+            Opcode::ReadRequest => {
+                let rr = ReadRequest::parse(body).map_err(|_| Fault::echo(TermCode::DDP_LOCAL_CATASTROPHIC))?;
+                let ird = self.neg.as_ref().map(|n| n.ird).unwrap_or(0) as u32;
+                if self.irq_busy >= ird {
+                    return Err(Fault::echo(TermCode::RDMAP_CATASTROPHIC_STREAM));
+                }
+                if rr.size > 0 {
+                    mem.check_tagged(rr.src_stag, rr.src_to, rr.size, Access::RemoteRead)
+                        .map_err(|e| Fault::echo(e.rdmap_code()))?;
+                }
+                self.rx_msn[qn::READ_REQUEST as usize] += 1;
+                self.irq_busy += 1;
+                self.rsp.push_back(TxItem::Msg(OutMsg {
+                    seg: Segmenter::new(
+                        Opcode::ReadResponse,
+                        Target::Tagged { stag: rr.sink_stag, to: rr.sink_to },
+                        rr.size,
+                        self.mulpdu,
+                    ),
+                    source: Source::Tagged { stag: rr.src_stag, to: rr.src_to },
+                    on_done: None,
+                    then: None,
+                    is_read_resp: true,
+                }));
+            }
+            Opcode::Terminate => {
+                let t = Terminate::parse(body).map(|x| x.0).unwrap_or_else(|_| {
+                    // Unparseable: keep what we can of the control word.
+                    let mut t = Terminate::new(TermCode::RDMAP_UNSPECIFIED);
+                    if body.len() >= 2 {
+                        t.code = TermCode::new(body[0] >> 4, body[0] & 0x0f, body[1]);
+                    }
+                    t
+                });
+                self.rx_msn[qn::TERMINATE as usize] += 1;
+                self.state = State::Error;
+                let status = t.code.remote_wc_status();
+                self.flush_all(Some(status));
+                self.events.push_back(Event::Terminated { sent: false, term: t });
+            }
+            Opcode::ImmediateData | Opcode::ImmediateDataSe => {
+                if body.len() != IMMEDIATE_LEN {
+                    return Err(Fault::echo(TermCode::DDP_U_INVALID_MO));
+                }
+                let r = match self.recvq.pop_front() {
+                    Some(r) => r,
+                    None => return Err(Fault::echo(TermCode::DDP_U_NO_BUFFER)),
+                };
+                self.rx_msn[qn::SEND as usize] += 1;
+                let mut c = Completion::new(r.wr_id, WcOpcode::RecvRdmaWithImm, WcStatus::Success, 0);
+                c.imm = Some(u64::from_be_bytes(body[..8].try_into().unwrap()));
+                c.solicited = op == Opcode::ImmediateDataSe;
+                self.events.push_back(Event::Completion(c));
+            }
+            Opcode::AtomicRequest => {
+                let a = AtomicRequest::parse(body).map_err(|_| Fault::echo(TermCode::DDP_LOCAL_CATASTROPHIC))?;
+                let aop = a.op().ok_or(Fault::echo(TermCode::RDMAP_UNEXPECTED_OPCODE))?;
+                mem.check_tagged(a.stag, a.to, 8, Access::RemoteAtomic).map_err(|e| Fault::echo(e.rdmap_code()))?;
+                self.rx_msn[qn::ATOMIC_REQUEST as usize] += 1;
+                let orig = mem.atomic(a.stag, a.to, aop, a.add_swap, a.compare);
+                let resp = AtomicResponse { req_id: a.req_id, orig_value: orig };
+                let mut b = [0u8; crate::rdmap::ATOMIC_RESP_LEN];
+                resp.encode(&mut b);
+                let msn = self.next_msn(qn::ATOMIC_RESPONSE);
+                let d = DdpHeader::untagged(qn::ATOMIC_RESPONSE, msn, 0, 0, true, RdmapCtrl::new(Opcode::AtomicResponse));
+                let bytes = self.control_fpdu(&d, &b, &[]);
+                self.rsp.push_back(TxItem::Control { bytes, on_done: None });
+            }
+            Opcode::AtomicResponse => {
+                let a = AtomicResponse::parse(body).map_err(|_| Fault::echo(TermCode::DDP_LOCAL_CATASTROPHIC))?;
+                match self.atomics.front() {
+                    Some(w) if w.req_id == a.req_id => {
+                        let w = self.atomics.pop_front().unwrap();
+                        self.rx_msn[qn::ATOMIC_RESPONSE as usize] += 1;
+                        let mut c = Completion::new(w.wr_id, w.opcode, WcStatus::Success, 8);
+                        c.atomic_result = Some(a.orig_value);
+                        self.pending_atomic_store = Some((w.result, a.orig_value));
+                        self.events.push_back(Event::Completion(c));
+                    }
+                    _ => return Err(Fault::echo(TermCode::RDMAP_UNEXPECTED_OPCODE)),
+                }
+            }
+            _ => unreachable!(),
+        }
+        self.rx_cur = Some(RxCur { seg, place: Placement::Discard, done: 0 });
+        Ok(())
+    }
+
+    fn on_segment_end(&mut self, cur: RxCur, mem: &mut impl Memory) -> Result<(), Fault> {
+        let d = cur.seg.ddp;
+        let op = match d.rdmap.op() {
+            Some(op) => op,
+            None => return Ok(()),
+        };
+        match op {
+            Opcode::ReadResponse => {
+                if let Some(r) = self.orq.front_mut() {
+                    r.done += cur.seg.payload_len;
+                    if d.last {
+                        let r = self.orq.pop_front().unwrap();
+                        if !r.rtr {
+                            self.events.push_back(Event::Completion(Completion::new(
+                                r.wr_id,
+                                WcOpcode::RdmaRead,
+                                WcStatus::Success,
+                                r.len,
+                            )));
+                        }
+                    }
+                }
+            }
+            op if op.is_send() && !matches!(cur.place, Placement::Discard) => {
+                if let Some(r) = &mut self.recv_cur {
+                    r.done += cur.seg.payload_len;
+                }
+                if d.last {
+                    let r = self.recv_cur.take().unwrap();
+                    self.rx_msn[qn::SEND as usize] += 1;
+                    let mut c = Completion::new(r.wr_id, WcOpcode::Recv, WcStatus::Success, r.done);
+                    c.solicited = matches!(op, Opcode::SendSe | Opcode::SendSeInv);
+                    if let BufferModel::Untagged { rsvd_ulp, .. } = d.model {
+                        if matches!(op, Opcode::SendInv | Opcode::SendSeInv) {
+                            if mem.invalidate(rsvd_ulp).is_err() {
+                                // Data was delivered; report and terminate.
+                                self.events.push_back(Event::Completion(c));
+                                return Err(Fault::echo(TermCode::RDMAP_CANNOT_INVALIDATE));
+                            }
+                            c.invalidated = Some(rsvd_ulp);
+                        }
+                    }
+                    self.events.push_back(Event::Completion(c));
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------
+    // Errors
+    // ------------------------------------------------------------------
+
+    /// Build and queue a Terminate (RFC 5040 §4.8, §6), go to ERROR, flush.
+    fn terminate(&mut self, f: Fault, seg: Option<&RxSegment>, local_status: WcStatus) {
+        if matches!(self.state, State::Error | State::Closed | State::Rejected) {
+            return;
+        }
+        let mut t = Terminate::new(f.code);
+        if let (true, Some(s)) = (f.echo, seg) {
+            t.m = true;
+            t.d = true;
+            t.seg_len = s.ulpdu_len;
+            let n = s.ddp.encode(&mut t.ddp_hdr);
+            t.ddp_hdr_len = n as u8;
+            if s.ddp.rdmap.op() == Some(Opcode::ReadRequest) {
+                if let Ok(rr) = ReadRequest::parse(s.control.as_slice()) {
+                    t.r = true;
+                    t.rdmap_hdr = Some(rr);
+                }
+            }
+        }
+        let msn = self.next_msn(qn::TERMINATE);
+        let d = DdpHeader::untagged(qn::TERMINATE, msn, 0, 0, true, RdmapCtrl::new(Opcode::Terminate));
+        let mut body = [0u8; 64];
+        let n = t.encode(&mut body);
+        let bytes = self.control_fpdu(&d, &[], &body[..n]);
+        self.state = State::Error;
+        self.rx_cur = None;
+        self.cur_tx = None;
+        self.tx_follow.clear();
+        self.rsp.clear();
+        self.rsp.push_back(TxItem::Control { bytes, on_done: None });
+        self.terminate_sent = true;
+        // The work request in progress gets `local_status`.
+        if let Some(r) = self.recv_cur.take() {
+            self.events.push_back(Event::Completion(Completion::new(r.wr_id, WcOpcode::Recv, local_status, r.done)));
+        } else if local_status == WcStatus::LocProtErr {
+            if let Some(r) = self.orq.pop_front() {
+                self.events.push_back(Event::Completion(Completion::new(r.wr_id, WcOpcode::RdmaRead, local_status, 0)));
+            }
+        }
+        self.flush_all(None);
+        self.events.push_back(Event::Terminated { sent: true, term: t });
+    }
+
+    fn fail(&mut self, why: Failure) {
+        self.flush_all(None);
+        self.state = State::Error;
+        self.deadline = None;
+        self.mpa_out.clear();
+        self.events.push_back(Event::Failed(why));
+    }
+
+    /// Flush all outstanding work requests. With `first_status`, the oldest
+    /// outstanding Read/Atomic (the operation the peer is most likely
+    /// answering) gets that status.
+    fn flush_all(&mut self, first_status: Option<WcStatus>) {
+        let mut first = first_status;
+        while let Some(r) = self.orq.pop_front() {
+            if r.rtr {
+                continue;
+            }
+            let st = first.take().unwrap_or(WcStatus::WrFlushErr);
+            self.events.push_back(Event::Completion(Completion::new(r.wr_id, WcOpcode::RdmaRead, st, 0)));
+        }
+        while let Some(a) = self.atomics.pop_front() {
+            let st = first.take().unwrap_or(WcStatus::WrFlushErr);
+            self.events.push_back(Event::Completion(Completion::new(a.wr_id, a.opcode, st, 0)));
+        }
+        if let Some(m) = self.cur_tx.take() {
+            if let Some(mut c) = m.on_done {
+                c.status = WcStatus::WrFlushErr;
+                c.byte_len = 0;
+                self.events.push_back(Event::Completion(c));
+            }
+        }
+        while let Some(w) = self.sq.pop_front() {
+            self.events.push_back(Event::Completion(Completion::new(w.wr_id(), w.wc_opcode(), WcStatus::WrFlushErr, 0)));
+        }
+        if let Some(r) = self.recv_cur.take() {
+            self.events.push_back(Event::Completion(Completion::new(r.wr_id, WcOpcode::Recv, WcStatus::WrFlushErr, 0)));
+        }
+        while let Some(r) = self.recvq.pop_front() {
+            self.events.push_back(Event::Completion(Completion::new(r.wr_id, WcOpcode::Recv, WcStatus::WrFlushErr, 0)));
+        }
+    }
+}
