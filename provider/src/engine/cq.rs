@@ -1,0 +1,202 @@
+//! Completion queues: a bounded queue of completions, and the arming rules of
+//! `ibv_req_notify_cq` (one notification per arming; `solicited_only` waits for a solicited
+//! receive or any error completion, IBTA Vol 1 §11.4.2.2).
+
+use std::collections::VecDeque;
+
+/// `enum ibv_wc_opcode`.
+pub mod wc_opcode {
+    pub const SEND: u32 = 0;
+    pub const RDMA_WRITE: u32 = 1;
+    pub const RDMA_READ: u32 = 2;
+    pub const COMP_SWAP: u32 = 3;
+    pub const FETCH_ADD: u32 = 4;
+    pub const BIND_MW: u32 = 5;
+    pub const LOCAL_INV: u32 = 6;
+    pub const RECV: u32 = 128;
+    pub const RECV_RDMA_WITH_IMM: u32 = 129;
+}
+
+/// `enum ibv_wc_status` values uiw produces.
+pub mod wc_status {
+    pub const SUCCESS: u32 = 0;
+    pub const LOC_LEN_ERR: u32 = 1;
+    pub const LOC_QP_OP_ERR: u32 = 2;
+    pub const LOC_PROT_ERR: u32 = 4;
+    pub const WR_FLUSH_ERR: u32 = 5;
+    pub const REM_ACCESS_ERR: u32 = 10;
+    pub const REM_OP_ERR: u32 = 11;
+    pub const GENERAL_ERR: u32 = 21;
+}
+
+/// `enum ibv_wc_flags`.
+pub mod wc_flags {
+    pub const WITH_IMM: u32 = 1 << 1;
+    pub const WITH_INV: u32 = 1 << 3;
+}
+
+/// One work completion, field for field what `struct ibv_wc` reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Completion {
+    pub wr_id: u64,
+    pub status: u32,
+    pub opcode: u32,
+    pub vendor_err: u32,
+    pub byte_len: u32,
+    /// Immediate data (network order, as `ibv_wc.imm_data`) or the invalidated rkey.
+    pub imm_or_inv: u32,
+    pub qp_num: u32,
+    pub wc_flags: u32,
+    /// A receive completion of a message sent with the Solicited Event bit.
+    pub solicited: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Arming {
+    Disarmed,
+    Next,
+    Solicited,
+}
+
+/// The queue behind one `ibv_cq`.
+#[derive(Debug)]
+pub struct Cq {
+    capacity: usize,
+    entries: VecDeque<Completion>,
+    arming: Arming,
+    overflowed: bool,
+}
+
+/// What the caller must do after a push.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pushed {
+    /// Queued; nobody to tell.
+    Queued,
+    /// Queued, and the CQ was armed for it: write a completion event to its channel.
+    Notify,
+    /// The CQ is full: the completion is lost, the CQ is in error (raise `IBV_EVENT_CQ_ERR`).
+    Overflow,
+}
+
+impl Cq {
+    pub fn new(capacity: usize) -> Cq {
+        Cq { capacity, entries: VecDeque::with_capacity(capacity.min(4096)), arming: Arming::Disarmed, overflowed: false }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn overflowed(&self) -> bool {
+        self.overflowed
+    }
+
+    pub fn push(&mut self, c: Completion) -> Pushed {
+        if self.overflowed || self.entries.len() >= self.capacity {
+            self.overflowed = true;
+            return Pushed::Overflow;
+        }
+        let fire = match self.arming {
+            Arming::Disarmed => false,
+            Arming::Next => true,
+            Arming::Solicited => c.solicited || c.status != wc_status::SUCCESS,
+        };
+        self.entries.push_back(c);
+        if fire {
+            self.arming = Arming::Disarmed;
+            Pushed::Notify
+        } else {
+            Pushed::Queued
+        }
+    }
+
+    pub fn pop(&mut self) -> Option<Completion> {
+        self.entries.pop_front()
+    }
+
+    /// `ibv_req_notify_cq`: arm for the next (or next solicited) completion. A stronger arming
+    /// (any completion) is not weakened by a later `solicited_only` request.
+    pub fn arm(&mut self, solicited_only: bool) {
+        self.arming = match (self.arming, solicited_only) {
+            (Arming::Next, _) | (_, false) => Arming::Next,
+            _ => Arming::Solicited,
+        };
+    }
+
+    /// `ibv_resize_cq`: grow or shrink; refuses to drop queued completions (EINVAL, as rxe).
+    pub fn resize(&mut self, capacity: usize) -> Result<(), i32> {
+        if capacity < self.entries.len() {
+            return Err(libc::EINVAL);
+        }
+        self.capacity = capacity;
+        Ok(())
+    }
+
+    /// Removes every completion of a QP that is being destroyed.
+    pub fn purge_qp(&mut self, qp_num: u32) {
+        self.entries.retain(|c| c.qp_num != qp_num);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(wr_id: u64) -> Completion {
+        Completion { wr_id, ..Default::default() }
+    }
+
+    #[test]
+    fn fifo_and_overflow() {
+        let mut q = Cq::new(2);
+        assert_eq!(q.push(c(1)), Pushed::Queued);
+        assert_eq!(q.push(c(2)), Pushed::Queued);
+        assert_eq!(q.push(c(3)), Pushed::Overflow);
+        assert!(q.overflowed());
+        assert_eq!(q.pop().unwrap().wr_id, 1);
+        assert_eq!(q.pop().unwrap().wr_id, 2);
+        assert_eq!(q.pop(), None);
+    }
+
+    #[test]
+    fn one_notification_per_arming() {
+        let mut q = Cq::new(8);
+        assert_eq!(q.push(c(1)), Pushed::Queued);
+        q.arm(false);
+        assert_eq!(q.push(c(2)), Pushed::Notify);
+        assert_eq!(q.push(c(3)), Pushed::Queued);
+    }
+
+    #[test]
+    fn solicited_arming_waits_for_solicited_or_error() {
+        let mut q = Cq::new(8);
+        q.arm(true);
+        assert_eq!(q.push(c(1)), Pushed::Queued);
+        assert_eq!(q.push(Completion { solicited: true, ..c(2) }), Pushed::Notify);
+        q.arm(true);
+        assert_eq!(q.push(Completion { status: wc_status::WR_FLUSH_ERR, ..c(3) }), Pushed::Notify);
+        q.arm(false);
+        q.arm(true);
+        assert_eq!(q.push(c(4)), Pushed::Notify, "solicited_only must not weaken a pending arming");
+    }
+
+    #[test]
+    fn resize_and_purge() {
+        let mut q = Cq::new(4);
+        q.push(Completion { qp_num: 7, ..c(1) });
+        q.push(Completion { qp_num: 8, ..c(2) });
+        assert_eq!(q.resize(1), Err(libc::EINVAL));
+        q.purge_qp(7);
+        assert_eq!(q.len(), 1);
+        assert_eq!(q.resize(1), Ok(()));
+        assert_eq!(q.capacity(), 1);
+    }
+}

@@ -1,0 +1,13 @@
+//! The engine: device state, verbs objects and (later) the data path, in safe Rust.
+//! The FFI layer (`crate::ffi`) is its only caller; it never sees a C pointer.
+#![forbid(unsafe_code)]
+
+pub mod context;
+pub mod cq;
+pub mod device;
+pub mod events;
+pub mod limits;
+pub mod mr;
+pub mod qp_state;
+pub mod srq;
+pub mod wr;

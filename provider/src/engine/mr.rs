@@ -1,0 +1,215 @@
+//! Memory regions: STag allocation and the checks a kernel provider makes at registration
+//! (`ib_check_mr_access`) and at every access (RFC 5040 §5 / RFC 5041 §7: invalid STag,
+//! base-and-bounds, access rights, protection domain).
+//!
+//! uiw uses one STag as both lkey and rkey, shaped like siw's: a 24-bit index and an 8-bit key
+//! (`0xIIIIIIKK`), so that a stale STag of a re-used index does not match.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+/// `enum ibv_access_flags`.
+pub mod access {
+    pub const LOCAL_WRITE: u32 = 1;
+    pub const REMOTE_WRITE: u32 = 1 << 1;
+    pub const REMOTE_READ: u32 = 1 << 2;
+    pub const REMOTE_ATOMIC: u32 = 1 << 3;
+    pub const MW_BIND: u32 = 1 << 4;
+    pub const ZERO_BASED: u32 = 1 << 5;
+    pub const ON_DEMAND: u32 = 1 << 6;
+    pub const HUGETLB: u32 = 1 << 7;
+    pub const RELAXED_ORDERING: u32 = 1 << 20;
+    /// Flags uiw honours at registration.
+    pub const SUPPORTED: u32 =
+        LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ | REMOTE_ATOMIC | MW_BIND | ZERO_BASED | HUGETLB | RELAXED_ORDERING;
+    /// Every flag libibverbs defines up to v56 (FLUSH_GLOBAL 1<<8, FLUSH_PERSISTENT 1<<9 included).
+    pub const KNOWN: u32 = SUPPORTED | ON_DEMAND | (1 << 8) | (1 << 9);
+}
+
+/// A registered region. `iova` is the address the peer and the lkeys use (the virtual address,
+/// or 0 with `IBV_ACCESS_ZERO_BASED`, or the `hca_va` of `ibv_reg_mr_iova`); `addr` is where the
+/// bytes are in this process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mr {
+    pub stag: u32,
+    pub pd: u32,
+    pub addr: u64,
+    pub iova: u64,
+    pub length: u64,
+    pub access: u32,
+}
+
+/// Why an access through an STag was refused (RFC 5041 §7.2 tagged-buffer errors, RFC 5040 §7.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessError {
+    /// No region has this STag.
+    InvalidStag,
+    /// The region belongs to another protection domain.
+    PdMismatch,
+    /// The range is not inside the region.
+    BaseBounds,
+    /// The region does not grant the needed right.
+    AccessRights,
+}
+
+impl Mr {
+    /// Checks `[to, to+len)` (in the region's iova space) and `needed` rights; returns the byte
+    /// offset into the region.
+    pub fn check(&self, pd: u32, to: u64, len: u64, needed: u32) -> Result<u64, AccessError> {
+        if self.pd != pd {
+            return Err(AccessError::PdMismatch);
+        }
+        let off = to.checked_sub(self.iova).ok_or(AccessError::BaseBounds)?;
+        let end = off.checked_add(len).ok_or(AccessError::BaseBounds)?;
+        if end > self.length {
+            return Err(AccessError::BaseBounds);
+        }
+        // Local read is always granted; everything else must have been asked for.
+        if needed & !self.access != 0 {
+            return Err(AccessError::AccessRights);
+        }
+        Ok(off)
+    }
+}
+
+/// Why a registration was refused, with the errno the kernel returns for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegError {
+    /// Remote write or atomic access without local write (`ib_check_mr_access`): EINVAL.
+    RemoteWriteWithoutLocalWrite,
+    /// A flag libibverbs does not define: EINVAL.
+    UnknownAccessFlag,
+    /// On-demand paging asked of a device without it: EOPNOTSUPP.
+    OnDemandUnsupported,
+    /// Zero length, or a range that wraps around the address space: EINVAL.
+    BadRange,
+    /// More regions than `max_mr`: ENOMEM.
+    TooMany,
+}
+
+impl RegError {
+    pub fn errno(self) -> i32 {
+        match self {
+            RegError::OnDemandUnsupported => libc::EOPNOTSUPP,
+            RegError::TooMany => libc::ENOMEM,
+            _ => libc::EINVAL,
+        }
+    }
+}
+
+/// All regions of one device context, by STag.
+#[derive(Debug)]
+pub struct MrTable {
+    regions: RwLock<HashMap<u32, Arc<Mr>>>,
+    next_index: AtomicU32,
+    max: usize,
+}
+
+impl MrTable {
+    pub fn new(max: usize) -> MrTable {
+        MrTable { regions: RwLock::new(HashMap::new()), next_index: AtomicU32::new(1), max }
+    }
+
+    /// Registers `[addr, addr+length)`, seen by peers at `iova`.
+    pub fn register(&self, pd: u32, addr: u64, length: u64, iova: u64, access_flags: u32) -> Result<Arc<Mr>, RegError> {
+        if access_flags & !access::KNOWN != 0 {
+            return Err(RegError::UnknownAccessFlag);
+        }
+        if access_flags & access::ON_DEMAND != 0 {
+            return Err(RegError::OnDemandUnsupported);
+        }
+        if access_flags & (access::REMOTE_WRITE | access::REMOTE_ATOMIC) != 0 && access_flags & access::LOCAL_WRITE == 0 {
+            return Err(RegError::RemoteWriteWithoutLocalWrite);
+        }
+        if length == 0 || addr.checked_add(length).is_none() || iova.checked_add(length).is_none() {
+            return Err(RegError::BadRange);
+        }
+        let iova = if access_flags & access::ZERO_BASED != 0 { 0 } else { iova };
+        let mut regions = self.regions.write();
+        if regions.len() >= self.max {
+            return Err(RegError::TooMany);
+        }
+        let stag = loop {
+            let n = self.next_index.fetch_add(1, Ordering::Relaxed);
+            // 24-bit index, 8-bit key that changes each time the index space wraps.
+            let stag = ((n & 0x00ff_ffff) << 8) | ((n >> 24) & 0xff);
+            if n & 0x00ff_ffff != 0 && !regions.contains_key(&stag) {
+                break stag;
+            }
+        };
+        let mr = Arc::new(Mr { stag, pd, addr, iova, length, access: access_flags });
+        regions.insert(stag, mr.clone());
+        Ok(mr)
+    }
+
+    pub fn deregister(&self, stag: u32) -> Option<Arc<Mr>> {
+        self.regions.write().remove(&stag)
+    }
+
+    pub fn lookup(&self, stag: u32) -> Option<Arc<Mr>> {
+        self.regions.read().get(&stag).cloned()
+    }
+
+    /// Regions still registered under `pd` (a PD cannot be freed while any exist: EBUSY).
+    pub fn count_in_pd(&self, pd: u32) -> usize {
+        self.regions.read().values().filter(|m| m.pd == pd).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::access::*;
+    use super::*;
+
+    #[test]
+    fn registration_follows_ib_check_mr_access() {
+        let t = MrTable::new(8);
+        assert_eq!(t.register(1, 0x1000, 64, 0x1000, REMOTE_WRITE).unwrap_err(), RegError::RemoteWriteWithoutLocalWrite);
+        assert_eq!(t.register(1, 0x1000, 64, 0x1000, REMOTE_ATOMIC).unwrap_err().errno(), libc::EINVAL);
+        assert_eq!(t.register(1, 0x1000, 64, 0x1000, 1 << 30).unwrap_err(), RegError::UnknownAccessFlag);
+        assert_eq!(t.register(1, 0x1000, 64, 0x1000, ON_DEMAND).unwrap_err().errno(), libc::EOPNOTSUPP);
+        assert_eq!(t.register(1, 0x1000, 0, 0x1000, 0).unwrap_err(), RegError::BadRange);
+        assert_eq!(t.register(1, u64::MAX - 4, 64, 0, 0).unwrap_err(), RegError::BadRange);
+        let mr = t.register(1, 0x1000, 64, 0x1000, LOCAL_WRITE | REMOTE_WRITE).unwrap();
+        assert_eq!(mr.stag & 0xff, 0);
+        assert_eq!(t.lookup(mr.stag).unwrap().length, 64);
+    }
+
+    #[test]
+    fn stags_are_unique_and_die_with_deregistration() {
+        let t = MrTable::new(8);
+        let a = t.register(1, 0x1000, 64, 0x1000, 0).unwrap();
+        let b = t.register(1, 0x1000, 64, 0x1000, 0).unwrap();
+        assert_ne!(a.stag, b.stag);
+        assert!(t.deregister(a.stag).is_some());
+        assert!(t.lookup(a.stag).is_none());
+        assert!(t.deregister(a.stag).is_none());
+        assert_eq!(t.count_in_pd(1), 1);
+    }
+
+    #[test]
+    fn limits_are_enforced() {
+        let t = MrTable::new(2);
+        t.register(1, 0x1000, 64, 0x1000, 0).unwrap();
+        t.register(1, 0x1000, 64, 0x1000, 0).unwrap();
+        assert_eq!(t.register(1, 0x1000, 64, 0x1000, 0).unwrap_err().errno(), libc::ENOMEM);
+    }
+
+    #[test]
+    fn access_checks_bounds_rights_and_pd() {
+        let t = MrTable::new(8);
+        let mr = t.register(1, 0x7000, 100, 0x7000, LOCAL_WRITE | REMOTE_READ).unwrap();
+        assert_eq!(mr.check(1, 0x7000, 100, REMOTE_READ), Ok(0));
+        assert_eq!(mr.check(1, 0x7010, 16, LOCAL_WRITE), Ok(0x10));
+        assert_eq!(mr.check(1, 0x7000, 101, 0), Err(AccessError::BaseBounds));
+        assert_eq!(mr.check(1, 0x6fff, 1, 0), Err(AccessError::BaseBounds));
+        assert_eq!(mr.check(1, u64::MAX, 2, 0), Err(AccessError::BaseBounds));
+        assert_eq!(mr.check(1, 0x7000, 8, REMOTE_WRITE), Err(AccessError::AccessRights));
+        assert_eq!(mr.check(2, 0x7000, 8, 0), Err(AccessError::PdMismatch));
+        let z = t.register(1, 0x9000, 32, 0x9000, ZERO_BASED).unwrap();
+        assert_eq!(z.check(1, 0, 32, 0), Ok(0));
+    }
+}

@@ -1,0 +1,115 @@
+//! Shared receive queues: a bounded FIFO of receive WRs with the limit event of
+//! `ibv_modify_srq(IBV_SRQ_LIMIT)` (IBTA Vol 1 §10.2.9.2: armed once, fires
+//! `IBV_EVENT_SRQ_LIMIT_REACHED` when the number of WRs drops below the limit).
+
+use std::collections::VecDeque;
+
+use super::wr::{PostError, RecvWqe};
+
+#[derive(Debug)]
+pub struct Srq {
+    pub max_wr: u32,
+    pub max_sge: u32,
+    /// 0 = disarmed.
+    pub limit: u32,
+    queue: VecDeque<RecvWqe>,
+}
+
+impl Srq {
+    pub fn new(max_wr: u32, max_sge: u32) -> Srq {
+        Srq { max_wr, max_sge, limit: 0, queue: VecDeque::new() }
+    }
+
+    pub fn post(&mut self, wqe: RecvWqe) -> Result<(), PostError> {
+        if wqe.sges.len() > self.max_sge as usize {
+            return Err(PostError::TooManySges);
+        }
+        if self.queue.len() >= self.max_wr as usize {
+            return Err(PostError::QueueFull);
+        }
+        self.queue.push_back(wqe);
+        Ok(())
+    }
+
+    /// Takes the next receive WR; `true` in the second field when this crossed the armed limit
+    /// (the limit is disarmed then, and the caller raises the async event).
+    pub fn take(&mut self) -> Option<(RecvWqe, bool)> {
+        let w = self.queue.pop_front()?;
+        let fired = self.limit != 0 && (self.queue.len() as u32) < self.limit;
+        if fired {
+            self.limit = 0;
+        }
+        Some((w, fired))
+    }
+
+    pub fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// `ibv_modify_srq`: `max_wr` (resize, never below what is queued) and/or `srq_limit`.
+    pub fn modify(&mut self, max_wr: Option<u32>, limit: Option<u32>, hw_max: u32) -> Result<(), i32> {
+        if let Some(m) = max_wr {
+            if m == 0 || m > hw_max || (m as usize) < self.queue.len() {
+                return Err(libc::EINVAL);
+            }
+        }
+        if let Some(l) = limit {
+            if l > max_wr.unwrap_or(self.max_wr) {
+                return Err(libc::EINVAL);
+            }
+        }
+        if let Some(m) = max_wr {
+            self.max_wr = m;
+        }
+        if let Some(l) = limit {
+            self.limit = l;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(id: u64) -> RecvWqe {
+        RecvWqe { wr_id: id, sges: vec![] }
+    }
+
+    #[test]
+    fn bounded_fifo() {
+        let mut s = Srq::new(2, 1);
+        s.post(w(1)).unwrap();
+        s.post(w(2)).unwrap();
+        assert_eq!(s.post(w(3)), Err(PostError::QueueFull));
+        assert_eq!(s.take().unwrap().0.wr_id, 1);
+    }
+
+    #[test]
+    fn limit_fires_once_when_crossed() {
+        let mut s = Srq::new(8, 1);
+        for i in 0..4 {
+            s.post(w(i)).unwrap();
+        }
+        s.modify(None, Some(3), 16).unwrap();
+        assert!(!s.take().unwrap().1); // 3 left: not below 3
+        assert!(s.take().unwrap().1); // 2 left: fires
+        assert_eq!(s.limit, 0);
+        assert!(!s.take().unwrap().1);
+    }
+
+    #[test]
+    fn modify_validates() {
+        let mut s = Srq::new(4, 1);
+        s.post(w(1)).unwrap();
+        s.post(w(2)).unwrap();
+        assert_eq!(s.modify(Some(1), None, 16), Err(libc::EINVAL));
+        assert_eq!(s.modify(Some(32), None, 16), Err(libc::EINVAL));
+        assert_eq!(s.modify(None, Some(5), 16), Err(libc::EINVAL));
+        assert_eq!(s.modify(Some(8), Some(5), 16), Ok(()));
+    }
+}

@@ -1,0 +1,335 @@
+//! The C ABI surface of the provider: registration with libibverbs, the device and context
+//! callbacks, and the verbs ops (in the submodules). Every `unsafe` block of the provider lives
+//! under this module, each with a `// SAFETY:` line; the logic lives in `crate::engine`.
+
+use core::ffi::{c_char, c_int, c_void, CStr};
+use core::mem::offset_of;
+use core::ptr;
+use std::fs::File;
+use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use uiw_kabi::ffi::{_verbs_init_and_alloc_context, verbs_register_driver_34, verbs_set_ops, verbs_uninit_context};
+use uiw_kabi::private::*;
+use uiw_kabi::uverbs::{WriteCmd, CMD_CREATE_COMP_CHANNEL};
+use uiw_kabi::verbs::*;
+use uiw_kabi::version;
+
+use crate::engine::context::Context;
+use crate::engine::device::DeviceInfo;
+use crate::engine::events::ChannelSink;
+use crate::engine::limits::DeviceLimits;
+
+mod cq;
+mod objects;
+mod qp;
+mod query;
+
+/// Function slots of the running libibverbs' `ibv_qp_ex` (set once, before registration).
+pub(crate) static QP_EX_SLOTS: AtomicUsize = AtomicUsize::new(0);
+
+// ---------------------------------------------------------------------------------------------
+// Registration
+
+/// `VERBS_NAME_MATCH("uiw_", NULL)`: libibverbs matches `rdma_device:N<ibdev name>` with
+/// fnmatch against this pattern.
+static MATCH_TABLE: [VerbsMatchEnt; 2] = [
+    VerbsMatchEnt {
+        driver_data: ptr::null_mut(),
+        u: VerbsMatchU { modalias: c"rdma_device:*Nuiw_*".as_ptr() },
+        vendor: 0,
+        device: 0,
+        kind: VERBS_MATCH_MODALIAS,
+    },
+    VerbsMatchEnt { driver_data: ptr::null_mut(), u: VerbsMatchU { driver_id: 0 }, vendor: 0, device: 0, kind: VERBS_MATCH_SENTINEL },
+];
+
+static DEVICE_OPS: VerbsDeviceOps = VerbsDeviceOps {
+    name: c"uiw".as_ptr(),
+    match_min_abi_version: 0,
+    match_max_abi_version: i32::MAX as u32,
+    match_table: &MATCH_TABLE as *const [VerbsMatchEnt; 2] as *const VerbsMatchEnt,
+    static_providers: ptr::null(),
+    match_device: None,
+    alloc_context: Some(alloc_context),
+    import_context: None,
+    alloc_device: Some(alloc_device),
+    uninit_device: Some(uninit_device),
+};
+
+/// Runs when libibverbs `dlopen`s the provider (`PROVIDER_DRIVER` in C).
+#[cfg(not(test))]
+#[used]
+#[link_section = ".init_array"]
+static REGISTER: extern "C" fn() = register;
+
+extern "C" fn register() {
+    match version::detect() {
+        Ok((v, _)) => {
+            QP_EX_SLOTS.store(v.qp_ex_slots(), Ordering::Release);
+            // SAFETY: DEVICE_OPS is a static that outlives the process' use of it.
+            unsafe { verbs_register_driver_34(&DEVICE_OPS) };
+        }
+        Err(e) => eprintln!("uiw: provider not registered: {e}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Small helpers shared by the ops
+
+/// Sets the calling thread's `errno`.
+pub(crate) fn set_errno(e: c_int) {
+    // SAFETY: __errno_location returns the calling thread's errno slot.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// Runs an op body, turning a panic into `on_panic` instead of unwinding into C.
+pub(crate) fn guard<T>(on_panic: T, f: impl FnOnce() -> T) -> T {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| {
+        set_errno(libc::EFAULT);
+        on_panic
+    })
+}
+
+/// A pipe whose read end is never fd 0, 1 or 2 (an application that closed stdin must not get
+/// its async or channel fd there). Both ends are close-on-exec.
+pub(crate) fn pipe_above_stdio() -> std::io::Result<(OwnedFd, File)> {
+    let (r, w) = std::io::pipe()?;
+    let mut r = OwnedFd::from(r);
+    if r.as_raw_fd() <= 2 {
+        // try_clone is fcntl(F_DUPFD_CLOEXEC, 3): the copy is at 3 or above.
+        r = r.try_clone()?;
+    }
+    Ok((r, File::from(OwnedFd::from(w))))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device
+
+/// Our `verbs_device`: libibverbs' part first, then what the engine knows of the device.
+#[repr(C)]
+struct UiwDevice {
+    vdev: VerbsDevice,
+    info: Arc<DeviceInfo>,
+}
+
+unsafe extern "C" fn alloc_device(sysfs: *mut VerbsSysfsDev) -> *mut VerbsDevice {
+    guard(ptr::null_mut(), || {
+        // SAFETY: libibverbs passes a valid sysfs device with NUL-terminated strings.
+        let path = unsafe { CStr::from_ptr((*sysfs).ibdev_path.as_ptr()) }.to_string_lossy().into_owned();
+        let info = match DeviceInfo::load(std::path::Path::new(&path)) {
+            Ok(i) => i,
+            Err(e) => {
+                eprintln!("uiw: cannot read device {path}: {e} (publish it with `uiw up`)");
+                return ptr::null_mut();
+            }
+        };
+        // SAFETY: VerbsDevice is plain C data (pointers, integers, arrays); all-zero is its
+        // initial state, as calloc gives C providers.
+        let vdev: VerbsDevice = unsafe { core::mem::zeroed() };
+        Box::into_raw(Box::new(UiwDevice { vdev, info: Arc::new(info) })) as *mut VerbsDevice
+    })
+}
+
+unsafe extern "C" fn uninit_device(vdev: *mut VerbsDevice) {
+    // SAFETY: vdev came from alloc_device's Box (vdev is the first field of UiwDevice).
+    drop(unsafe { Box::from_raw(vdev as *mut UiwDevice) });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Context
+
+/// Our driver context: libibverbs allocates it (calloc) in `_verbs_init_and_alloc_context`.
+#[repr(C)]
+pub(crate) struct UiwContext {
+    vctx: verbs_context,
+    engine: *const Context,
+    /// Whether the launcher's shim serves our cmd_fd (completion channels work).
+    shim: bool,
+}
+
+/// The engine context behind an `ibv_context` of ours.
+///
+/// # Safety
+/// `ctx` must be an `ibv_context` created by [`alloc_context`] and not yet freed.
+pub(crate) unsafe fn engine<'a>(ctx: *mut ibv_context) -> &'a Context {
+    let uctx = (ctx as *mut u8).sub(offset_of!(verbs_context, context)) as *mut UiwContext;
+    &*(*uctx).engine
+}
+
+static CONTEXT_OPS: VerbsContextOps = VerbsContextOps {
+    alloc_pd: Some(objects::alloc_pd),
+    dealloc_pd: Some(objects::dealloc_pd),
+    reg_mr: Some(objects::reg_mr),
+    dereg_mr: Some(objects::dereg_mr),
+    create_cq: Some(cq::create_cq),
+    create_cq_ex: Some(cq::create_cq_ex),
+    destroy_cq: Some(cq::destroy_cq),
+    poll_cq: Some(cq::poll_cq),
+    req_notify_cq: Some(cq::req_notify_cq),
+    resize_cq: Some(cq::resize_cq),
+    create_qp: Some(qp::create_qp),
+    create_qp_ex: Some(qp::create_qp_ex),
+    modify_qp: Some(qp::modify_qp),
+    query_qp: Some(qp::query_qp),
+    destroy_qp: Some(qp::destroy_qp),
+    post_send: Some(qp::post_send),
+    post_recv: Some(qp::post_recv),
+    create_srq: Some(objects::create_srq),
+    modify_srq: Some(objects::modify_srq),
+    query_srq: Some(objects::query_srq),
+    destroy_srq: Some(objects::destroy_srq),
+    post_srq_recv: Some(objects::post_srq_recv),
+    query_device_ex: Some(query::query_device_ex),
+    query_port: Some(query::query_port),
+    free_context: Some(free_context),
+    // SAFETY: an all-NULL ops table is valid: libibverbs fills NULL slots with EOPNOTSUPP stubs.
+    ..unsafe { core::mem::zeroed() }
+};
+
+unsafe extern "C" fn alloc_context(ibdev: *mut ibv_device, cmd_fd: c_int, _private: *mut c_void) -> *mut verbs_context {
+    guard(ptr::null_mut(), || {
+        // SAFETY: libibverbs hands us ownership of cmd_fd; on failure the call closes it.
+        let raw = unsafe {
+            _verbs_init_and_alloc_context(
+                ibdev,
+                cmd_fd,
+                core::mem::size_of::<UiwContext>(),
+                offset_of!(UiwContext, vctx) as *mut verbs_context,
+                0,
+            )
+        } as *mut UiwContext;
+        if raw.is_null() {
+            return ptr::null_mut();
+        }
+        // SAFETY: raw is a zeroed UiwContext whose vctx libibverbs just initialised; ibdev is
+        // the UiwDevice alloc_device returned.
+        unsafe {
+            let fail = |e: c_int| {
+                verbs_uninit_context(&mut (*raw).vctx);
+                libc::free(raw as *mut c_void);
+                set_errno(e);
+                ptr::null_mut()
+            };
+            let (async_r, async_w) = match pipe_above_stdio() {
+                Ok(p) => p,
+                Err(e) => return fail(e.raw_os_error().unwrap_or(libc::EMFILE)),
+            };
+            verbs_set_ops(&mut (*raw).vctx, &CONTEXT_OPS);
+            let ctx = &mut (*raw).vctx.context;
+            ctx.async_fd = async_r.into_raw_fd();
+            ctx.num_comp_vectors = 1;
+            let info = (*(ibdev as *mut UiwDevice)).info.clone();
+            let engine = Box::new(Context::new(info, DeviceLimits::UIW, async_w));
+            (*raw).engine = Box::into_raw(engine);
+            (*raw).shim = serve_cmd_fd(ctx.cmd_fd, (*raw).engine);
+            &mut (*raw).vctx
+        }
+    })
+}
+
+unsafe extern "C" fn free_context(ibctx: *mut ibv_context) {
+    // SAFETY: ibctx is one of ours (libibverbs calls free_context once, from ibv_close_device).
+    unsafe {
+        let raw = (ibctx as *mut u8).sub(offset_of!(verbs_context, context)) as *mut UiwContext;
+        if (*raw).shim {
+            if let Some(unregister) = shim_symbol::<UnregisterFn>(c"uiw_preload_unregister_cmd_fd_v1") {
+                unregister((*ibctx).cmd_fd);
+            }
+        }
+        drop(Box::from_raw((*raw).engine as *mut Context));
+        verbs_uninit_context(&mut (*raw).vctx);
+        libc::free(raw as *mut c_void);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The command fd: completion channels
+//
+// `ibv_create_comp_channel` never reaches a provider: it writes IB_USER_VERBS_CMD_CREATE_COMP_
+// CHANNEL to `cmd_fd` and trusts the fd a kernel writes back. Under `uiw run` the launcher's
+// LD_PRELOAD shim (libuiw_preload.so) routes writes to our cmd_fd to `serve_cmd` below, which
+// creates the channel. Without the shim, cmd_fd is replaced by a descriptor that refuses
+// writes, so the call fails cleanly (NULL, errno EBADF) instead of yielding fd 0.
+
+type Handler = unsafe extern "C" fn(*mut c_void, c_int, *const c_void, usize) -> isize;
+type RegisterFn = unsafe extern "C" fn(c_int, Handler, *mut c_void) -> c_int;
+type UnregisterFn = unsafe extern "C" fn(c_int);
+
+fn shim_symbol<T: Copy>(name: &CStr) -> Option<T> {
+    // SAFETY: dlsym only looks the name up; T is the function type the shim exports it as.
+    let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+    (!p.is_null()).then(|| unsafe { core::mem::transmute_copy::<*mut c_void, T>(&p) })
+}
+
+static WARNED_NO_SHIM: AtomicBool = AtomicBool::new(false);
+
+fn serve_cmd_fd(cmd_fd: c_int, engine: *const Context) -> bool {
+    if let Some(register) = shim_symbol::<RegisterFn>(c"uiw_preload_register_cmd_fd_v1") {
+        // SAFETY: the engine outlives the registration (free_context unregisters first).
+        if unsafe { register(cmd_fd, serve_cmd, engine as *mut c_void) } == 0 {
+            return true;
+        }
+    }
+    // SAFETY: plain fd syscalls on descriptors we own.
+    unsafe {
+        let refuse = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if refuse >= 0 {
+            libc::dup3(refuse, cmd_fd, libc::O_CLOEXEC);
+            libc::close(refuse);
+        }
+    }
+    if std::env::var_os("UIW_DEBUG").is_some() && !WARNED_NO_SHIM.swap(true, Ordering::Relaxed) {
+        eprintln!("uiw: completion channels need the uiw launcher (`uiw run -- CMD`); ibv_create_comp_channel will fail with EBADF");
+    }
+    false
+}
+
+/// The shim calls this for every `write()` to our cmd_fd.
+unsafe extern "C" fn serve_cmd(engine: *mut c_void, _fd: c_int, buf: *const c_void, len: usize) -> isize {
+    guard(-1, || {
+        // SAFETY: the shim passes the caller's buffer and length unchanged.
+        let bytes = unsafe { core::slice::from_raw_parts(buf as *const u8, len) };
+        // SAFETY: `engine` is the pointer serve_cmd_fd registered.
+        let engine = unsafe { &*(engine as *const Context) };
+        let cmd = match WriteCmd::parse(bytes) {
+            Some(c) => c,
+            None => {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
+        };
+        if cmd.command != CMD_CREATE_COMP_CHANNEL {
+            set_errno(libc::EOPNOTSUPP);
+            return -1;
+        }
+        if cmd.out_words < 1 || cmd.response == 0 {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        let (r, w) = match pipe_above_stdio() {
+            Ok(p) => p,
+            Err(e) => {
+                set_errno(e.raw_os_error().unwrap_or(libc::EMFILE));
+                return -1;
+            }
+        };
+        let fd = r.into_raw_fd();
+        engine.add_channel(fd, ChannelSink::new(w));
+        // SAFETY: `response` points at libibverbs' `struct ib_uverbs_create_comp_channel_resp`
+        // (out_words ≥ 1 checked above), exactly where a kernel would write.
+        unsafe { ptr::write_unaligned(cmd.response as *mut u32, fd as u32) };
+        len as isize
+    })
+}
+
+/// Reads a C string field into a `String` (for messages).
+#[allow(dead_code)]
+pub(crate) fn c_str(p: *const c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: callers pass NUL-terminated strings from libibverbs.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
