@@ -114,6 +114,11 @@ struct UiwDevice {
     info: Arc<DeviceInfo>,
 }
 
+/// Devices libibverbs holds (it links them through `verbs_device.entry` and keeps them until
+/// the device goes away, usually for the process' lifetime). Tracked so that teardown and leak
+/// checkers see who owns them.
+static DEVICES: parking_lot::Mutex<Vec<usize>> = parking_lot::Mutex::new(Vec::new());
+
 unsafe extern "C" fn alloc_device(sysfs: *mut VerbsSysfsDev) -> *mut VerbsDevice {
     guard(ptr::null_mut(), || {
         // SAFETY: libibverbs passes a valid sysfs device with NUL-terminated strings.
@@ -128,11 +133,14 @@ unsafe extern "C" fn alloc_device(sysfs: *mut VerbsSysfsDev) -> *mut VerbsDevice
         // SAFETY: VerbsDevice is plain C data (pointers, integers, arrays); all-zero is its
         // initial state, as calloc gives C providers.
         let vdev: VerbsDevice = unsafe { core::mem::zeroed() };
-        Box::into_raw(Box::new(UiwDevice { vdev, info: Arc::new(info) })) as *mut VerbsDevice
+        let dev = Box::into_raw(Box::new(UiwDevice { vdev, info: Arc::new(info) }));
+        DEVICES.lock().push(dev as usize);
+        dev as *mut VerbsDevice
     })
 }
 
 unsafe extern "C" fn uninit_device(vdev: *mut VerbsDevice) {
+    DEVICES.lock().retain(|&d| d != vdev as usize);
     // SAFETY: vdev came from alloc_device's Box (vdev is the first field of UiwDevice).
     drop(unsafe { Box::from_raw(vdev as *mut UiwDevice) });
 }
