@@ -11,6 +11,18 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// Prints why a test cannot run here and returns early; under `UIW_TEST_REQUIRE_ALL=1` (CI,
+/// `ci/test.sh` as root) a test that cannot run is a failure instead.
+macro_rules! skip {
+    ($($arg:tt)*) => {{
+        let why = format!($($arg)*);
+        if std::env::var_os("UIW_TEST_REQUIRE_ALL").is_some_and(|v| v == "1") {
+            panic!("cannot run under UIW_TEST_REQUIRE_ALL=1: {why}");
+        }
+        eprintln!("skipping: {why}");
+    }};
+}
+
 const UIW: &str = env!("CARGO_BIN_EXE_uiw");
 
 struct Tmp(PathBuf);
@@ -429,7 +441,7 @@ fn run_without_device() {
 #[test]
 fn non_root_up_says_it_needs_root() {
     if !is_root() || Command::new("setpriv").arg("--version").output().is_err() {
-        eprintln!("skipping: needs root (to drop it) and setpriv");
+        skip!("needs root (to drop it) and setpriv");
         return;
     }
     let e = Env::new("nonroot");
@@ -521,15 +533,15 @@ fn real_provider() -> Option<PathBuf> {
 /// (Env using the real /dev/infiniband, lib dir) or None with the reason printed.
 fn real_env(name: &str, tool: &str) -> Option<Env> {
     if !is_root() {
-        eprintln!("skipping: needs root to create /dev/infiniband/uverbsN");
+        skip!("needs root to create /dev/infiniband/uverbsN");
         return None;
     }
     if Command::new(tool).arg("--help").output().is_err() {
-        eprintln!("skipping: {tool} not installed (apt install ibverbs-utils)");
+        skip!("{tool} not installed (apt install ibverbs-utils)");
         return None;
     }
     let Some(prov) = real_provider() else {
-        eprintln!("skipping: provider libuiw_rdmav34.so exporting verbs_register_driver_34 not built yet (cargo build -p uiw-provider)");
+        skip!("provider libuiw_rdmav34.so exporting verbs_register_driver_34 not built yet (cargo build -p uiw-provider)");
         return None;
     };
     let mut e = Env::new(name);
@@ -576,11 +588,11 @@ fn ibv_devinfo_shows_uiw_lo() {
 #[test]
 fn libibverbs_discovers_the_tree() {
     if !is_root() {
-        eprintln!("skipping: needs root to create /dev/infiniband/uverbsN");
+        skip!("needs root to create /dev/infiniband/uverbsN");
         return;
     }
     if Command::new("ibv_devices").arg("--help").output().is_err() {
-        eprintln!("skipping: ibv_devices not installed (apt install ibverbs-utils)");
+        skip!("ibv_devices not installed (apt install ibverbs-utils)");
         return;
     }
     let mut e = Env::new("stub");
@@ -597,11 +609,11 @@ fn libibverbs_discovers_the_tree() {
     match cc {
         Ok(o) if o.status.success() => {}
         Ok(o) => {
-            eprintln!("skipping: cannot build the stub provider (libibverbs-dev?): {}", String::from_utf8_lossy(&o.stderr));
+            skip!("cannot build the stub provider (libibverbs-dev?): {}", String::from_utf8_lossy(&o.stderr));
             return;
         }
         Err(_) => {
-            eprintln!("skipping: no C compiler");
+            skip!("no C compiler");
             return;
         }
     }
