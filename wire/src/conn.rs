@@ -309,6 +309,13 @@ impl TxSegment {
 }
 
 #[derive(Clone, Debug)]
+struct Posted {
+    /// Send-queue sequence number (completion ordering).
+    seq: u64,
+    wr: SqWr,
+}
+
+#[derive(Clone, Debug)]
 enum SqWr {
     Send { wr_id: u64, flags: SendFlags, len: u32 },
     Write { wr_id: u64, stag: u32, to: u64, len: u32, imm: Option<u64> },
@@ -343,7 +350,7 @@ impl SqWr {
 struct OutMsg {
     seg: Segmenter,
     source: Source,
-    on_done: Option<Completion>,
+    on_done: Option<(u64, Completion)>,
     /// Control FPDU to send right after (Write with Immediate).
     then: Option<Vec<u8>>,
     /// Read Response: counts against IRD until fully sent.
@@ -352,11 +359,12 @@ struct OutMsg {
 
 enum TxItem {
     Msg(OutMsg),
-    Control { bytes: Vec<u8>, on_done: Option<Completion> },
+    Control { bytes: Vec<u8>, on_done: Option<(u64, Completion)> },
 }
 
 #[derive(Clone, Copy, Debug)]
 struct ReadWr {
+    seq: u64,
     wr_id: u64,
     local_stag: u32,
     local_to: u64,
@@ -367,6 +375,7 @@ struct ReadWr {
 
 #[derive(Clone, Copy, Debug)]
 struct AtomicWr {
+    seq: u64,
     wr_id: u64,
     req_id: u32,
     result: (u32, u64),
@@ -421,7 +430,12 @@ pub struct Connection {
     // transmit
     mulpdu: usize,
     crc: bool,
-    sq: VecDeque<SqWr>,
+    sq: VecDeque<Posted>,
+    /// Send-queue completions in posting order: slot i is sequence
+    /// `sq_head + i`; released from the front once filled (ibverbs CQ
+    /// order even though Reads complete after later Writes are sent).
+    sq_slots: VecDeque<Option<Completion>>,
+    sq_head: u64,
     rsp: VecDeque<TxItem>,
     cur_tx: Option<OutMsg>,
     tx_follow: VecDeque<Vec<u8>>,
@@ -468,6 +482,8 @@ impl Connection {
             mulpdu: mpa::mulpdu(cfg.mss),
             crc: false,
             sq: VecDeque::new(),
+            sq_slots: VecDeque::new(),
+            sq_head: 0,
             rsp: VecDeque::new(),
             cur_tx: None,
             tx_follow: VecDeque::new(),
@@ -581,7 +597,7 @@ impl Connection {
     /// Post a Send of `len` bytes taken from the work request's gather list.
     pub fn post_send(&mut self, wr_id: u64, flags: SendFlags, len: u32) -> Result<(), PostError> {
         self.can_post()?;
-        self.sq.push_back(SqWr::Send { wr_id, flags, len });
+        self.push_sq(SqWr::Send { wr_id, flags, len });
         Ok(())
     }
 
@@ -592,7 +608,7 @@ impl Connection {
         if imm.is_some() && !self.ext_ok() {
             return Err(PostError::NotSupported);
         }
-        self.sq.push_back(SqWr::Write { wr_id, stag, to, len, imm });
+        self.push_sq(SqWr::Write { wr_id, stag, to, len, imm });
         Ok(())
     }
 
@@ -609,7 +625,7 @@ impl Connection {
         len: u32,
     ) -> Result<(), PostError> {
         self.can_post()?;
-        self.sq.push_back(SqWr::Read { wr_id, local_stag, local_to, stag, to, len });
+        self.push_sq(SqWr::Read { wr_id, local_stag, local_to, stag, to, len });
         Ok(())
     }
 
@@ -631,7 +647,7 @@ impl Connection {
         if !self.ext_ok() {
             return Err(PostError::NotSupported);
         }
-        self.sq.push_back(SqWr::Atomic { wr_id, op, result, stag, to, add_swap, compare });
+        self.push_sq(SqWr::Atomic { wr_id, op, result, stag, to, add_swap, compare });
         Ok(())
     }
 
@@ -641,15 +657,34 @@ impl Connection {
         if !self.ext_ok() {
             return Err(PostError::NotSupported);
         }
-        self.sq.push_back(SqWr::Imm { wr_id, imm, solicited });
+        self.push_sq(SqWr::Imm { wr_id, imm, solicited });
         Ok(())
+    }
+
+    fn push_sq(&mut self, wr: SqWr) {
+        let seq = self.sq_head + self.sq_slots.len() as u64;
+        self.sq_slots.push_back(None);
+        self.sq.push_back(Posted { seq, wr });
+    }
+
+    /// Record a send-queue completion and release those now in order.
+    fn sq_complete(&mut self, seq: u64, c: Completion) {
+        let i = seq.wrapping_sub(self.sq_head) as usize;
+        if let Some(slot) = self.sq_slots.get_mut(i) {
+            *slot = Some(c);
+        }
+        while let Some(Some(_)) = self.sq_slots.front() {
+            let c = self.sq_slots.pop_front().unwrap().unwrap();
+            self.sq_head += 1;
+            self.events.push_back(Event::Completion(c));
+        }
     }
 
     /// Post an RFC 7306 operation even though it was not negotiated (tests
     /// of the peer's "unexpected opcode" handling).
     #[doc(hidden)]
     pub fn post_immediate_unchecked(&mut self, wr_id: u64, imm: u64) {
-        self.sq.push_back(SqWr::Imm { wr_id, imm, solicited: false });
+        self.push_sq(SqWr::Imm { wr_id, imm, solicited: false });
     }
 
     fn ext_ok(&self) -> bool {
@@ -719,8 +754,8 @@ impl Connection {
                     if let Some(t) = m.then {
                         self.tx_follow.push_back(t);
                     }
-                    if let Some(c) = m.on_done {
-                        self.events.push_back(Event::Completion(c));
+                    if let Some((seq, c)) = m.on_done {
+                        self.sq_complete(seq, c);
                     }
                 }
                 return Some(Tx::Segment(seg));
@@ -733,8 +768,8 @@ impl Connection {
         if let Some(item) = self.rsp.pop_front() {
             match item {
                 TxItem::Control { bytes, on_done } => {
-                    if let Some(c) = on_done {
-                        self.events.push_back(Event::Completion(c));
+                    if let Some((seq, c)) = on_done {
+                        self.sq_complete(seq, c);
                     }
                     return Some(Tx::Bytes(bytes));
                 }
@@ -745,17 +780,13 @@ impl Connection {
             }
         }
         let front = self.sq.front()?;
-        if let SqWr::Read { wr_id, .. } = *front {
+        if let SqWr::Read { wr_id, .. } = front.wr {
+            let seq = front.seq;
             let ord = self.neg.as_ref().map(|n| n.ord).unwrap_or(0) as usize;
             if ord == 0 {
                 // No outbound reads negotiated (e.g. siw as a rev-1 peer).
                 self.sq.pop_front();
-                self.events.push_back(Event::Completion(Completion::new(
-                    wr_id,
-                    WcOpcode::RdmaRead,
-                    WcStatus::LocQpOpErr,
-                    0,
-                )));
+                self.sq_complete(seq, Completion::new(wr_id, WcOpcode::RdmaRead, WcStatus::LocQpOpErr, 0));
                 return self.next_tx();
             }
             if self.orq.iter().filter(|r| !r.rtr).count() >= ord {
@@ -779,9 +810,10 @@ impl Connection {
         m
     }
 
-    fn start_sq(&mut self, wr: SqWr) {
-        let wc = wr.wc_opcode();
-        match wr {
+    fn start_sq(&mut self, p: Posted) {
+        let wc = p.wr.wc_opcode();
+        let seq = p.seq;
+        match p.wr {
             SqWr::Send { wr_id, flags, len } => {
                 let op = match (flags.solicited, flags.invalidate.is_some()) {
                     (false, false) => Opcode::Send,
@@ -794,7 +826,7 @@ impl Connection {
                 self.cur_tx = Some(OutMsg {
                     seg: Segmenter::new(op, target, len, self.mulpdu),
                     source: Source::Wr { wr_id, offset: 0 },
-                    on_done: Some(Completion::new(wr_id, wc, WcStatus::Success, len)),
+                    on_done: Some((seq, Completion::new(wr_id, wc, WcStatus::Success, len))),
                     then: None,
                     is_read_resp: false,
                 });
@@ -808,13 +840,13 @@ impl Connection {
                 self.cur_tx = Some(OutMsg {
                     seg: Segmenter::new(Opcode::Write, Target::Tagged { stag, to }, len, self.mulpdu),
                     source: Source::Wr { wr_id, offset: 0 },
-                    on_done: Some(Completion::new(wr_id, wc, WcStatus::Success, len)),
+                    on_done: Some((seq, Completion::new(wr_id, wc, WcStatus::Success, len))),
                     then,
                     is_read_resp: false,
                 });
             }
             SqWr::Read { wr_id, local_stag, local_to, stag, to, len } => {
-                self.send_read_request(wr_id, local_stag, local_to, stag, to, len, false);
+                self.send_read_request(seq, wr_id, local_stag, local_to, stag, to, len, false);
             }
             SqWr::Atomic { wr_id, op, result, stag, to, add_swap, compare } => {
                 let req_id = self.next_atomic_id;
@@ -834,7 +866,7 @@ impl Connection {
                 body.encode(&mut b);
                 let d = DdpHeader::untagged(qn::ATOMIC_REQUEST, msn, 0, 0, true, RdmapCtrl::new(Opcode::AtomicRequest));
                 let bytes = self.control_fpdu(&d, &b, &[]);
-                self.atomics.push_back(AtomicWr { wr_id, req_id, result, opcode: wc });
+                self.atomics.push_back(AtomicWr { seq, wr_id, req_id, result, opcode: wc });
                 self.tx_follow.push_back(bytes);
             }
             SqWr::Imm { wr_id, imm, solicited } => {
@@ -842,21 +874,21 @@ impl Connection {
                 let op = if solicited { Opcode::ImmediateDataSe } else { Opcode::ImmediateData };
                 let d = DdpHeader::untagged(qn::SEND, msn, 0, 0, true, RdmapCtrl::new(op));
                 let bytes = self.control_fpdu(&d, &[], &imm.to_be_bytes());
-                self.events.push_back(Event::Completion(Completion::new(wr_id, wc, WcStatus::Success, 0)));
+                self.sq_complete(seq, Completion::new(wr_id, wc, WcStatus::Success, 0));
                 self.tx_follow.push_back(bytes);
             }
         }
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn send_read_request(&mut self, wr_id: u64, local_stag: u32, local_to: u64, stag: u32, to: u64, len: u32, rtr: bool) {
+    fn send_read_request(&mut self, seq: u64, wr_id: u64, local_stag: u32, local_to: u64, stag: u32, to: u64, len: u32, rtr: bool) {
         let msn = self.next_msn(qn::READ_REQUEST);
         let rr = ReadRequest { sink_stag: local_stag, sink_to: local_to, size: len, src_stag: stag, src_to: to };
         let mut b = [0u8; crate::rdmap::READ_REQ_LEN];
         rr.encode(&mut b);
         let d = DdpHeader::untagged(qn::READ_REQUEST, msn, 0, 0, true, RdmapCtrl::new(Opcode::ReadRequest));
         let bytes = self.control_fpdu(&d, &b, &[]);
-        self.orq.push_back(ReadWr { wr_id, local_stag, local_to, len, done: 0, rtr });
+        self.orq.push_back(ReadWr { seq, wr_id, local_stag, local_to, len, done: 0, rtr });
         self.tx_follow.push_back(bytes);
     }
 
@@ -1139,7 +1171,7 @@ impl Connection {
             }
             Some(RtrKind::Read) => {
                 // Zero-length Read: its Read Response completes nothing.
-                self.send_read_request(u64::MAX, 1, 0, 1, 0, 0, true);
+                self.send_read_request(u64::MAX, u64::MAX, 1, 0, 1, 0, 0, true);
             }
             Some(RtrKind::Send) => {
                 let msn = self.next_msn(qn::SEND);
@@ -1372,7 +1404,7 @@ impl Connection {
                         let mut c = Completion::new(w.wr_id, w.opcode, WcStatus::Success, 8);
                         c.atomic_result = Some(a.orig_value);
                         self.pending_atomic_store = Some((w.result, a.orig_value));
-                        self.events.push_back(Event::Completion(c));
+                        self.sq_complete(w.seq, c);
                     }
                     _ => return Err(Fault::echo(TermCode::RDMAP_UNEXPECTED_OPCODE)),
                 }
@@ -1396,12 +1428,7 @@ impl Connection {
                     if d.last {
                         let r = self.orq.pop_front().unwrap();
                         if !r.rtr {
-                            self.events.push_back(Event::Completion(Completion::new(
-                                r.wr_id,
-                                WcOpcode::RdmaRead,
-                                WcStatus::Success,
-                                r.len,
-                            )));
+                            self.sq_complete(r.seq, Completion::new(r.wr_id, WcOpcode::RdmaRead, WcStatus::Success, r.len));
                         }
                     }
                 }
@@ -1473,7 +1500,7 @@ impl Connection {
             self.events.push_back(Event::Completion(Completion::new(r.wr_id, WcOpcode::Recv, local_status, r.done)));
         } else if local_status == WcStatus::LocProtErr {
             if let Some(r) = self.orq.pop_front() {
-                self.events.push_back(Event::Completion(Completion::new(r.wr_id, WcOpcode::RdmaRead, local_status, 0)));
+                self.sq_complete(r.seq, Completion::new(r.wr_id, WcOpcode::RdmaRead, local_status, 0));
             }
         }
         self.flush_all(None);
@@ -1493,26 +1520,41 @@ impl Connection {
     /// answering) gets that status.
     fn flush_all(&mut self, first_status: Option<WcStatus>) {
         let mut first = first_status;
+        // The oldest outstanding Read/Atomic by posting order.
+        let ro = self.orq.iter().filter(|r| !r.rtr).map(|r| r.seq).min();
+        let ao = self.atomics.iter().map(|a| a.seq).min();
+        let first_seq = match (ro, ao) {
+            (Some(r), Some(a)) => Some(r.min(a)),
+            (r, a) => r.or(a),
+        };
+        let st_for = |seq: u64, first: &mut Option<WcStatus>| {
+            if Some(seq) == first_seq {
+                first.take().unwrap_or(WcStatus::WrFlushErr)
+            } else {
+                WcStatus::WrFlushErr
+            }
+        };
         while let Some(r) = self.orq.pop_front() {
             if r.rtr {
                 continue;
             }
-            let st = first.take().unwrap_or(WcStatus::WrFlushErr);
-            self.events.push_back(Event::Completion(Completion::new(r.wr_id, WcOpcode::RdmaRead, st, 0)));
+            let st = st_for(r.seq, &mut first);
+            self.sq_complete(r.seq, Completion::new(r.wr_id, WcOpcode::RdmaRead, st, 0));
         }
         while let Some(a) = self.atomics.pop_front() {
-            let st = first.take().unwrap_or(WcStatus::WrFlushErr);
-            self.events.push_back(Event::Completion(Completion::new(a.wr_id, a.opcode, st, 0)));
+            let st = st_for(a.seq, &mut first);
+            self.sq_complete(a.seq, Completion::new(a.wr_id, a.opcode, st, 0));
         }
         if let Some(m) = self.cur_tx.take() {
-            if let Some(mut c) = m.on_done {
+            if let Some((seq, mut c)) = m.on_done {
                 c.status = WcStatus::WrFlushErr;
                 c.byte_len = 0;
-                self.events.push_back(Event::Completion(c));
+                self.sq_complete(seq, c);
             }
         }
-        while let Some(w) = self.sq.pop_front() {
-            self.events.push_back(Event::Completion(Completion::new(w.wr_id(), w.wc_opcode(), WcStatus::WrFlushErr, 0)));
+        while let Some(p) = self.sq.pop_front() {
+            let c = Completion::new(p.wr.wr_id(), p.wr.wc_opcode(), WcStatus::WrFlushErr, 0);
+            self.sq_complete(p.seq, c);
         }
         if let Some(r) = self.recv_cur.take() {
             self.events.push_back(Event::Completion(Completion::new(r.wr_id, WcOpcode::Recv, WcStatus::WrFlushErr, 0)));

@@ -1,0 +1,744 @@
+//! Two `Connection`s wired back to back in memory (no sockets): every
+//! operation end to end with data checked, and every error path asserting
+//! the exact Terminate (RFC 5040 §7 / RFC 5041 §7 codes, as siw produces
+//! them) and completion status.
+
+use std::collections::HashMap;
+use uiw_wire::conn::{Completion, Config, Connection, Event, Failure, Role, RxWant, SendFlags, State, Tx, WcOpcode};
+use uiw_wire::ddp::{qn, DdpHeader};
+use uiw_wire::mpa;
+use uiw_wire::placement::{Access, Memory, MemoryIo, Placement, Source};
+use uiw_wire::rdmap::{AtomicOp, Opcode, RdmapCtrl, ReadRequest, TermLayout, Terminate};
+use uiw_wire::segment::{encode_fpdu, parse_fpdu};
+use uiw_wire::{TaggedError, TermCode, WcStatus};
+
+struct Region {
+    base: u64,
+    data: Vec<u8>,
+    access: Vec<Access>,
+    valid: bool,
+}
+
+#[derive(Default)]
+struct Mem {
+    regions: HashMap<u32, Region>,
+    sends: HashMap<u64, Vec<u8>>,
+    recvs: HashMap<u64, Vec<u8>>,
+}
+
+impl Mem {
+    fn region(&mut self, stag: u32, base: u64, len: usize, access: &[Access]) {
+        self.regions.insert(stag, Region { base, data: vec![0; len], access: access.to_vec(), valid: true });
+    }
+    fn fill(&mut self, stag: u32, pat: u8) {
+        let r = self.regions.get_mut(&stag).unwrap();
+        for (i, b) in r.data.iter_mut().enumerate() {
+            *b = (i as u8).wrapping_mul(31).wrapping_add(pat);
+        }
+    }
+    fn bytes(&self, stag: u32) -> &[u8] {
+        &self.regions[&stag].data
+    }
+}
+
+const ALL: &[Access] = &[Access::LocalWrite, Access::RemoteWrite, Access::RemoteRead, Access::RemoteAtomic];
+
+impl Memory for Mem {
+    fn check_tagged(&self, stag: u32, to: u64, len: u32, access: Access) -> Result<(), TaggedError> {
+        let r = self.regions.get(&stag).filter(|r| r.valid).ok_or(TaggedError::InvalidStag)?;
+        if !r.access.contains(&access) {
+            return Err(TaggedError::AccessRights);
+        }
+        let end = to.checked_add(len as u64).ok_or(TaggedError::ToWrap)?;
+        if to < r.base || end > r.base + r.data.len() as u64 {
+            return Err(TaggedError::BaseBounds);
+        }
+        Ok(())
+    }
+    fn invalidate(&mut self, stag: u32) -> Result<(), TaggedError> {
+        let r = self.regions.get_mut(&stag).filter(|r| r.valid).ok_or(TaggedError::InvalidStag)?;
+        r.valid = false;
+        Ok(())
+    }
+    fn atomic(&mut self, stag: u32, to: u64, op: AtomicOp, add_swap: u64, compare: u64) -> u64 {
+        let r = self.regions.get_mut(&stag).unwrap();
+        let o = (to - r.base) as usize;
+        let cur = u64::from_ne_bytes(r.data[o..o + 8].try_into().unwrap());
+        let new = match op {
+            AtomicOp::FetchAdd => cur.wrapping_add(add_swap),
+            AtomicOp::Swap => add_swap,
+            AtomicOp::CompareSwap => {
+                if cur == compare {
+                    add_swap
+                } else {
+                    cur
+                }
+            }
+        };
+        r.data[o..o + 8].copy_from_slice(&new.to_ne_bytes());
+        cur
+    }
+}
+
+impl MemoryIo for Mem {
+    fn read(&self, src: Source, out: &mut [u8]) {
+        match src {
+            Source::Wr { wr_id, offset } => out.copy_from_slice(&self.sends[&wr_id][offset as usize..][..out.len()]),
+            Source::Tagged { stag, to } => {
+                let r = &self.regions[&stag];
+                let o = (to - r.base) as usize;
+                out.copy_from_slice(&r.data[o..o + out.len()]);
+            }
+            Source::None => {}
+        }
+    }
+    fn write(&mut self, dst: Placement, data: &[u8]) {
+        match dst {
+            Placement::Recv { wr_id, offset } => {
+                self.recvs.get_mut(&wr_id).unwrap()[offset as usize..][..data.len()].copy_from_slice(data)
+            }
+            Placement::Tagged { stag, to } => {
+                let r = self.regions.get_mut(&stag).unwrap();
+                let o = (to - r.base) as usize;
+                r.data[o..o + data.len()].copy_from_slice(data);
+            }
+            Placement::Discard => {}
+        }
+    }
+}
+
+struct Peer {
+    c: Connection,
+    m: Mem,
+    ev: Vec<Event>,
+}
+
+impl Peer {
+    fn new(cfg: Config) -> Peer {
+        Peer { c: Connection::new(cfg, 0), m: Mem::default(), ev: Vec::new() }
+    }
+    fn drain(&mut self) {
+        while let Some(e) = self.c.poll_event() {
+            self.ev.push(e);
+        }
+    }
+    fn completions(&mut self) -> Vec<Completion> {
+        self.drain();
+        let v = self.ev.iter().filter_map(|e| if let Event::Completion(c) = e { Some(*c) } else { None }).collect();
+        self.ev.retain(|e| !matches!(e, Event::Completion(_)));
+        v
+    }
+    fn terminate(&mut self) -> Option<(bool, Terminate)> {
+        self.drain();
+        self.ev.iter().find_map(|e| if let Event::Terminated { sent, term } = e { Some((*sent, *term)) } else { None })
+    }
+    fn post_recv(&mut self, wr_id: u64, len: usize) {
+        self.m.recvs.insert(wr_id, vec![0; len]);
+        self.c.post_recv(wr_id, len as u32).unwrap();
+    }
+    fn post_send(&mut self, wr_id: u64, data: &[u8], flags: SendFlags) {
+        self.m.sends.insert(wr_id, data.to_vec());
+        self.c.post_send(wr_id, flags, data.len() as u32).unwrap();
+    }
+}
+
+/// Move bytes both ways until quiet. `tamper` may modify a→b bytes.
+/// Returns FPDU-transmit-unit counts (a→b, b→a).
+fn pump_with(a: &mut Peer, b: &mut Peer, tamper: &mut dyn FnMut(&mut Vec<u8>)) -> (usize, usize) {
+    let (mut na, mut nb) = (0, 0);
+    loop {
+        let mut moved = false;
+        let mut buf = Vec::new();
+        while a.c.poll_transmit(&mut buf, &a.m) {
+            na += 1;
+        }
+        if !buf.is_empty() {
+            tamper(&mut buf);
+            moved = true;
+            let mut off = 0;
+            while off < buf.len() {
+                off += b.c.handle_bytes(&buf[off..], &mut b.m);
+            }
+        }
+        let mut buf = Vec::new();
+        while b.c.poll_transmit(&mut buf, &b.m) {
+            nb += 1;
+        }
+        if !buf.is_empty() {
+            moved = true;
+            let mut off = 0;
+            while off < buf.len() {
+                off += a.c.handle_bytes(&buf[off..], &mut a.m);
+            }
+        }
+        if !moved {
+            return (na, nb);
+        }
+    }
+}
+
+fn pump(a: &mut Peer, b: &mut Peer) -> (usize, usize) {
+    pump_with(a, b, &mut |_| {})
+}
+
+fn pair(ca: Config, cb: Config) -> (Peer, Peer) {
+    let (mut a, mut b) = (Peer::new(ca), Peer::new(cb));
+    pump(&mut a, &mut b);
+    assert_eq!(a.c.state(), State::Established, "{:?}", a.ev);
+    assert_eq!(b.c.state(), State::Established, "{:?}", b.ev);
+    a.drain();
+    b.drain();
+    assert!(matches!(a.ev.remove(0), Event::Established(_)));
+    assert!(matches!(b.ev.remove(0), Event::Established(_)));
+    (a, b)
+}
+
+fn default_pair() -> (Peer, Peer) {
+    pair(Config::new(Role::Initiator), Config::new(Role::Responder))
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n).map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed)).collect()
+}
+
+/// Assert the responder sent exactly `code` and the other side received it.
+fn assert_term(sender: &mut Peer, receiver: &mut Peer, code: TermCode) -> Terminate {
+    let (sent, t) = sender.terminate().expect("no Terminate sent");
+    assert!(sent);
+    assert_eq!(t.code, code, "sent {}", t.code);
+    assert_eq!(sender.c.state(), State::Error);
+    let (sent, r) = receiver.terminate().expect("no Terminate received");
+    assert!(!sent);
+    assert_eq!(r.code, code);
+    assert_eq!(receiver.c.state(), State::Error);
+    assert_eq!(r, t, "Terminate changed in transit");
+    t
+}
+
+// ---------------------------------------------------------------------------
+
+#[test]
+fn send_variants() {
+    let (mut a, mut b) = default_pair();
+    b.m.region(0x500, 0x1000, 64, ALL);
+    for i in 0..4 {
+        b.post_recv(10 + i, 100);
+    }
+    a.post_send(1, &pattern(100, 1), SendFlags::default());
+    a.post_send(2, &pattern(0, 0), SendFlags { solicited: true, invalidate: None });
+    a.post_send(3, &pattern(33, 3), SendFlags { solicited: false, invalidate: Some(0x500) });
+    a.post_send(4, &pattern(5, 4), SendFlags { solicited: true, invalidate: Some(0x777) });
+    pump(&mut a, &mut b);
+    let ca = a.completions();
+    assert_eq!(ca.len(), 4);
+    assert!(ca.iter().all(|c| c.status == WcStatus::Success && c.opcode == WcOpcode::Send));
+    let cb = b.completions();
+    assert_eq!(cb[0].byte_len, 100);
+    assert_eq!(b.m.recvs[&10], pattern(100, 1));
+    assert_eq!((cb[1].byte_len, cb[1].solicited), (0, true));
+    assert_eq!(cb[2].invalidated, Some(0x500));
+    assert_eq!(&b.m.recvs[&12][..33], &pattern(33, 3)[..]);
+    assert!(!b.m.regions[&0x500].valid);
+    // 0x777 does not exist: data delivered, then "STag cannot be invalidated".
+    assert_eq!(cb[3].status, WcStatus::Success);
+    assert_term(&mut b, &mut a, TermCode::RDMAP_CANNOT_INVALIDATE);
+}
+
+#[test]
+fn write_and_read() {
+    let (mut a, mut b) = default_pair();
+    a.m.region(0xa00, 0x10000, 4096, ALL);
+    b.m.region(0xb00, 0x7000_0000, 4096, ALL);
+    b.m.fill(0xb00, 9);
+    a.m.sends.insert(1, pattern(3000, 5));
+    a.c.post_write(1, 0xb00, 0x7000_0000 + 100, 3000, None).unwrap();
+    a.c.post_read(2, 0xa00, 0x10000, 0xb00, 0x7000_0000 + 200, 2000).unwrap();
+    a.c.post_read(3, 0xa00, 0x10000 + 2048, 0xb00, 0x7000_0000, 0, ).unwrap();
+    pump(&mut a, &mut b);
+    let c = a.completions();
+    assert_eq!(c.len(), 3);
+    assert_eq!((c[0].wr_id, c[0].opcode, c[0].status, c[0].byte_len), (1, WcOpcode::RdmaWrite, WcStatus::Success, 3000));
+    assert_eq!((c[1].wr_id, c[1].opcode, c[1].status, c[1].byte_len), (2, WcOpcode::RdmaRead, WcStatus::Success, 2000));
+    assert_eq!((c[2].wr_id, c[2].byte_len), (3, 0));
+    assert_eq!(&b.m.bytes(0xb00)[100..3100], &pattern(3000, 5)[..]);
+    // The read saw the data the write had put there (ordering).
+    assert_eq!(&a.m.bytes(0xa00)[..2000], &b.m.bytes(0xb00)[200..2200]);
+    assert!(b.completions().is_empty(), "writes and reads complete nothing at the target");
+}
+
+#[test]
+fn ord_limits_outstanding_reads() {
+    let mut ca = Config::new(Role::Initiator);
+    ca.ord = 2;
+    let (mut a, mut b) = pair(ca, Config::new(Role::Responder));
+    assert_eq!(a.c.negotiated().unwrap().ord, 2);
+    a.m.region(0xa00, 0, 1 << 16, ALL);
+    b.m.region(0xb00, 0, 1 << 16, ALL);
+    b.m.fill(0xb00, 1);
+    for i in 0..6u64 {
+        a.c.post_read(i, 0xa00, i * 1000, 0xb00, i * 500, 1000).unwrap();
+    }
+    // Only ORD read requests leave before any response came back.
+    let mut buf = Vec::new();
+    let mut n = 0;
+    while a.c.poll_transmit(&mut buf, &a.m) {
+        n += 1;
+    }
+    assert_eq!(n, 2);
+    let mut off = 0;
+    while off < buf.len() {
+        off += b.c.handle_bytes(&buf[off..], &mut b.m);
+    }
+    pump(&mut a, &mut b);
+    let c = a.completions();
+    assert_eq!(c.iter().map(|c| c.wr_id).collect::<Vec<_>>(), vec![0, 1, 2, 3, 4, 5]);
+    for i in 0..6usize {
+        assert_eq!(&a.m.bytes(0xa00)[i * 1000..i * 1000 + 1000], &b.m.bytes(0xb00)[i * 500..i * 500 + 1000]);
+    }
+}
+
+#[test]
+fn inbound_reads_over_ird_terminate() {
+    let mut cb = Config::new(Role::Responder);
+    cb.ird = 1;
+    let (a, mut b) = pair(Config::new(Role::Initiator), cb);
+    assert_eq!(a.c.negotiated().unwrap().ord, 1);
+    b.m.region(0xb00, 0, 4096, ALL);
+    // A misbehaving peer: two Read Requests back to back.
+    let mut raw = Vec::new();
+    for msn in 1..=2 {
+        let rr = ReadRequest { sink_stag: 0xa00, sink_to: 0, size: 100, src_stag: 0xb00, src_to: 0 };
+        let mut body = [0u8; 28];
+        rr.encode(&mut body);
+        let d = DdpHeader::untagged(qn::READ_REQUEST, msn, 0, 0, true, RdmapCtrl::new(Opcode::ReadRequest));
+        encode_fpdu(&d, &body, &[], false, &mut raw);
+    }
+    let mut off = 0;
+    while off < raw.len() {
+        off += b.c.handle_bytes(&raw[off..], &mut b.m);
+    }
+    let (sent, t) = b.terminate().unwrap();
+    assert!(sent);
+    assert_eq!(t.code, TermCode::RDMAP_CATASTROPHIC_STREAM);
+    assert!(t.r && t.d && t.m);
+    assert_eq!(t.rdmap_hdr.unwrap().size, 100);
+}
+
+#[test]
+fn large_messages_segmented_by_mss() {
+    const N: usize = 8 << 20;
+    let (mut a, mut b) = default_pair();
+    let mss = 1460;
+    let seg_payload = mpa::mulpdu(mss) - 14;
+    assert_eq!(seg_payload, 1436);
+    b.m.region(0xb00, 0x4000_0000, N, ALL);
+    a.m.region(0xa00, 0x5000_0000, N, ALL);
+    a.m.sends.insert(1, pattern(N, 3));
+    a.c.post_write(1, 0xb00, 0x4000_0000, N as u32, None).unwrap();
+    let (na, _) = pump(&mut a, &mut b);
+    assert_eq!(na, N.div_ceil(seg_payload));
+    assert!(b.m.bytes(0xb00) == &pattern(N, 3)[..]);
+    // Read it back.
+    a.c.post_read(2, 0xa00, 0x5000_0000, 0xb00, 0x4000_0000, N as u32).unwrap();
+    let (_, nb) = pump(&mut a, &mut b);
+    assert_eq!(nb, N.div_ceil(seg_payload));
+    assert!(a.m.bytes(0xa00) == &pattern(N, 3)[..]);
+    // And as a Send (untagged header: 1432 per FPDU).
+    b.post_recv(9, N);
+    a.post_send(3, &pattern(N, 4), SendFlags::default());
+    let (na, _) = pump(&mut a, &mut b);
+    assert_eq!(na, N.div_ceil(seg_payload - 4));
+    assert!(b.m.recvs[&9] == pattern(N, 4));
+    let c = b.completions();
+    assert_eq!(c[0].byte_len as usize, N);
+    assert_eq!(a.completions().len(), 3);
+}
+
+#[test]
+fn write_errors_match_siw() {
+    // (STag, TO, len, region access) → DDP tagged error
+    let cases: &[(u32, u64, u32, &[Access], TermCode)] = &[
+        (0xdead00, 0x1000, 10, ALL, TermCode::DDP_T_INVALID_STAG),
+        (0xb00, 0x1000 + 4090, 10, ALL, TermCode::DDP_T_BASE_BOUNDS),
+        (0xb00, 0x0fff, 10, ALL, TermCode::DDP_T_BASE_BOUNDS),
+        // No remote write right: DDP has no access code, siw reports base/bounds.
+        (0xb00, 0x1000, 10, &[Access::LocalWrite, Access::RemoteRead], TermCode::DDP_T_BASE_BOUNDS),
+    ];
+    for &(stag, to, len, acc, code) in cases {
+        let (mut a, mut b) = default_pair();
+        b.m.region(0xb00, 0x1000, 4096, acc);
+        b.post_recv(5, 10);
+        a.m.sends.insert(1, vec![1; len as usize]);
+        a.c.post_write(1, stag, to, len, None).unwrap();
+        pump(&mut a, &mut b);
+        let t = assert_term(&mut b, &mut a, code);
+        // Header echo: M, D with the offending tagged header.
+        assert!(t.m && t.d && !t.r);
+        assert_eq!(t.seg_len as u32, 14 + len);
+        let (h, _) = DdpHeader::parse(t.echoed_ddp().unwrap()).unwrap();
+        assert_eq!(h, DdpHeader::tagged(stag, to, true, RdmapCtrl::new(Opcode::Write)));
+        // Nothing was placed; the posted receive is flushed.
+        assert!(b.m.bytes(0xb00).iter().all(|&x| x == 0));
+        let cb = b.completions();
+        assert_eq!((cb[0].wr_id, cb[0].status), (5, WcStatus::WrFlushErr));
+        // The Write itself had completed at the requester (iWARP semantics).
+        assert_eq!(a.completions()[0].status, WcStatus::Success);
+    }
+}
+
+#[test]
+fn read_errors_match_siw() {
+    let cases: &[(u32, u64, &[Access], TermCode)] = &[
+        (0xdeadbe00, 0x1000, ALL, TermCode::RDMAP_INVALID_STAG),
+        (0xb00, 0x2000, ALL, TermCode::RDMAP_BASE_BOUNDS),
+        (0xb00, 0x1000, &[Access::RemoteWrite], TermCode::RDMAP_ACCESS_RIGHTS),
+    ];
+    for &(stag, to, acc, code) in cases {
+        let (mut a, mut b) = default_pair();
+        a.m.region(0xa00, 0, 4096, ALL);
+        b.m.region(0xb00, 0x1000, 100, acc);
+        a.post_recv(7, 10);
+        a.c.post_read(1, 0xa00, 0, stag, to, 64).unwrap();
+        a.c.post_read(2, 0xa00, 0, 0xb00, 0x1000, 8).unwrap();
+        pump(&mut a, &mut b);
+        let t = assert_term(&mut b, &mut a, code);
+        // As in h2g-badread: M, D and R with the Read Request echoed.
+        assert!(t.m && t.d && t.r);
+        let rr = t.rdmap_hdr.unwrap();
+        assert_eq!((rr.src_stag, rr.src_to, rr.size), (stag, to, 64));
+        let (h, _) = DdpHeader::parse(t.echoed_ddp().unwrap()).unwrap();
+        assert_eq!(h, DdpHeader::untagged(1, 1, 0, 0, true, RdmapCtrl::new(Opcode::ReadRequest)));
+        let c = a.completions();
+        let st: Vec<_> = c.iter().map(|c| (c.wr_id, c.status)).collect();
+        assert!(st.contains(&(1, WcStatus::RemAccessErr)), "{st:?}");
+        assert!(st.contains(&(2, WcStatus::WrFlushErr)), "{st:?}");
+        assert!(st.contains(&(7, WcStatus::WrFlushErr)), "{st:?}");
+    }
+}
+
+#[test]
+fn send_without_receive_and_too_long() {
+    let (mut a, mut b) = default_pair();
+    a.post_send(1, b"no buffer", SendFlags::default());
+    pump(&mut a, &mut b);
+    let t = assert_term(&mut b, &mut a, TermCode::DDP_U_NO_BUFFER);
+    assert!(t.m && t.d && !t.r);
+    let (h, _) = DdpHeader::parse(t.echoed_ddp().unwrap()).unwrap();
+    assert_eq!(h, DdpHeader::untagged(0, 1, 0, 0, true, RdmapCtrl::new(Opcode::Send)));
+
+    // A Send longer than the posted buffer: same code, LOC_LEN_ERR locally.
+    let (mut a, mut b) = default_pair();
+    b.post_recv(5, 10);
+    b.post_recv(6, 10);
+    a.post_send(1, &[7; 11], SendFlags::default());
+    pump(&mut a, &mut b);
+    assert_term(&mut b, &mut a, TermCode::DDP_U_NO_BUFFER);
+    let c = b.completions();
+    assert_eq!((c[0].wr_id, c[0].status), (5, WcStatus::LocLenErr));
+    assert_eq!((c[1].wr_id, c[1].status), (6, WcStatus::WrFlushErr));
+}
+
+#[test]
+fn crc_negotiated_and_mismatch_detected() {
+    let mut ca = Config::new(Role::Initiator);
+    ca.crc = true;
+    let (mut a, mut b) = pair(ca, Config::new(Role::Responder));
+    assert!(a.c.negotiated().unwrap().crc && b.c.negotiated().unwrap().crc);
+    b.post_recv(1, 100);
+    b.post_recv(2, 100);
+    a.post_send(1, &pattern(100, 1), SendFlags::default());
+    pump(&mut a, &mut b);
+    assert_eq!(b.completions()[0].status, WcStatus::Success);
+    // The FPDU on the wire carries a valid CRC32c.
+    a.post_send(2, &pattern(50, 2), SendFlags::default());
+    let mut flipped = false;
+    pump_with(&mut a, &mut b, &mut |buf| {
+        let (f, _) = parse_fpdu(buf).unwrap();
+        assert!(f.crc_ok() && f.crc != 0);
+        buf[30] ^= 0x40; // a payload byte
+        flipped = true;
+    });
+    assert!(flipped);
+    let t = assert_term(&mut b, &mut a, TermCode::MPA_CRC);
+    assert!(!t.m && !t.d && !t.r);
+    assert_eq!(b.completions()[0].status, WcStatus::GeneralErr);
+}
+
+#[test]
+fn unexpected_extension_opcode() {
+    let mut ca = Config::new(Role::Initiator);
+    ca.extensions = true;
+    let (mut a, mut b) = pair(ca, Config::new(Role::Responder));
+    assert!(!a.c.negotiated().unwrap().extensions);
+    b.post_recv(1, 16);
+    assert_eq!(a.c.post_immediate(1, 5, false), Err(uiw_wire::PostError::NotSupported));
+    a.c.post_immediate_unchecked(1, 5);
+    pump(&mut a, &mut b);
+    let t = assert_term(&mut b, &mut a, TermCode::RDMAP_UNEXPECTED_OPCODE);
+    assert!(t.d);
+    assert_eq!(t.echoed_ddp().unwrap()[1], 0x48);
+}
+
+#[test]
+fn extensions_between_uiw_peers() {
+    let mut ca = Config::new(Role::Initiator);
+    ca.extensions = true;
+    let mut cb = Config::new(Role::Responder);
+    cb.extensions = true;
+    let (mut a, mut b) = pair(ca, cb);
+    assert!(b.c.negotiated().unwrap().extensions);
+    a.m.region(0xa00, 0, 64, ALL);
+    b.m.region(0xb00, 0x100, 64, ALL);
+    b.m.regions.get_mut(&0xb00).unwrap().data[..8].copy_from_slice(&40u64.to_ne_bytes());
+    a.c.post_atomic(1, AtomicOp::FetchAdd, (0xa00, 0), 0xb00, 0x100, 2, 0).unwrap();
+    a.c.post_atomic(2, AtomicOp::CompareSwap, (0xa00, 8), 0xb00, 0x100, 99, 42).unwrap();
+    a.c.post_atomic(3, AtomicOp::CompareSwap, (0xa00, 16), 0xb00, 0x100, 7, 42).unwrap();
+    // Write with Immediate: data, then an Immediate Data message.
+    b.post_recv(5, 0);
+    a.m.sends.insert(4, pattern(20, 1));
+    a.c.post_write(4, 0xb00, 0x110, 20, Some(0x1122334455667788)).unwrap();
+    pump(&mut a, &mut b);
+    let c = a.completions();
+    assert_eq!((c[0].opcode, c[0].atomic_result), (WcOpcode::FetchAdd, Some(40)));
+    assert_eq!((c[1].opcode, c[1].atomic_result), (WcOpcode::CompSwap, Some(42)));
+    assert_eq!(c[2].atomic_result, Some(99));
+    assert_eq!(&a.m.bytes(0xa00)[0..8], &40u64.to_ne_bytes());
+    assert_eq!(&a.m.bytes(0xa00)[8..16], &42u64.to_ne_bytes());
+    assert_eq!(&b.m.bytes(0xb00)[..8], &99u64.to_ne_bytes());
+    let cb = b.completions();
+    assert_eq!(cb.len(), 1);
+    assert_eq!((cb[0].wr_id, cb[0].opcode, cb[0].imm), (5, WcOpcode::RecvRdmaWithImm, Some(0x1122334455667788)));
+    assert_eq!(&b.m.bytes(0xb00)[0x10..0x24], &pattern(20, 1)[..]);
+    // Atomic to a bad STag: remote protection error at the requester.
+    a.c.post_atomic(6, AtomicOp::FetchAdd, (0xa00, 0), 0xbad, 0, 1, 0).unwrap();
+    pump(&mut a, &mut b);
+    assert_term(&mut b, &mut a, TermCode::RDMAP_INVALID_STAG);
+    assert_eq!(a.completions()[0].status, WcStatus::RemAccessErr);
+}
+
+#[test]
+fn mpa_revision1_and_ird_ord() {
+    let mut ca = Config::new(Role::Initiator);
+    ca.revision = 1;
+    let (a, b) = pair(ca, Config::new(Role::Responder));
+    assert_eq!(a.c.negotiated().unwrap().revision, 1);
+    assert_eq!(b.c.negotiated().unwrap().revision, 1);
+    // Revision 2: responder clamps to the initiator's words.
+    let mut ca = Config::new(Role::Initiator);
+    ca.ird = 4;
+    ca.ord = 8;
+    let mut cb = Config::new(Role::Responder);
+    cb.ird = 6;
+    cb.ord = 10;
+    let (a, b) = pair(ca, cb);
+    let (na, nb) = (a.c.negotiated().unwrap(), b.c.negotiated().unwrap());
+    assert_eq!((nb.ird, nb.ord), (6, 4));
+    assert_eq!(na.ord, 6);
+    assert!(na.ord <= nb.ird && nb.ord <= na.ird);
+}
+
+#[test]
+fn initiator_request_matches_siw_bytes() {
+    let mut c = Config::new(Role::Initiator);
+    c.ird = 128;
+    c.ord = 128;
+    let mut a = Peer::new(c);
+    let mut out = Vec::new();
+    assert!(a.c.poll_transmit(&mut out, &a.m));
+    // siw-read.pcap frame 21
+    assert_eq!(&out[16..], &[0x10, 0x02, 0x00, 0x04, 0x00, 0x80, 0x00, 0x80]);
+    assert_eq!(&out[..16], b"MPA ID Req Frame");
+}
+
+#[test]
+fn markers_request_is_rejected_like_siw() {
+    let mut b = Peer::new(Config::new(Role::Responder));
+    let mut req = Vec::new();
+    mpa::encode_rr(mpa::FrameKind::Request, mpa::FLAG_MARKERS, 2, Some(Default::default()), &[], &mut req);
+    let mut off = 0;
+    while off < req.len() {
+        off += b.c.handle_bytes(&req[off..], &mut b.m);
+    }
+    let mut rep = Vec::new();
+    b.c.poll_transmit(&mut rep, &b.m);
+    // h2g-markers.pcap frame 6
+    let mut want = b"MPA ID Rep Frame".to_vec();
+    want.extend_from_slice(&[0x30, 0x02, 0x00, 0x04, 0, 0, 0, 0]);
+    assert_eq!(rep, want);
+    assert_eq!(b.c.state(), State::Rejected);
+    // And the initiator side sees the rejection.
+    let mut a = Peer::new(Config::new(Role::Initiator));
+    let mut out = Vec::new();
+    a.c.poll_transmit(&mut out, &a.m);
+    let mut off = 0;
+    while off < rep.len() {
+        off += a.c.handle_bytes(&rep[off..], &mut a.m);
+    }
+    a.drain();
+    assert!(matches!(a.ev[0], Event::Rejected { by_peer: true, .. }));
+    assert_eq!(a.c.state(), State::Rejected);
+}
+
+#[test]
+fn p2p_rtr_variants() {
+    for (w, r, s) in [(true, true, false), (false, true, false), (false, false, true)] {
+        let mut ca = Config::new(Role::Initiator);
+        ca.p2p = true;
+        ca.rtr = uiw_wire::conn::Rtr { write: w, read: r, send: s };
+        let mut cb = Config::new(Role::Responder);
+        cb.p2p = true;
+        cb.rtr = uiw_wire::conn::Rtr { write: true, read: true, send: true };
+        let (mut a, mut b) = (Peer::new(ca), Peer::new(cb));
+        // Responder must not send before the RTR: it is in WaitRtr after the Request.
+        let mut buf = Vec::new();
+        a.c.poll_transmit(&mut buf, &a.m);
+        let mut off = 0;
+        while off < buf.len() {
+            off += b.c.handle_bytes(&buf[off..], &mut b.m);
+        }
+        assert_eq!(b.c.state(), State::WaitRtr);
+        b.post_send(1, b"early", SendFlags::default());
+        a.post_recv(3, 10);
+        pump(&mut a, &mut b);
+        b.drain();
+        a.drain();
+        assert_eq!(b.c.state(), State::Established, "rtr {w}{r}{s}: {:?} {:?}", b.ev, a.ev);
+        assert!(a.c.negotiated().unwrap().p2p);
+        // The early Send went out after the RTR.
+        let c = a.completions();
+        assert_eq!((c[0].wr_id, c[0].byte_len), (3, 5), "rtr {w}{r}{s}: {:?}", a.ev);
+        assert_eq!(&a.m.recvs[&3][..5], b"early");
+        // A later Send from a uses the right MSN (after a Send RTR).
+        b.post_recv(4, 10);
+        a.post_send(9, b"x", SendFlags::default());
+        pump(&mut a, &mut b);
+        assert_eq!(b.completions().iter().filter(|c| c.wr_id == 4).count(), 1, "rtr {w}{r}{s}");
+    }
+}
+
+#[test]
+fn siw_style_write_rtr_bytes() {
+    let mut ca = Config::new(Role::Initiator);
+    ca.p2p = true;
+    ca.ird = 0;
+    ca.ord = 1;
+    let mut a = Peer::new(ca);
+    let mut out = Vec::new();
+    a.c.poll_transmit(&mut out, &a.m);
+    // siw-write-p2p.pcap frame 4: private data 8000c001
+    assert_eq!(&out[20..24], &[0x80, 0x00, 0xc0, 0x01]);
+    // siw's reply (frame 6): 80018000 → zero-length Write RTR (frame 8).
+    let mut rep = b"MPA ID Rep Frame".to_vec();
+    rep.extend_from_slice(&[0x10, 0x02, 0x00, 0x04, 0x80, 0x01, 0x80, 0x00]);
+    let mut off = 0;
+    while off < rep.len() {
+        off += a.c.handle_bytes(&rep[off..], &mut a.m);
+    }
+    let mut rtr = Vec::new();
+    a.c.poll_transmit(&mut rtr, &a.m);
+    assert_eq!(rtr, [0x00, 0x0e, 0xc1, 0x40, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+}
+
+#[test]
+fn terminate_bytes_are_rfc_layout() {
+    let (mut a, mut b) = default_pair();
+    a.post_send(1, b"x", SendFlags::default());
+    let mut buf = Vec::new();
+    while a.c.poll_transmit(&mut buf, &a.m) {}
+    let mut off = 0;
+    while off < buf.len() {
+        off += b.c.handle_bytes(&buf[off..], &mut b.m);
+    }
+    let mut out = Vec::new();
+    while b.c.poll_transmit(&mut out, &b.m) {}
+    let (f, _) = parse_fpdu(&out).unwrap();
+    assert_eq!(f.ddp.rdmap.op(), Some(Opcode::Terminate));
+    assert_eq!(f.ddp, DdpHeader::untagged(qn::TERMINATE, 1, 0, 0, true, RdmapCtrl::new(Opcode::Terminate)));
+    // layer DDP (1) in the high nibble, untagged (2) low, code 2, M|D.
+    assert_eq!(&f.payload[..6], &[0x12, 0x02, 0xc0, 0x00, 0x00, 0x13]);
+    let (_, layout) = Terminate::parse(f.payload).unwrap();
+    assert_eq!(layout, TermLayout::Rfc);
+    // Nothing else is sent after a Terminate; further input is discarded.
+    assert!(!b.c.poll_transmit(&mut out, &b.m));
+    assert_eq!(b.c.handle_bytes(&[1, 2, 3], &mut b.m), 3);
+}
+
+#[test]
+fn timeouts_and_eof() {
+    let mut a = Peer::new(Config::new(Role::Initiator));
+    let d = a.c.poll_timeout().unwrap();
+    a.c.handle_timeout(d - 1);
+    assert_eq!(a.c.state(), State::WaitReply);
+    a.c.handle_timeout(d);
+    a.drain();
+    assert_eq!(a.ev, vec![Event::Failed(Failure::Timeout)]);
+    let (mut a, _b) = default_pair();
+    a.post_recv(1, 10);
+    a.c.handle_eof();
+    let c = a.completions();
+    assert_eq!((c[0].wr_id, c[0].status), (1, WcStatus::WrFlushErr));
+    assert!(a.ev.contains(&Event::Failed(Failure::PeerClosed)));
+    let (mut a, _b) = default_pair();
+    a.post_recv(1, 10);
+    a.c.close();
+    assert_eq!(a.completions()[0].status, WcStatus::WrFlushErr);
+    assert_eq!(a.c.state(), State::Closed);
+    assert!(a.c.post_recv(2, 1).is_err());
+}
+
+/// The zero-copy path: the sender gathers payload by Source and computes
+/// the trailer itself; the receiver reads exactly the bytes `rx_want`
+/// asks for and receives payload straight into the target memory.
+#[test]
+fn zero_copy_api() {
+    let (mut a, mut b) = default_pair();
+    b.m.region(0xb00, 0, 100_000, ALL);
+    a.m.sends.insert(1, pattern(100_000, 8));
+    a.c.post_write(1, 0xb00, 0, 100_000, None).unwrap();
+    b.post_recv(2, 5000);
+    a.post_send(3, &pattern(4000, 9), SendFlags::default());
+    // "socket": a byte pipe
+    let mut pipe = Vec::new();
+    while let Some(tx) = a.c.next_tx() {
+        match tx {
+            Tx::Bytes(v) => pipe.extend_from_slice(&v),
+            Tx::Segment(s) => {
+                let (wr, off) = match s.source {
+                    Source::Wr { wr_id, offset } => (wr_id, offset as usize),
+                    _ => unreachable!(),
+                };
+                let payload = &a.m.sends[&wr][off..off + s.payload_len as usize];
+                pipe.extend_from_slice(s.header.as_slice());
+                pipe.extend_from_slice(payload); // iovec in real life
+                pipe.extend_from_slice(s.trailer(&[payload]).as_slice());
+            }
+        }
+    }
+    let mut pos = 0;
+    let mut placed_direct = 0usize;
+    while pos < pipe.len() {
+        match b.c.rx_want() {
+            RxWant::Bytes(n) => {
+                let n = n.min(pipe.len() - pos).min(7); // short reads too
+                let k = b.c.rx_bytes(&pipe[pos..pos + n], &mut b.m);
+                assert_eq!(k, n);
+                pos += k;
+            }
+            RxWant::Place { len, place } => {
+                // recv() directly into the destination
+                let n = (len as usize).min(pipe.len() - pos).min(1000);
+                let src = pipe[pos..pos + n].to_vec();
+                b.m.write(place, &src);
+                let k = b.c.rx_placed(&src, &mut b.m);
+                assert_eq!(k, n);
+                placed_direct += n;
+                pos += n;
+            }
+            RxWant::Discard => panic!("discard"),
+        }
+    }
+    assert_eq!(placed_direct, 104_000);
+    assert!(b.m.bytes(0xb00) == &pattern(100_000, 8)[..]);
+    assert_eq!(&b.m.recvs[&2][..4000], &pattern(4000, 9)[..]);
+    assert_eq!(b.completions()[0].byte_len, 4000);
+}
