@@ -1062,7 +1062,7 @@ impl Connection {
         }
         if f.hdr.markers() {
             // We never do markers: reject, as siw does.
-            let io = enhanced.then(IrdOrd::default);
+            let io = if enhanced { Some(IrdOrd::default()) } else { None };
             mpa::encode_rr(FrameKind::Reply, flags | mpa::FLAG_REJECT, rev, io, &[], &mut self.mpa_out);
             self.state = State::Rejected;
             self.deadline = None;

@@ -72,6 +72,7 @@ impl DdpHeader {
     }
 
     /// Header length on the wire (14 or 18).
+    #[allow(clippy::len_without_is_empty)]
     pub fn len(&self) -> usize {
         if self.is_tagged() {
             TAGGED_HDR_LEN

@@ -235,7 +235,7 @@ pub fn encode_rr(
 ) {
     let mut flags = flags;
     let mut pd_len = ulp_pd.len();
-    if let Some(_) = ird_ord {
+    if ird_ord.is_some() {
         flags |= FLAG_ENHANCED;
         pd_len += IRD_ORD_LEN;
     }

@@ -327,6 +327,7 @@ impl Terminate {
     }
 
     /// Encoded length of the body.
+    #[allow(clippy::len_without_is_empty)]
     pub fn len(&self) -> usize {
         let mut n = TERM_FIXED_LEN;
         if self.d {
