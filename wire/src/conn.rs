@@ -510,7 +510,7 @@ impl Connection {
             if c.cfg.extensions {
                 flags |= mpa::FLAG_UIW_EXT;
             }
-            let io = (c.cfg.revision >= 2).then(|| IrdOrd {
+            let io = (c.cfg.revision >= 2).then_some(IrdOrd {
                 ird: c.cfg.ird,
                 ord: c.cfg.ord,
                 p2p: c.cfg.p2p,
@@ -1138,11 +1138,11 @@ impl Connection {
         }
         let crc = f.hdr.crc() || self.cfg.crc;
         let ext = self.cfg.extensions && f.hdr.flags & mpa::FLAG_UIW_EXT != 0;
-        let (mut ird, mut ord) = (self.cfg.ird, self.cfg.ord);
+        // Our IRD stays as offered: the responder's ORD is ≤ it (RFC 6581).
+        let (ird, mut ord) = (self.cfg.ird, self.cfg.ord);
         let mut p2p = false;
         if let Some(p) = f.ird_ord() {
             ord = ord.min(p.ird);
-            ird = ird.max(p.ord).min(self.cfg.ird.max(p.ord));
             if p.p2p && self.cfg.p2p {
                 let k = if p.write_rtr {
                     Some(RtrKind::Write)

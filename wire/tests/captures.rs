@@ -6,7 +6,7 @@ mod common;
 
 use common::pcap::{read_pcap, reassemble, Chunk, Stream};
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use uiw_wire::ddp::BufferModel;
 use uiw_wire::mpa::{FrameKind, RrFrame};
 use uiw_wire::rdmap::{Opcode, ReadRequest, TermLayout, Terminate};
@@ -38,7 +38,7 @@ fn op_name(op: u8) -> &'static str {
 }
 
 /// One tshark summary line: (protocol, info with `[...]` annotations removed).
-fn read_txt(path: &PathBuf) -> BTreeMap<usize, (String, String)> {
+fn read_txt(path: &Path) -> BTreeMap<usize, (String, String)> {
     let text = std::fs::read_to_string(path).unwrap();
     let mut m = BTreeMap::new();
     for line in text.lines() {
@@ -180,7 +180,7 @@ fn deframe_chunk(name: &str, st: &Stream, s: &Chunk, start: usize, resync: bool,
     }
 }
 
-fn check_capture(dir: &PathBuf, name: &str) -> Summary {
+fn check_capture(dir: &Path, name: &str) -> Summary {
     let pcap = std::fs::read(dir.join(format!("{name}.pcap"))).unwrap();
     let txt = read_txt(&dir.join(format!("{name}.txt")));
     let (lt, pkts) = read_pcap(&pcap);
@@ -245,7 +245,7 @@ fn check_capture(dir: &PathBuf, name: &str) -> Summary {
     sum
 }
 
-fn all_names(dir: &PathBuf) -> Vec<String> {
+fn all_names(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
         .filter_map(|e| {
