@@ -374,3 +374,178 @@ fn specific_fields() {
     let req = find(&s, 8);
     assert_eq!(ReadRequest::parse(&req.body).unwrap(), rr);
 }
+
+/// Replay the initiator side of siw's `ib_read_bw` runs into a uiw
+/// responder. Our Read Responses must be byte-identical to siw's
+/// (same segmentation at the MSS, same headers, same CRCs).
+#[test]
+fn uiw_answers_siw_reads_like_siw() {
+    use uiw_wire::conn::{Config, Connection, Event, Role};
+    use uiw_wire::placement::{Access, Memory, MemoryIo, Placement, Source};
+    use uiw_wire::TaggedError;
+
+    /// Source memory reconstructed from siw's responses; sink writes dropped.
+    struct Mem(Vec<(u32, u64, Vec<u8>)>);
+    impl Memory for Mem {
+        fn check_tagged(&self, _: u32, _: u64, _: u32, _: Access) -> Result<(), TaggedError> {
+            Ok(())
+        }
+    }
+    impl MemoryIo for Mem {
+        fn read(&self, src: Source, out: &mut [u8]) {
+            let Source::Tagged { stag, to } = src else { panic!("{src:?}") };
+            let (_, base, d) = self.0.iter().find(|(s, b, d)| *s == stag && to >= *b && to + out.len() as u64 <= b + d.len() as u64).expect("source");
+            let o = (to - base) as usize;
+            out.copy_from_slice(&d[o..o + out.len()]);
+        }
+        fn write(&mut self, _: Placement, _: &[u8]) {}
+    }
+
+    let Some(dir) = captures_dir() else { return };
+    for name in ["siw-read", "siw-read-mtu1500", "siw-read-crc", "siw-read-rev1"] {
+        let pcap = std::fs::read(dir.join(format!("{name}.pcap"))).unwrap();
+        let (lt, pkts) = read_pcap(&pcap);
+        let conns = reassemble(lt, &pkts);
+        let mut compared = 0;
+        for c in &conns {
+            let (Some(a), Some(b)) = (c.a.first(), c.b.first()) else { continue };
+            // siw's own output: read responses (tagged FPDUs) from the server.
+            let (rep, pn) = RrFrame::parse(&b.data).unwrap();
+            let (req, rn) = RrFrame::parse(&a.data).unwrap();
+            let crc_on = req.hdr.crc() || rep.hdr.crc();
+            let mut siw_resp: Vec<Vec<u8>> = Vec::new();
+            let mut off = pn;
+            while let Ok((f, n)) = parse_fpdu(&b.data[off..]) {
+                if f.ddp.rdmap.opcode == Opcode::ReadResponse as u8 {
+                    siw_resp.push(b.data[off..off + n].to_vec());
+                }
+                off += n;
+            }
+            if siw_resp.is_empty() {
+                continue;
+            }
+            // Requests in the client stream; pair with response payloads.
+            let mut reqs = Vec::new();
+            let mut off = rn;
+            while let Ok((f, n)) = parse_fpdu(&a.data[off..]) {
+                off += n;
+                if f.ddp.rdmap.opcode == Opcode::ReadRequest as u8 {
+                    reqs.push((ReadRequest::parse(f.body).unwrap(), off));
+                }
+            }
+            let mut mem = Mem(Vec::new());
+            let mut it = siw_resp.iter();
+            // The capture may have lost the tail of siw's responses: replay
+            // the client only up to the last fully answered request.
+            let mut feed_end = rn;
+            let mut used = 0;
+            'reqs: for (r, end) in &reqs {
+                let mut data = Vec::new();
+                let mut k = 0;
+                while data.len() < r.size as usize {
+                    match it.next() {
+                        Some(x) => data.extend_from_slice(parse_fpdu(x).unwrap().0.payload),
+                        None => break 'reqs,
+                    }
+                    k += 1;
+                }
+                used += k;
+                mem.0.push((r.src_stag, r.src_to, data));
+                feed_end = *end;
+            }
+            siw_resp.truncate(used);
+            // Our responder, same MSS, IRD/ORD and CRC setting as siw's.
+            let mut cfg = Config::new(Role::Responder);
+            cfg.mss = c.b.mss.unwrap() as usize;
+            cfg.crc = rep.hdr.crc();
+            let io = rep.ird_ord();
+            cfg.ird = io.map(|i| i.ird).unwrap_or(128);
+            cfg.ord = io.map(|i| i.ord).unwrap_or(128);
+            cfg.revision = rep.hdr.revision;
+            let mut us = Connection::new(cfg, 0);
+            for i in 0..1000 {
+                us.post_recv(i, 1 << 20).unwrap();
+            }
+            let mut out = Vec::new();
+            let mut off = 0;
+            let mut mem = mem;
+            while off < feed_end {
+                off += us.handle_bytes(&a.data[off..feed_end], &mut mem);
+                while us.poll_transmit(&mut out, &mem) {}
+            }
+            while let Some(e) = us.poll_event() {
+                assert!(!matches!(e, Event::Terminated { .. } | Event::Failed(_)), "{name}: {e:?}");
+            }
+            // Our MPA Reply equals siw's.
+            assert_eq!(&out[..pn], &b.data[..pn], "{name}: MPA Reply differs");
+            let mut ours = Vec::new();
+            let mut off = pn;
+            while let Ok((f, n)) = parse_fpdu(&out[off..]) {
+                assert!(!crc_on || f.crc_ok());
+                ours.push(out[off..off + n].to_vec());
+                off += n;
+            }
+            assert_eq!(ours.len(), siw_resp.len(), "{name}: number of Read Response FPDUs");
+            for (i, (o, s)) in ours.iter().zip(siw_resp.iter()).enumerate() {
+                assert_eq!(o, s, "{name}: Read Response FPDU {i} differs");
+            }
+            compared += ours.len();
+        }
+        eprintln!("{name}: {compared} Read Response FPDUs byte-identical to siw's");
+        assert!(compared > 0);
+    }
+}
+
+/// Replay h2g-badread's client into a uiw responder that knows no STags:
+/// our Terminate carries what siw's does (RDMAP / remote protection /
+/// invalid STag, M+D+R, the Read Request echoed) but in RFC 5040 layout.
+#[test]
+fn uiw_terminates_bad_read_like_siw() {
+    use uiw_wire::conn::{Config, Connection, Role};
+    use uiw_wire::placement::{Access, Memory, MemoryIo, Placement, Source};
+    use uiw_wire::TaggedError;
+    struct NoMem;
+    impl Memory for NoMem {
+        fn check_tagged(&self, _: u32, _: u64, _: u32, _: Access) -> Result<(), TaggedError> {
+            Err(TaggedError::InvalidStag)
+        }
+    }
+    impl MemoryIo for NoMem {
+        fn read(&self, _: Source, _: &mut [u8]) {}
+        fn write(&mut self, _: Placement, _: &[u8]) {}
+    }
+    let Some(dir) = captures_dir() else { return };
+    let pcap = std::fs::read(dir.join("h2g-badread.pcap")).unwrap();
+    let (lt, pkts) = read_pcap(&pcap);
+    let c = &reassemble(lt, &pkts)[0];
+    let (a, b) = (c.a.first().unwrap(), c.b.first().unwrap());
+    let (_, pn) = RrFrame::parse(&b.data).unwrap();
+    let (siw_term, siw_layout) = Terminate::parse(parse_fpdu(&b.data[pn..]).unwrap().0.payload).unwrap();
+    assert_eq!(siw_layout, TermLayout::Siw);
+    let mut us = Connection::new(Config::new(Role::Responder), 0);
+    let mut out = Vec::new();
+    let mut off = 0;
+    while off < a.data.len() {
+        off += us.handle_bytes(&a.data[off..], &mut NoMem);
+        while us.poll_transmit(&mut out, &NoMem) {}
+    }
+    let (rep, rn) = RrFrame::parse(&out).unwrap();
+    assert!(!rep.hdr.reject());
+    let (f, _) = parse_fpdu(&out[rn..]).unwrap();
+    assert_eq!(f.ddp.model, BufferModel::Untagged { rsvd_ulp: 0, qn: 2, msn: 1, mo: 0 });
+    let (t, layout) = Terminate::parse(f.payload).unwrap();
+    assert_eq!(layout, TermLayout::Rfc);
+    assert_eq!((t.code, t.m, t.d, t.r), (siw_term.code, siw_term.m, siw_term.d, siw_term.r));
+    assert_eq!(t.rdmap_hdr, siw_term.rdmap_hdr);
+    // siw echoes the read size in the MSN field and a zero segment length;
+    // we echo the header as received (MSN 1) and its ULPDU length.
+    let echoed = ddp_model(t.echoed_ddp().unwrap());
+    assert_eq!(echoed, BufferModel::Untagged { rsvd_ulp: 0, qn: 1, msn: 1, mo: 0 });
+    assert_eq!(t.seg_len, 46);
+    assert_eq!(ddp_model(siw_term.echoed_ddp().unwrap()), BufferModel::Untagged { rsvd_ulp: 0, qn: 1, msn: 64, mo: 0 });
+}
+
+
+fn ddp_model(b: &[u8]) -> BufferModel {
+    uiw_wire::ddp::DdpHeader::parse(b).unwrap().0.model
+}

@@ -50,6 +50,8 @@ pub struct Endpoint {
 
 #[derive(Clone, Debug)]
 pub struct TcpSeg {
+    /// MSS option of a SYN, minus 12 if timestamps are on (effective MSS).
+    pub mss: Option<u16>,
     pub frame: usize,
     pub src: Endpoint,
     pub dst: Endpoint,
@@ -87,7 +89,26 @@ pub fn tcp_of(linktype: u32, p: &Packet) -> Option<TcpSeg> {
     let tcp = &ip[ihl..];
     let doff = (tcp[12] >> 4) as usize * 4;
     let flags = tcp[13];
+    let (mut mss, mut ts) = (None, false);
+    let mut o = 20;
+    while o < doff {
+        match tcp[o] {
+            0 => break,
+            1 => o += 1,
+            k => {
+                let l = tcp[o + 1] as usize;
+                if k == 2 {
+                    mss = Some(u16::from_be_bytes([tcp[o + 2], tcp[o + 3]]));
+                }
+                if k == 8 {
+                    ts = true;
+                }
+                o += l.max(2);
+            }
+        }
+    }
     Some(TcpSeg {
+        mss: mss.map(|m| if ts { m - 12 } else { m }),
         frame: p.frame,
         src: Endpoint { ip: ip[12..16].try_into().unwrap(), port: u16::from_be_bytes([tcp[0], tcp[1]]) },
         dst: Endpoint { ip: ip[16..20].try_into().unwrap(), port: u16::from_be_bytes([tcp[2], tcp[3]]) },
@@ -126,6 +147,8 @@ pub struct Stream {
     pub isn: Option<u32>,
     pub chunks: Vec<Chunk>,
     pub syn_frame: usize,
+    /// Effective MSS this side announced in its SYN.
+    pub mss: Option<u16>,
 }
 
 impl Stream {
@@ -172,6 +195,7 @@ pub fn reassemble(linktype: u32, pkts: &[Packet]) -> Vec<Conn> {
             st.src = Some(s.src);
             st.dst = Some(s.dst);
             st.syn_frame = s.frame;
+            st.mss = s.mss;
             continue;
         }
         let Some(isn) = st.isn else { continue };
