@@ -137,6 +137,10 @@ pub struct Config {
     pub private_data: Vec<u8>,
     /// Time allowed for MPA negotiation (and the RTR), milliseconds.
     pub mpa_timeout_ms: u64,
+    /// Responder: report the Request as [`Event::ConnectRequest`] and wait
+    /// for [`Connection::accept`] / [`Connection::reject`] (rdma_cm's
+    /// listen/accept flow) instead of answering at once with this config.
+    pub manual_accept: bool,
 }
 
 impl Config {
@@ -153,6 +157,7 @@ impl Config {
             mss: 1460,
             private_data: Vec::new(),
             mpa_timeout_ms: 10_000,
+            manual_accept: false,
         }
     }
 }
@@ -164,6 +169,9 @@ pub enum State {
     WaitReply,
     /// Responder: waiting for the Request.
     WaitRequest,
+    /// Responder with `manual_accept`: Request reported, waiting for
+    /// `accept` or `reject`.
+    WaitAccept,
     /// P2P: waiting for the peer's RTR (responder) — we may not send yet.
     WaitRtr,
     /// Data transfer.
@@ -233,9 +241,24 @@ impl Completion {
     }
 }
 
+/// What an MPA Request asked for (responder, `manual_accept`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConnectRequest {
+    pub revision: u8,
+    pub crc: bool,
+    /// The initiator's IRD/ORD words (RFC 6581), if present.
+    pub ird_ord: Option<IrdOrd>,
+    pub extensions: bool,
+    /// ULP private data (IRD/ORD words removed).
+    pub private_data: Vec<u8>,
+}
+
 /// Connection events.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
+    /// Responder with `manual_accept`: an MPA Request arrived; answer with
+    /// `accept` or `reject`.
+    ConnectRequest(ConnectRequest),
     /// MPA negotiation done; RDMA traffic may flow.
     Established(Negotiated),
     /// The MPA Request was rejected (by us, or by the peer); the peer's
@@ -281,6 +304,8 @@ pub enum RxWant {
     Place { len: u32, place: Placement },
     /// Nothing more is accepted (error/closed): discard input.
     Discard,
+    /// Do not read now (waiting for `accept`/`reject`).
+    Wait,
 }
 
 /// One transmit unit (zero-copy API).
@@ -454,6 +479,8 @@ pub struct Connection {
     /// Expected next (STag, TO) of an in-progress inbound Write.
     write_cont: Option<(u32, u64)>,
     terminate_sent: bool,
+    /// Request held for `accept`/`reject`.
+    pending_req: Option<(mpa::RrHeader, Vec<u8>)>,
     /// Atomic result to store for the copying API: ((stag, to), value).
     pending_atomic_store: Option<((u32, u64), u64)>,
 }
@@ -499,6 +526,7 @@ impl Connection {
             recv_cur: None,
             write_cont: None,
             terminate_sent: false,
+            pending_req: None,
             pending_atomic_store: None,
             cfg,
         };
@@ -908,6 +936,7 @@ impl Connection {
                 RxWant::Bytes(need.saturating_sub(self.mpa_in.len()).max(1))
             }
             State::Error | State::Closed | State::Rejected => RxWant::Discard,
+            State::WaitAccept => RxWant::Wait,
             State::Established | State::WaitRtr => match self.deframer.want() {
                 segment::Want::Header(n) | segment::Want::Trailer(n) => RxWant::Bytes(n),
                 segment::Want::Payload(n) => match &self.rx_cur {
@@ -920,12 +949,13 @@ impl Connection {
 
     /// Copying convenience: consume stream bytes, placing payload through
     /// `mem`. Returns the number of bytes consumed (call again with the
-    /// rest; 0 is never returned for non-empty input).
+    /// rest); 0 only while waiting for `accept`/`reject`.
     pub fn handle_bytes(&mut self, data: &[u8], mem: &mut impl MemoryIo) -> usize {
         if data.is_empty() {
             return 0;
         }
         let n = match self.rx_want() {
+            RxWant::Wait => 0,
             RxWant::Discard => data.len(),
             RxWant::Bytes(_) => self.rx_bytes(data, mem),
             RxWant::Place { len, place } => {
@@ -947,6 +977,7 @@ impl Connection {
     pub fn rx_bytes(&mut self, data: &[u8], mem: &mut impl Memory) -> usize {
         match self.state {
             State::WaitReply | State::WaitRequest => self.rx_mpa(data),
+            State::WaitAccept => 0,
             State::Error | State::Closed | State::Rejected => data.len(),
             State::Established | State::WaitRtr => {
                 if let segment::Want::Payload(_) = self.deframer.want() {
@@ -1069,6 +1100,19 @@ impl Connection {
             self.events.push_back(Event::Rejected { by_peer: false, private_data: f.ulp_private_data().to_vec() });
             return;
         }
+        if self.cfg.manual_accept && self.pending_req.is_none() {
+            self.pending_req = Some((f.hdr, f.private_data.to_vec()));
+            self.state = State::WaitAccept;
+            self.deadline = None;
+            self.events.push_back(Event::ConnectRequest(ConnectRequest {
+                revision: f.hdr.revision,
+                crc: f.hdr.crc(),
+                ird_ord: peer,
+                extensions: f.hdr.flags & mpa::FLAG_UIW_EXT != 0,
+                private_data: f.ulp_private_data().to_vec(),
+            }));
+            return;
+        }
         // RFC 6581 §5: our IRD covers the initiator's ORD, our ORD is
         // limited by its IRD.
         let (ird, ord) = match peer {
@@ -1123,6 +1167,34 @@ impl Connection {
             self.deadline = None;
             self.events.push_back(Event::Established(neg));
         }
+    }
+
+    /// Responder (`manual_accept`): answer the pending Request with our
+    /// IRD/ORD and private data. `now_ms` starts the RTR timeout (P2P).
+    pub fn accept(&mut self, ird: u16, ord: u16, private_data: &[u8], now_ms: u64) -> Result<(), PostError> {
+        if self.state != State::WaitAccept {
+            return Err(PostError::InvalidState);
+        }
+        let (hdr, pd) = self.pending_req.clone().ok_or(PostError::InvalidState)?;
+        self.cfg.ird = ird;
+        self.cfg.ord = ord;
+        self.cfg.private_data = private_data.to_vec();
+        self.deadline = Some(now_ms.saturating_add(self.cfg.mpa_timeout_ms));
+        self.on_request(&RrFrame { hdr, private_data: &pd });
+        Ok(())
+    }
+
+    /// Responder (`manual_accept`): reject the pending Request (R=1).
+    pub fn reject(&mut self, private_data: &[u8]) -> Result<(), PostError> {
+        if self.state != State::WaitAccept {
+            return Err(PostError::InvalidState);
+        }
+        let (hdr, _) = self.pending_req.take().ok_or(PostError::InvalidState)?;
+        let rev = hdr.revision.min(self.cfg.revision.max(1));
+        let io = if rev == 2 && hdr.enhanced() { Some(IrdOrd::default()) } else { None };
+        mpa::encode_rr(FrameKind::Reply, mpa::FLAG_REJECT, rev, io, private_data, &mut self.mpa_out);
+        self.state = State::Rejected;
+        Ok(())
     }
 
     fn on_reply(&mut self, f: &RrFrame<'_>) {

@@ -734,11 +734,45 @@ fn zero_copy_api() {
                 placed_direct += n;
                 pos += n;
             }
-            RxWant::Discard => panic!("discard"),
+            RxWant::Discard | RxWant::Wait => panic!("discard"),
         }
     }
     assert_eq!(placed_direct, 104_000);
     assert!(b.m.bytes(0xb00) == &pattern(100_000, 8)[..]);
     assert_eq!(&b.m.recvs[&2][..4000], &pattern(4000, 9)[..]);
     assert_eq!(b.completions()[0].byte_len, 4000);
+}
+
+#[test]
+fn manual_accept_and_reject() {
+    let mut ca = Config::new(Role::Initiator);
+    ca.private_data = b"hello server".to_vec();
+    ca.ird = 3;
+    ca.ord = 5;
+    let mut cb = Config::new(Role::Responder);
+    cb.manual_accept = true;
+    let (mut a, mut b) = (Peer::new(ca.clone()), Peer::new(cb.clone()));
+    pump(&mut a, &mut b);
+    b.drain();
+    let Event::ConnectRequest(r) = b.ev.remove(0) else { panic!("{:?}", b.ev) };
+    assert_eq!(r.private_data, b"hello server");
+    assert_eq!(r.ird_ord.map(|x| (x.ird, x.ord)), Some((3, 5)));
+    assert_eq!(b.c.state(), State::WaitAccept);
+    assert_eq!(b.c.handle_bytes(&[1], &mut b.m), 0);
+    b.c.accept(8, 8, b"hi client", 0).unwrap();
+    pump(&mut a, &mut b);
+    a.drain();
+    let Event::Established(n) = &a.ev[0] else { panic!() };
+    assert_eq!(n.private_data, b"hi client");
+    assert_eq!((n.ird, n.ord), (3, 5));
+    assert_eq!(b.c.negotiated().unwrap().ird, 5);
+    assert_eq!(b.c.negotiated().unwrap().ord, 3);
+    // Reject
+    let (mut a, mut b) = (Peer::new(ca), Peer::new(cb));
+    pump(&mut a, &mut b);
+    b.c.reject(b"go away").unwrap();
+    pump(&mut a, &mut b);
+    a.drain();
+    assert_eq!(a.ev, vec![Event::Rejected { by_peer: true, private_data: b"go away".to_vec() }]);
+    assert_eq!(b.c.state(), State::Rejected);
 }
