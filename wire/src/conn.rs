@@ -560,6 +560,16 @@ impl Connection {
         self.state == State::Established
     }
 
+    /// True once the connection is finished (Terminate sent or received,
+    /// rejected, failed or closed) and everything still owed to the peer
+    /// (Reject reply, Terminate) has been handed out: the engine may close
+    /// the socket.
+    pub fn wants_close(&self) -> bool {
+        matches!(self.state, State::Error | State::Rejected | State::Closed)
+            && self.mpa_out.is_empty()
+            && self.rsp.is_empty()
+    }
+
     /// Negotiated parameters, once known.
     pub fn negotiated(&self) -> Option<&Negotiated> {
         self.neg.as_ref()

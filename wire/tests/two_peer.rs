@@ -659,6 +659,7 @@ fn terminate_bytes_are_rfc_layout() {
     let (_, layout) = Terminate::parse(f.payload).unwrap();
     assert_eq!(layout, TermLayout::Rfc);
     // Nothing else is sent after a Terminate; further input is discarded.
+    assert!(b.c.wants_close());
     assert!(!b.c.poll_transmit(&mut out, &b.m));
     assert_eq!(b.c.handle_bytes(&[1, 2, 3], &mut b.m), 3);
 }
