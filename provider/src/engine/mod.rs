@@ -2,6 +2,7 @@
 //! The FFI layer (`crate::ffi`) is its only caller; it never sees a C pointer.
 #![forbid(unsafe_code)]
 
+pub mod access;
 pub mod context;
 pub mod cq;
 pub mod device;

@@ -11,23 +11,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-/// `enum ibv_access_flags`.
-pub mod access {
-    pub const LOCAL_WRITE: u32 = 1;
-    pub const REMOTE_WRITE: u32 = 1 << 1;
-    pub const REMOTE_READ: u32 = 1 << 2;
-    pub const REMOTE_ATOMIC: u32 = 1 << 3;
-    pub const MW_BIND: u32 = 1 << 4;
-    pub const ZERO_BASED: u32 = 1 << 5;
-    pub const ON_DEMAND: u32 = 1 << 6;
-    pub const HUGETLB: u32 = 1 << 7;
-    pub const RELAXED_ORDERING: u32 = 1 << 20;
-    /// Flags uiw honours at registration.
-    pub const SUPPORTED: u32 =
-        LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ | REMOTE_ATOMIC | MW_BIND | ZERO_BASED | HUGETLB | RELAXED_ORDERING;
-    /// Every flag libibverbs defines up to v56 (FLUSH_GLOBAL 1<<8, FLUSH_PERSISTENT 1<<9 included).
-    pub const KNOWN: u32 = SUPPORTED | ON_DEMAND | (1 << 8) | (1 << 9);
-}
+pub use super::access;
 
 /// A registered region. `iova` is the address the peer and the lkeys use (the virtual address,
 /// or 0 with `IBV_ACCESS_ZERO_BASED`, or the `hca_va` of `ibv_reg_mr_iova`); `addr` is where the
@@ -115,7 +99,7 @@ impl MrTable {
 
     /// Registers `[addr, addr+length)`, seen by peers at `iova`.
     pub fn register(&self, pd: u32, addr: u64, length: u64, iova: u64, access_flags: u32) -> Result<Arc<Mr>, RegError> {
-        if access_flags & !access::KNOWN != 0 {
+        if access_flags & !access::MR_KNOWN != 0 {
             return Err(RegError::UnknownAccessFlag);
         }
         if access_flags & access::ON_DEMAND != 0 {

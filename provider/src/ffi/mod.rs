@@ -1,6 +1,8 @@
 //! The C ABI surface of the provider: registration with libibverbs, the device and context
 //! callbacks, and the verbs ops (in the submodules). Every `unsafe` block of the provider lives
 //! under this module, each with a `// SAFETY:` line; the logic lives in `crate::engine`.
+// Unit-test builds leave out the ELF constructor, and with it every path into this module.
+#![cfg_attr(test, allow(dead_code))]
 
 use core::ffi::{c_char, c_int, c_void, CStr};
 use core::mem::offset_of;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use uiw_kabi::private::{VerbsMr, VerbsSrq, IBV_MR_TYPE_MR};
 use uiw_kabi::verbs::*;
 
-use super::qp::{recv_wqe, wait_for_acks};
+use super::qp::{post_chain, recv_wqe, wait_for_acks};
 use super::{engine, guard, set_errno};
 use crate::engine::context::SrqObj;
 
@@ -201,20 +201,10 @@ pub(super) unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
     })
 }
 
-pub(super) unsafe extern "C" fn post_srq_recv(srq: *mut ibv_srq, mut wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
+pub(super) unsafe extern "C" fn post_srq_recv(srq: *mut ibv_srq, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
     guard(libc::EFAULT, || {
         // SAFETY: srq is one of ours.
         let obj = unsafe { srq_obj(srq) };
-        while !wr.is_null() {
-            // SAFETY: wr walks the caller's NULL-terminated chain.
-            let w = unsafe { &*wr };
-            if let Err(e) = recv_wqe(w).and_then(|q| obj.inner.lock().post(q)) {
-                // SAFETY: bad is the caller's out-parameter.
-                unsafe { *bad = wr };
-                return e.errno();
-            }
-            wr = w.next;
-        }
-        0
+        post_chain(wr, bad, |w| recv_wqe(w).and_then(|q| obj.inner.lock().post(q)))
     })
 }

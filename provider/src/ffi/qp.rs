@@ -47,6 +47,39 @@ pub(crate) unsafe fn wait_for_acks(mutex: *mut pthread_mutex_t, cond: *mut pthre
     libc::pthread_mutex_unlock(m);
 }
 
+/// A link of a caller's `ibv_send_wr` / `ibv_recv_wr` chain.
+pub(crate) trait WrChain {
+    fn next_wr(&self) -> *mut Self;
+}
+
+impl WrChain for ibv_send_wr {
+    fn next_wr(&self) -> *mut Self {
+        self.next
+    }
+}
+
+impl WrChain for ibv_recv_wr {
+    fn next_wr(&self) -> *mut Self {
+        self.next
+    }
+}
+
+/// Posts every WR of a NULL-terminated chain with `post`, stopping at the first refusal: that
+/// WR goes to `*bad` and its errno is returned, as the verbs contract says.
+pub(crate) fn post_chain<W: WrChain>(mut wr: *mut W, bad: *mut *mut W, mut post: impl FnMut(&W) -> Result<(), PostError>) -> c_int {
+    while !wr.is_null() {
+        // SAFETY: wr walks the caller's NULL-terminated chain.
+        let w = unsafe { &*wr };
+        if let Err(e) = post(w) {
+            // SAFETY: bad is the caller's out-parameter.
+            unsafe { *bad = wr };
+            return e.errno();
+        }
+        wr = w.next_wr();
+    }
+    0
+}
+
 /// Copies one `ibv_recv_wr` out of the caller's memory.
 pub(crate) fn recv_wqe(w: &ibv_recv_wr) -> Result<RecvWqe, PostError> {
     Ok(RecvWqe { wr_id: w.wr_id, sges: sges(w.sg_list, w.num_sge)? })
@@ -392,39 +425,19 @@ pub(super) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
     })
 }
 
-pub(super) unsafe extern "C" fn post_send(qp: *mut ibv_qp, mut wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr) -> c_int {
+pub(super) unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr) -> c_int {
     guard(libc::EFAULT, || {
         // SAFETY: qp is ours.
         let obj = &unsafe { uiw_qp(qp) }.obj;
-        while !wr.is_null() {
-            // SAFETY: wr walks the caller's NULL-terminated chain.
-            let w = unsafe { &*wr };
-            if let Err(e) = send_wqe(w, obj.cap.max_inline_data).and_then(|s| obj.post_send(s)) {
-                // SAFETY: bad is the caller's out-parameter.
-                unsafe { *bad = wr };
-                return e.errno();
-            }
-            wr = w.next;
-        }
-        0
+        post_chain(wr, bad, |w| send_wqe(w, obj.cap.max_inline_data).and_then(|s| obj.post_send(s)))
     })
 }
 
-pub(super) unsafe extern "C" fn post_recv(qp: *mut ibv_qp, mut wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
+pub(super) unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
     guard(libc::EFAULT, || {
         // SAFETY: qp is ours.
         let obj = &unsafe { uiw_qp(qp) }.obj;
-        while !wr.is_null() {
-            // SAFETY: wr walks the caller's NULL-terminated chain.
-            let w = unsafe { &*wr };
-            if let Err(e) = recv_wqe(w).and_then(|r| obj.post_recv(r)) {
-                // SAFETY: bad is the caller's out-parameter.
-                unsafe { *bad = wr };
-                return e.errno();
-            }
-            wr = w.next;
-        }
-        0
+        post_chain(wr, bad, |w| recv_wqe(w).and_then(|r| obj.post_recv(r)))
     })
 }
 
