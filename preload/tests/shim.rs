@@ -24,7 +24,11 @@ fn shim() -> PathBuf {
 
 fn build_check() -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = std::env::temp_dir().join(format!("uiw_shim_check_{}", std::process::id()));
+    // One binary per call: the tests run in parallel threads of one process, and each removes
+    // its binary when done.
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let out = std::env::temp_dir().join(format!("uiw_shim_check_{}_{n}", std::process::id()));
     let st = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
         .args(["-O1", "-Wall", "-Werror", "-o"])
         .arg(&out)
