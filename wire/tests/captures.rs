@@ -549,3 +549,103 @@ fn uiw_terminates_bad_read_like_siw() {
 fn ddp_model(b: &[u8]) -> BufferModel {
     uiw_wire::ddp::DdpHeader::parse(b).unwrap().0.model
 }
+
+/// Replay every siw client stream (Sends, Writes, Read Requests, the P2P
+/// Write RTR, CRC) into a uiw responder configured like the siw server:
+/// our MPA Reply must equal siw's byte for byte, nothing may be
+/// terminated, every Send must complete into a posted receive, and every
+/// Write must be placed where its tagged header says.
+#[test]
+fn uiw_receives_siw_client_streams() {
+    use std::collections::BTreeMap;
+    use uiw_wire::conn::{Config, Connection, Event, Role, Rtr, WcOpcode};
+    use uiw_wire::placement::{Access, Memory, MemoryIo, Placement, Source};
+    use uiw_wire::TaggedError;
+
+    #[derive(Default)]
+    struct Rec {
+        tagged: BTreeMap<(u32, u64), Vec<u8>>,
+        recv: usize,
+    }
+    impl Memory for Rec {
+        fn check_tagged(&self, _: u32, _: u64, _: u32, _: Access) -> Result<(), TaggedError> {
+            Ok(())
+        }
+    }
+    impl MemoryIo for Rec {
+        fn read(&self, _: Source, out: &mut [u8]) {
+            out.fill(0xee)
+        }
+        fn write(&mut self, dst: Placement, data: &[u8]) {
+            match dst {
+                Placement::Tagged { stag, to } => {
+                    self.tagged.insert((stag, to), data.to_vec());
+                }
+                Placement::Recv { .. } => self.recv += data.len(),
+                Placement::Discard => {}
+            }
+        }
+    }
+
+    let Some(dir) = captures_dir() else { return };
+    for name in all_names(&dir).iter().filter(|n| n.starts_with("siw-")) {
+        let pcap = std::fs::read(dir.join(format!("{name}.pcap"))).unwrap();
+        let (lt, pkts) = read_pcap(&pcap);
+        for c in reassemble(lt, &pkts) {
+            let (Some(a), Some(b)) = (c.a.first(), c.b.first()) else { continue };
+            let (req, rn) = RrFrame::parse(&a.data).unwrap();
+            let (rep, pn) = RrFrame::parse(&b.data).unwrap();
+            let mut cfg = Config::new(Role::Responder);
+            cfg.mss = c.b.mss.unwrap() as usize;
+            cfg.crc = rep.hdr.crc();
+            cfg.revision = rep.hdr.revision;
+            cfg.ird = 128;
+            cfg.ord = 128;
+            cfg.p2p = true;
+            cfg.rtr = Rtr { write: true, read: true, send: false };
+            let mut us = Connection::new(cfg, 0);
+            // Expected: untagged Sends (messages) and tagged Write bytes.
+            let (mut sends, mut writes) = (0usize, BTreeMap::new());
+            let mut off = rn;
+            let mut end = rn;
+            while let Ok((f, n)) = parse_fpdu(&a.data[off..]) {
+                off += n;
+                end = off;
+                let op = Opcode::from_u8(f.ddp.rdmap.opcode).unwrap();
+                if op.is_send() && f.ddp.last {
+                    sends += 1;
+                }
+                if let (Opcode::Write, BufferModel::Tagged { stag, to }) = (op, f.ddp.model) {
+                    if !f.payload.is_empty() {
+                        writes.insert((stag, to), f.payload.to_vec());
+                    }
+                }
+            }
+            for i in 0..sends as u64 + 4 {
+                us.post_recv(i, 1 << 20).unwrap();
+            }
+            let mut mem = Rec::default();
+            let mut out = Vec::new();
+            let mut o = 0;
+            while o < end {
+                o += us.handle_bytes(&a.data[o..end], &mut mem);
+                while us.poll_transmit(&mut out, &mem) {}
+            }
+            assert_eq!(&out[..pn], &b.data[..pn], "{name}: our MPA Reply differs from siw's ({:02x?})", req.private_data);
+            let mut recvs = 0;
+            while let Some(e) = us.poll_event() {
+                match e {
+                    Event::Terminated { .. } | Event::Failed(_) => panic!("{name}: {e:?}"),
+                    Event::Completion(c) => {
+                        assert_eq!((c.opcode, c.status), (WcOpcode::Recv, uiw_wire::WcStatus::Success));
+                        recvs += 1;
+                    }
+                    _ => {}
+                }
+            }
+            assert_eq!(recvs, sends, "{name}: receive completions");
+            assert_eq!(mem.tagged, writes, "{name}: placed Write data");
+            eprintln!("{name}: reply identical, {sends} Sends received, {} Write segments placed", writes.len());
+        }
+    }
+}
