@@ -649,3 +649,139 @@ fn uiw_receives_siw_client_streams() {
         }
     }
 }
+
+/// The other way round: a uiw initiator configured like siw's client
+/// sends a byte-identical MPA Request (and P2P RTR), issues the same Read
+/// Requests byte for byte, and accepts siw's Reply, Sends and Read
+/// Responses, placing the read data where siw's client did.
+#[test]
+fn uiw_initiator_matches_siw_client() {
+    use std::collections::BTreeMap;
+    use uiw_wire::conn::{Config, Connection, Event, Role, Rtr, WcOpcode};
+    use uiw_wire::placement::{Access, Memory, MemoryIo, Placement, Source};
+    use uiw_wire::TaggedError;
+
+    #[derive(Default)]
+    struct Rec(BTreeMap<(u32, u64), Vec<u8>>);
+    impl Memory for Rec {
+        fn check_tagged(&self, _: u32, _: u64, _: u32, _: Access) -> Result<(), TaggedError> {
+            Ok(())
+        }
+    }
+    impl MemoryIo for Rec {
+        fn read(&self, _: Source, out: &mut [u8]) {
+            out.fill(0)
+        }
+        fn write(&mut self, dst: Placement, data: &[u8]) {
+            if let Placement::Tagged { stag, to } = dst {
+                self.0.insert((stag, to), data.to_vec());
+            }
+        }
+    }
+
+    let Some(dir) = captures_dir() else { return };
+    let mut checked = 0;
+    for name in all_names(&dir).iter().filter(|n| n.starts_with("siw-read")) {
+        let pcap = std::fs::read(dir.join(format!("{name}.pcap"))).unwrap();
+        let (lt, pkts) = read_pcap(&pcap);
+        for c in reassemble(lt, &pkts) {
+            let (Some(a), Some(b)) = (c.a.first(), c.b.first()) else { continue };
+            let (req, rn) = RrFrame::parse(&a.data).unwrap();
+            let (_, pn) = RrFrame::parse(&b.data).unwrap();
+            // siw client's Read Requests (and RTR), in order.
+            let mut theirs = Vec::new();
+            let mut reqs = Vec::new();
+            let mut off = rn;
+            while let Ok((f, n)) = parse_fpdu(&a.data[off..]) {
+                let op = Opcode::from_u8(f.ddp.rdmap.opcode).unwrap();
+                if op == Opcode::ReadRequest || (op == Opcode::Write && f.payload.is_empty()) {
+                    theirs.push(a.data[off..off + n].to_vec());
+                }
+                if op == Opcode::ReadRequest {
+                    reqs.push(ReadRequest::parse(f.body).unwrap());
+                }
+                off += n;
+            }
+            if reqs.is_empty() {
+                continue;
+            }
+            let io = req.ird_ord();
+            let mut cfg = Config::new(Role::Initiator);
+            cfg.mss = c.a.mss.unwrap() as usize;
+            cfg.crc = req.hdr.crc();
+            cfg.revision = req.hdr.revision;
+            cfg.ird = io.map(|x| x.ird).unwrap_or(128);
+            cfg.ord = io.map(|x| x.ord).unwrap_or(128);
+            cfg.p2p = io.map(|x| x.p2p).unwrap_or(false);
+            cfg.rtr = Rtr { write: io.map(|x| x.write_rtr).unwrap_or(false), read: io.map(|x| x.read_rtr).unwrap_or(false), send: false };
+            cfg.private_data = req.ulp_private_data().to_vec();
+            let mut us = Connection::new(cfg, 0);
+            let mut mem = Rec::default();
+            let mut out = Vec::new();
+            while us.poll_transmit(&mut out, &mem) {}
+            assert_eq!(out, &a.data[..rn], "{name}: MPA Request differs");
+            out.clear();
+            let mut o = 0;
+            while o < pn {
+                o += us.handle_bytes(&b.data[o..pn], &mut mem);
+            }
+            assert!(us.is_established());
+            for i in 0..64 {
+                us.post_recv(1000 + i, 1 << 20).unwrap();
+            }
+            for (i, r) in reqs.iter().enumerate() {
+                us.post_read(i as u64, r.sink_stag, r.sink_to, r.src_stag, r.src_to, r.size).unwrap();
+            }
+            // Feed siw's server stream (Sends, Read Responses) as far as it
+            // was captured, transmitting as reads become allowed.
+            let data_end = {
+                let mut off = pn;
+                while let Ok((_, n)) = parse_fpdu(&b.data[off..]) {
+                    off += n;
+                }
+                off
+            };
+            while us.poll_transmit(&mut out, &mem) {}
+            let mut o = pn;
+            while o < data_end {
+                o += us.handle_bytes(&b.data[o..data_end], &mut mem);
+                while us.poll_transmit(&mut out, &mem) {}
+            }
+            let mut ours = Vec::new();
+            let mut off = 0;
+            while let Ok((_, n)) = parse_fpdu(&out[off..]) {
+                ours.push(out[off..off + n].to_vec());
+                off += n;
+            }
+            assert_eq!(ours, theirs, "{name}: our Read Requests / RTR differ from siw's");
+            let mut reads_done = 0;
+            while let Some(e) = us.poll_event() {
+                match e {
+                    Event::Terminated { .. } | Event::Failed(_) => panic!("{name}: {e:?}"),
+                    Event::Completion(c) if c.opcode == WcOpcode::RdmaRead => {
+                        assert_eq!(c.status, uiw_wire::WcStatus::Success);
+                        assert_eq!(c.byte_len, reqs[c.wr_id as usize].size);
+                        reads_done += 1;
+                    }
+                    _ => {}
+                }
+            }
+            assert!(reads_done > 0, "{name}");
+            // Read data placed exactly where siw's Read Responses said.
+            let mut want = BTreeMap::new();
+            let mut off = pn;
+            while let Ok((f, n)) = parse_fpdu(&b.data[off..data_end]) {
+                if let (Some(Opcode::ReadResponse), BufferModel::Tagged { stag, to }) = (f.ddp.rdmap.op(), f.ddp.model) {
+                    if !f.payload.is_empty() {
+                        want.insert((stag, to), f.payload.to_vec());
+                    }
+                }
+                off += n;
+            }
+            assert_eq!(mem.0, want, "{name}: placed read data");
+            eprintln!("{name}: request, {} Read Requests identical; {reads_done} reads completed", ours.len());
+            checked += 1;
+        }
+    }
+    assert!(checked >= 4);
+}
