@@ -348,6 +348,8 @@ enum SqWr {
     Atomic { wr_id: u64, op: AtomicOp, result: (u32, u64), stag: u32, to: u64, add_swap: u64, compare: u64 },
     /// Standalone Immediate Data message.
     Imm { wr_id: u64, imm: u64, solicited: bool },
+    /// IBV_SEND_FENCE: what follows waits for outstanding Reads/Atomics.
+    Fence,
 }
 
 impl SqWr {
@@ -358,11 +360,12 @@ impl SqWr {
             | SqWr::Read { wr_id, .. }
             | SqWr::Atomic { wr_id, .. }
             | SqWr::Imm { wr_id, .. } => wr_id,
+            SqWr::Fence => u64::MAX,
         }
     }
     fn wc_opcode(&self) -> WcOpcode {
         match self {
-            SqWr::Send { .. } | SqWr::Imm { .. } => WcOpcode::Send,
+            SqWr::Send { .. } | SqWr::Imm { .. } | SqWr::Fence => WcOpcode::Send,
             SqWr::Write { .. } => WcOpcode::RdmaWrite,
             SqWr::Read { .. } => WcOpcode::RdmaRead,
             SqWr::Atomic { op: AtomicOp::FetchAdd, .. } => WcOpcode::FetchAdd,
@@ -699,6 +702,15 @@ impl Connection {
         Ok(())
     }
 
+    /// Fence (IBV_SEND_FENCE on the next work request): work requests
+    /// posted after this are not started before all earlier RDMA Reads and
+    /// Atomics have completed.
+    pub fn post_fence(&mut self) -> Result<(), PostError> {
+        self.can_post()?;
+        self.sq.push_back(Posted { seq: u64::MAX, wr: SqWr::Fence });
+        Ok(())
+    }
+
     fn push_sq(&mut self, wr: SqWr) {
         let seq = self.sq_head + self.sq_slots.len() as u64;
         self.sq_slots.push_back(None);
@@ -818,6 +830,14 @@ impl Connection {
             }
         }
         let front = self.sq.front()?;
+        if let SqWr::Fence = front.wr {
+            if self.orq.iter().any(|r| !r.rtr) || !self.atomics.is_empty() {
+                return None;
+            }
+            self.sq.pop_front();
+            return self.next_tx();
+        }
+        let front = self.sq.front()?;
         if let SqWr::Read { wr_id, .. } = front.wr {
             let seq = front.seq;
             let ord = self.neg.as_ref().map(|n| n.ord).unwrap_or(0) as usize;
@@ -907,6 +927,7 @@ impl Connection {
                 self.atomics.push_back(AtomicWr { seq, wr_id, req_id, result, opcode: wc });
                 self.tx_follow.push_back(bytes);
             }
+            SqWr::Fence => {}
             SqWr::Imm { wr_id, imm, solicited } => {
                 let msn = self.next_msn(qn::SEND);
                 let op = if solicited { Opcode::ImmediateDataSe } else { Opcode::ImmediateData };
@@ -1635,6 +1656,9 @@ impl Connection {
             }
         }
         while let Some(p) = self.sq.pop_front() {
+            if let SqWr::Fence = p.wr {
+                continue;
+            }
             let c = Completion::new(p.wr.wr_id(), p.wr.wc_opcode(), WcStatus::WrFlushErr, 0);
             self.sq_complete(p.seq, c);
         }

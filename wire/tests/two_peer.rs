@@ -777,3 +777,30 @@ fn manual_accept_and_reject() {
     assert_eq!(a.ev, vec![Event::Rejected { by_peer: true, private_data: b"go away".to_vec() }]);
     assert_eq!(b.c.state(), State::Rejected);
 }
+
+#[test]
+fn fence_waits_for_reads() {
+    let (mut a, mut b) = default_pair();
+    a.m.region(0xa00, 0, 4096, ALL);
+    b.m.region(0xb00, 0, 4096, ALL);
+    b.m.fill(0xb00, 3);
+    b.post_recv(9, 100);
+    a.c.post_read(1, 0xa00, 0, 0xb00, 0, 100).unwrap();
+    a.c.post_fence().unwrap();
+    a.post_send(2, b"after", SendFlags::default());
+    // Only the Read Request goes out until its response is back.
+    let mut buf = Vec::new();
+    let mut n = 0;
+    while a.c.poll_transmit(&mut buf, &a.m) {
+        n += 1;
+    }
+    assert_eq!(n, 1);
+    let mut off = 0;
+    while off < buf.len() {
+        off += b.c.handle_bytes(&buf[off..], &mut b.m);
+    }
+    pump(&mut a, &mut b);
+    let c = a.completions();
+    assert_eq!(c.iter().map(|c| c.wr_id).collect::<Vec<_>>(), vec![1, 2]);
+    assert_eq!(b.completions()[0].byte_len, 5);
+}
