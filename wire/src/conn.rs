@@ -91,9 +91,12 @@ use crate::error::{PostError, TermCode, WcStatus};
 use crate::mpa::{self, FrameKind, IrdOrd, RrFrame};
 use crate::placement::{Access, Memory, MemoryIo, Placement, Source};
 use crate::rdmap::{
-    AtomicOp, AtomicRequest, AtomicResponse, Opcode, RdmapCtrl, ReadRequest, Terminate, IMMEDIATE_LEN,
+    AtomicOp, AtomicRequest, AtomicResponse, Opcode, RdmapCtrl, ReadRequest, Terminate,
+    IMMEDIATE_LEN,
 };
-use crate::segment::{self, Deframer, FrameError, HeaderBuf, RxEvent, RxSegment, Segmenter, Target, Trailer};
+use crate::segment::{
+    self, Deframer, FrameError, HeaderBuf, RxEvent, RxSegment, Segmenter, Target, Trailer,
+};
 
 /// Which end of the TCP connection this is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,7 +155,11 @@ impl Config {
             ird: 16,
             ord: 16,
             p2p: false,
-            rtr: Rtr { write: true, read: true, send: false },
+            rtr: Rtr {
+                write: true,
+                read: true,
+                send: false,
+            },
             extensions: false,
             mss: 1460,
             private_data: Vec::new(),
@@ -233,7 +240,16 @@ pub struct Completion {
 
 impl Completion {
     fn new(wr_id: u64, opcode: WcOpcode, status: WcStatus, byte_len: u32) -> Completion {
-        Completion { wr_id, opcode, status, byte_len, imm: None, invalidated: None, solicited: false, atomic_result: None }
+        Completion {
+            wr_id,
+            opcode,
+            status,
+            byte_len,
+            imm: None,
+            invalidated: None,
+            solicited: false,
+            atomic_result: None,
+        }
     }
     /// Receive-queue completion (vs send queue).
     pub fn is_recv(&self) -> bool {
@@ -263,11 +279,17 @@ pub enum Event {
     Established(Negotiated),
     /// The MPA Request was rejected (by us, or by the peer); the peer's
     /// private data is given.
-    Rejected { by_peer: bool, private_data: Vec<u8> },
+    Rejected {
+        by_peer: bool,
+        private_data: Vec<u8>,
+    },
     Completion(Completion),
     /// A Terminate was sent (`sent`) or received. The connection is in
     /// [`State::Error`].
-    Terminated { sent: bool, term: Terminate },
+    Terminated {
+        sent: bool,
+        term: Terminate,
+    },
     /// A stream-level failure without Terminate (bad MPA frame, timeout,
     /// peer closed the socket).
     Failed(Failure),
@@ -342,12 +364,41 @@ struct Posted {
 
 #[derive(Clone, Debug)]
 enum SqWr {
-    Send { wr_id: u64, flags: SendFlags, len: u32 },
-    Write { wr_id: u64, stag: u32, to: u64, len: u32, imm: Option<u64> },
-    Read { wr_id: u64, local_stag: u32, local_to: u64, stag: u32, to: u64, len: u32 },
-    Atomic { wr_id: u64, op: AtomicOp, result: (u32, u64), stag: u32, to: u64, add_swap: u64, compare: u64 },
+    Send {
+        wr_id: u64,
+        flags: SendFlags,
+        len: u32,
+    },
+    Write {
+        wr_id: u64,
+        stag: u32,
+        to: u64,
+        len: u32,
+        imm: Option<u64>,
+    },
+    Read {
+        wr_id: u64,
+        local_stag: u32,
+        local_to: u64,
+        stag: u32,
+        to: u64,
+        len: u32,
+    },
+    Atomic {
+        wr_id: u64,
+        op: AtomicOp,
+        result: (u32, u64),
+        stag: u32,
+        to: u64,
+        add_swap: u64,
+        compare: u64,
+    },
     /// Standalone Immediate Data message.
-    Imm { wr_id: u64, imm: u64, solicited: bool },
+    Imm {
+        wr_id: u64,
+        imm: u64,
+        solicited: bool,
+    },
     /// IBV_SEND_FENCE: what follows waits for outstanding Reads/Atomics.
     Fence,
 }
@@ -368,7 +419,10 @@ impl SqWr {
             SqWr::Send { .. } | SqWr::Imm { .. } | SqWr::Fence => WcOpcode::Send,
             SqWr::Write { .. } => WcOpcode::RdmaWrite,
             SqWr::Read { .. } => WcOpcode::RdmaRead,
-            SqWr::Atomic { op: AtomicOp::FetchAdd, .. } => WcOpcode::FetchAdd,
+            SqWr::Atomic {
+                op: AtomicOp::FetchAdd,
+                ..
+            } => WcOpcode::FetchAdd,
             SqWr::Atomic { .. } => WcOpcode::CompSwap,
         }
     }
@@ -387,7 +441,10 @@ struct OutMsg {
 
 enum TxItem {
     Msg(OutMsg),
-    Control { bytes: Vec<u8>, on_done: Option<(u64, Completion)> },
+    Control {
+        bytes: Vec<u8>,
+        on_done: Option<(u64, Completion)>,
+    },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -502,7 +559,11 @@ impl Connection {
     /// queues its MPA Request immediately.
     pub fn new(cfg: Config, now_ms: u64) -> Connection {
         let mut c = Connection {
-            state: if cfg.role == Role::Initiator { State::WaitReply } else { State::WaitRequest },
+            state: if cfg.role == Role::Initiator {
+                State::WaitReply
+            } else {
+                State::WaitRequest
+            },
             neg: None,
             deadline: Some(now_ms.saturating_add(cfg.mpa_timeout_ms)),
             events: VecDeque::new(),
@@ -550,7 +611,14 @@ impl Connection {
                 read_rtr: c.cfg.p2p && c.cfg.rtr.read,
             });
             let rev = c.cfg.revision.clamp(1, 2);
-            mpa::encode_rr(FrameKind::Request, flags, rev, io, &c.cfg.private_data, &mut c.mpa_out);
+            mpa::encode_rr(
+                FrameKind::Request,
+                flags,
+                rev,
+                io,
+                &c.cfg.private_data,
+                &mut c.mpa_out,
+            );
         }
         c
     }
@@ -589,7 +657,12 @@ impl Connection {
 
     pub fn handle_timeout(&mut self, now_ms: u64) {
         if let Some(d) = self.deadline {
-            if now_ms >= d && matches!(self.state, State::WaitReply | State::WaitRequest | State::WaitRtr) {
+            if now_ms >= d
+                && matches!(
+                    self.state,
+                    State::WaitReply | State::WaitRequest | State::WaitRtr
+                )
+            {
                 self.deadline = None;
                 self.fail(Failure::Timeout);
             }
@@ -631,7 +704,11 @@ impl Connection {
     /// `wr_id`).
     pub fn post_recv(&mut self, wr_id: u64, len: u32) -> Result<(), PostError> {
         self.can_post()?;
-        self.recvq.push_back(RecvWr { wr_id, len, done: 0 });
+        self.recvq.push_back(RecvWr {
+            wr_id,
+            len,
+            done: 0,
+        });
         Ok(())
     }
 
@@ -644,12 +721,25 @@ impl Connection {
 
     /// Post an RDMA Write to `(stag, to)`; with `imm`, an RFC 7306 Immediate
     /// Data message follows (Write with Immediate).
-    pub fn post_write(&mut self, wr_id: u64, stag: u32, to: u64, len: u32, imm: Option<u64>) -> Result<(), PostError> {
+    pub fn post_write(
+        &mut self,
+        wr_id: u64,
+        stag: u32,
+        to: u64,
+        len: u32,
+        imm: Option<u64>,
+    ) -> Result<(), PostError> {
         self.can_post()?;
         if imm.is_some() && !self.ext_ok() {
             return Err(PostError::NotSupported);
         }
-        self.push_sq(SqWr::Write { wr_id, stag, to, len, imm });
+        self.push_sq(SqWr::Write {
+            wr_id,
+            stag,
+            to,
+            len,
+            imm,
+        });
         Ok(())
     }
 
@@ -666,7 +756,14 @@ impl Connection {
         len: u32,
     ) -> Result<(), PostError> {
         self.can_post()?;
-        self.push_sq(SqWr::Read { wr_id, local_stag, local_to, stag, to, len });
+        self.push_sq(SqWr::Read {
+            wr_id,
+            local_stag,
+            local_to,
+            stag,
+            to,
+            len,
+        });
         Ok(())
     }
 
@@ -688,17 +785,34 @@ impl Connection {
         if !self.ext_ok() {
             return Err(PostError::NotSupported);
         }
-        self.push_sq(SqWr::Atomic { wr_id, op, result, stag, to, add_swap, compare });
+        self.push_sq(SqWr::Atomic {
+            wr_id,
+            op,
+            result,
+            stag,
+            to,
+            add_swap,
+            compare,
+        });
         Ok(())
     }
 
     /// Post a standalone RFC 7306 Immediate Data message.
-    pub fn post_immediate(&mut self, wr_id: u64, imm: u64, solicited: bool) -> Result<(), PostError> {
+    pub fn post_immediate(
+        &mut self,
+        wr_id: u64,
+        imm: u64,
+        solicited: bool,
+    ) -> Result<(), PostError> {
         self.can_post()?;
         if !self.ext_ok() {
             return Err(PostError::NotSupported);
         }
-        self.push_sq(SqWr::Imm { wr_id, imm, solicited });
+        self.push_sq(SqWr::Imm {
+            wr_id,
+            imm,
+            solicited,
+        });
         Ok(())
     }
 
@@ -707,7 +821,10 @@ impl Connection {
     /// Atomics have completed.
     pub fn post_fence(&mut self) -> Result<(), PostError> {
         self.can_post()?;
-        self.sq.push_back(Posted { seq: u64::MAX, wr: SqWr::Fence });
+        self.sq.push_back(Posted {
+            seq: u64::MAX,
+            wr: SqWr::Fence,
+        });
         Ok(())
     }
 
@@ -734,7 +851,11 @@ impl Connection {
     /// of the peer's "unexpected opcode" handling).
     #[doc(hidden)]
     pub fn post_immediate_unchecked(&mut self, wr_id: u64, imm: u64) {
-        self.push_sq(SqWr::Imm { wr_id, imm, solicited: false });
+        self.push_sq(SqWr::Imm {
+            wr_id,
+            imm,
+            solicited: false,
+        });
     }
 
     fn ext_ok(&self) -> bool {
@@ -844,7 +965,10 @@ impl Connection {
             if ord == 0 {
                 // No outbound reads negotiated (e.g. siw as a rev-1 peer).
                 self.sq.pop_front();
-                self.sq_complete(seq, Completion::new(wr_id, WcOpcode::RdmaRead, WcStatus::LocQpOpErr, 0));
+                self.sq_complete(
+                    seq,
+                    Completion::new(wr_id, WcOpcode::RdmaRead, WcStatus::LocQpOpErr, 0),
+                );
                 return self.next_tx();
             }
             if self.orq.iter().filter(|r| !r.rtr).count() >= ord {
@@ -880,7 +1004,11 @@ impl Connection {
                     (true, true) => Opcode::SendSeInv,
                 };
                 let msn = self.next_msn(qn::SEND);
-                let target = Target::Untagged { qn: qn::SEND, msn, rsvd_ulp: flags.invalidate.unwrap_or(0) };
+                let target = Target::Untagged {
+                    qn: qn::SEND,
+                    msn,
+                    rsvd_ulp: flags.invalidate.unwrap_or(0),
+                };
                 self.cur_tx = Some(OutMsg {
                     seg: Segmenter::new(op, target, len, self.mulpdu),
                     source: Source::Wr { wr_id, offset: 0 },
@@ -889,24 +1017,57 @@ impl Connection {
                     is_read_resp: false,
                 });
             }
-            SqWr::Write { wr_id, stag, to, len, imm } => {
+            SqWr::Write {
+                wr_id,
+                stag,
+                to,
+                len,
+                imm,
+            } => {
                 let then = imm.map(|v| {
                     let msn = self.next_msn(qn::SEND);
-                    let d = DdpHeader::untagged(qn::SEND, msn, 0, 0, true, RdmapCtrl::new(Opcode::ImmediateData));
+                    let d = DdpHeader::untagged(
+                        qn::SEND,
+                        msn,
+                        0,
+                        0,
+                        true,
+                        RdmapCtrl::new(Opcode::ImmediateData),
+                    );
                     self.control_fpdu(&d, &[], &v.to_be_bytes())
                 });
                 self.cur_tx = Some(OutMsg {
-                    seg: Segmenter::new(Opcode::Write, Target::Tagged { stag, to }, len, self.mulpdu),
+                    seg: Segmenter::new(
+                        Opcode::Write,
+                        Target::Tagged { stag, to },
+                        len,
+                        self.mulpdu,
+                    ),
                     source: Source::Wr { wr_id, offset: 0 },
                     on_done: Some((seq, Completion::new(wr_id, wc, WcStatus::Success, len))),
                     then,
                     is_read_resp: false,
                 });
             }
-            SqWr::Read { wr_id, local_stag, local_to, stag, to, len } => {
+            SqWr::Read {
+                wr_id,
+                local_stag,
+                local_to,
+                stag,
+                to,
+                len,
+            } => {
                 self.send_read_request(seq, wr_id, local_stag, local_to, stag, to, len, false);
             }
-            SqWr::Atomic { wr_id, op, result, stag, to, add_swap, compare } => {
+            SqWr::Atomic {
+                wr_id,
+                op,
+                result,
+                stag,
+                to,
+                add_swap,
+                compare,
+            } => {
                 let req_id = self.next_atomic_id;
                 self.next_atomic_id = self.next_atomic_id.wrapping_add(1);
                 let msn = self.next_msn(qn::ATOMIC_REQUEST);
@@ -922,15 +1083,36 @@ impl Connection {
                 };
                 let mut b = [0u8; crate::rdmap::ATOMIC_REQ_LEN];
                 body.encode(&mut b);
-                let d = DdpHeader::untagged(qn::ATOMIC_REQUEST, msn, 0, 0, true, RdmapCtrl::new(Opcode::AtomicRequest));
+                let d = DdpHeader::untagged(
+                    qn::ATOMIC_REQUEST,
+                    msn,
+                    0,
+                    0,
+                    true,
+                    RdmapCtrl::new(Opcode::AtomicRequest),
+                );
                 let bytes = self.control_fpdu(&d, &b, &[]);
-                self.atomics.push_back(AtomicWr { seq, wr_id, req_id, result, opcode: wc });
+                self.atomics.push_back(AtomicWr {
+                    seq,
+                    wr_id,
+                    req_id,
+                    result,
+                    opcode: wc,
+                });
                 self.tx_follow.push_back(bytes);
             }
             SqWr::Fence => {}
-            SqWr::Imm { wr_id, imm, solicited } => {
+            SqWr::Imm {
+                wr_id,
+                imm,
+                solicited,
+            } => {
                 let msn = self.next_msn(qn::SEND);
-                let op = if solicited { Opcode::ImmediateDataSe } else { Opcode::ImmediateData };
+                let op = if solicited {
+                    Opcode::ImmediateDataSe
+                } else {
+                    Opcode::ImmediateData
+                };
                 let d = DdpHeader::untagged(qn::SEND, msn, 0, 0, true, RdmapCtrl::new(op));
                 let bytes = self.control_fpdu(&d, &[], &imm.to_be_bytes());
                 self.sq_complete(seq, Completion::new(wr_id, wc, WcStatus::Success, 0));
@@ -940,14 +1122,45 @@ impl Connection {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn send_read_request(&mut self, seq: u64, wr_id: u64, local_stag: u32, local_to: u64, stag: u32, to: u64, len: u32, rtr: bool) {
+    fn send_read_request(
+        &mut self,
+        seq: u64,
+        wr_id: u64,
+        local_stag: u32,
+        local_to: u64,
+        stag: u32,
+        to: u64,
+        len: u32,
+        rtr: bool,
+    ) {
         let msn = self.next_msn(qn::READ_REQUEST);
-        let rr = ReadRequest { sink_stag: local_stag, sink_to: local_to, size: len, src_stag: stag, src_to: to };
+        let rr = ReadRequest {
+            sink_stag: local_stag,
+            sink_to: local_to,
+            size: len,
+            src_stag: stag,
+            src_to: to,
+        };
         let mut b = [0u8; crate::rdmap::READ_REQ_LEN];
         rr.encode(&mut b);
-        let d = DdpHeader::untagged(qn::READ_REQUEST, msn, 0, 0, true, RdmapCtrl::new(Opcode::ReadRequest));
+        let d = DdpHeader::untagged(
+            qn::READ_REQUEST,
+            msn,
+            0,
+            0,
+            true,
+            RdmapCtrl::new(Opcode::ReadRequest),
+        );
         let bytes = self.control_fpdu(&d, &b, &[]);
-        self.orq.push_back(ReadWr { seq, wr_id, local_stag, local_to, len, done: 0, rtr });
+        self.orq.push_back(ReadWr {
+            seq,
+            wr_id,
+            local_stag,
+            local_to,
+            len,
+            done: 0,
+            rtr,
+        });
         self.tx_follow.push_back(bytes);
     }
 
@@ -971,8 +1184,14 @@ impl Connection {
             State::Established | State::WaitRtr => match self.deframer.want() {
                 segment::Want::Header(n) | segment::Want::Trailer(n) => RxWant::Bytes(n),
                 segment::Want::Payload(n) => match &self.rx_cur {
-                    Some(c) => RxWant::Place { len: n, place: c.place.advance(c.done) },
-                    None => RxWant::Place { len: n, place: Placement::Discard },
+                    Some(c) => RxWant::Place {
+                        len: n,
+                        place: c.place.advance(c.done),
+                    },
+                    None => RxWant::Place {
+                        len: n,
+                        place: Placement::Discard,
+                    },
                 },
             },
         }
@@ -1070,7 +1289,11 @@ impl Connection {
     fn fault_status(&self, f: &Fault, seg: &RxSegment) -> WcStatus {
         match seg.ddp.rdmap.op() {
             Some(Opcode::ReadResponse) => WcStatus::LocProtErr,
-            Some(op) if op.is_send() && f.code == TermCode::DDP_U_NO_BUFFER && self.recv_cur.is_some() => {
+            Some(op)
+                if op.is_send()
+                    && f.code == TermCode::DDP_U_NO_BUFFER
+                    && self.recv_cur.is_some() =>
+            {
                 WcStatus::LocLenErr
             }
             _ => WcStatus::GeneralErr,
@@ -1094,7 +1317,10 @@ impl Connection {
         };
         if let Some((hdr, pd)) = parsed {
             self.mpa_in.clear();
-            let frame = RrFrame { hdr, private_data: &pd };
+            let frame = RrFrame {
+                hdr,
+                private_data: &pd,
+            };
             match (self.cfg.role, hdr.kind) {
                 (Role::Responder, FrameKind::Request) => self.on_request(&frame),
                 (Role::Initiator, FrameKind::Reply) => self.on_reply(&frame),
@@ -1124,11 +1350,25 @@ impl Connection {
         }
         if f.hdr.markers() {
             // We never do markers: reject, as siw does.
-            let io = if enhanced { Some(IrdOrd::default()) } else { None };
-            mpa::encode_rr(FrameKind::Reply, flags | mpa::FLAG_REJECT, rev, io, &[], &mut self.mpa_out);
+            let io = if enhanced {
+                Some(IrdOrd::default())
+            } else {
+                None
+            };
+            mpa::encode_rr(
+                FrameKind::Reply,
+                flags | mpa::FLAG_REJECT,
+                rev,
+                io,
+                &[],
+                &mut self.mpa_out,
+            );
             self.state = State::Rejected;
             self.deadline = None;
-            self.events.push_back(Event::Rejected { by_peer: false, private_data: f.ulp_private_data().to_vec() });
+            self.events.push_back(Event::Rejected {
+                by_peer: false,
+                private_data: f.ulp_private_data().to_vec(),
+            });
             return;
         }
         if self.cfg.manual_accept && self.pending_req.is_none() {
@@ -1147,11 +1387,20 @@ impl Connection {
         // RFC 6581 §5: our IRD covers the initiator's ORD, our ORD is
         // limited by its IRD.
         let (ird, ord) = match peer {
-            Some(p) => (self.cfg.ird.min(p.ord.max(if p.p2p && p.read_rtr { 1 } else { 0 })), self.cfg.ord.min(p.ird)),
+            Some(p) => (
+                self.cfg
+                    .ird
+                    .min(p.ord.max(if p.p2p && p.read_rtr { 1 } else { 0 })),
+                self.cfg.ord.min(p.ird),
+            ),
             None => (self.cfg.ird, self.cfg.ord),
         };
         let mut p2p = false;
-        let mut reply_io = enhanced.then(|| IrdOrd { ird, ord, ..Default::default() });
+        let mut reply_io = enhanced.then(|| IrdOrd {
+            ird,
+            ord,
+            ..Default::default()
+        });
         if let (Some(p), Some(io)) = (peer, reply_io.as_mut()) {
             if p.p2p && self.cfg.p2p {
                 // Choose one RTR: zero-length Write preferred (as siw).
@@ -1178,7 +1427,14 @@ impl Connection {
             }
         }
         let (ird, ord) = reply_io.map(|io| (io.ird, io.ord)).unwrap_or((ird, ord));
-        mpa::encode_rr(FrameKind::Reply, flags, rev, reply_io, &self.cfg.private_data, &mut self.mpa_out);
+        mpa::encode_rr(
+            FrameKind::Reply,
+            flags,
+            rev,
+            reply_io,
+            &self.cfg.private_data,
+            &mut self.mpa_out,
+        );
         self.crc = crc;
         self.deframer = Deframer::new(crc);
         let neg = Negotiated {
@@ -1202,7 +1458,13 @@ impl Connection {
 
     /// Responder (`manual_accept`): answer the pending Request with our
     /// IRD/ORD and private data. `now_ms` starts the RTR timeout (P2P).
-    pub fn accept(&mut self, ird: u16, ord: u16, private_data: &[u8], now_ms: u64) -> Result<(), PostError> {
+    pub fn accept(
+        &mut self,
+        ird: u16,
+        ord: u16,
+        private_data: &[u8],
+        now_ms: u64,
+    ) -> Result<(), PostError> {
         if self.state != State::WaitAccept {
             return Err(PostError::InvalidState);
         }
@@ -1211,7 +1473,10 @@ impl Connection {
         self.cfg.ord = ord;
         self.cfg.private_data = private_data.to_vec();
         self.deadline = Some(now_ms.saturating_add(self.cfg.mpa_timeout_ms));
-        self.on_request(&RrFrame { hdr, private_data: &pd });
+        self.on_request(&RrFrame {
+            hdr,
+            private_data: &pd,
+        });
         Ok(())
     }
 
@@ -1222,8 +1487,19 @@ impl Connection {
         }
         let (hdr, _) = self.pending_req.take().ok_or(PostError::InvalidState)?;
         let rev = hdr.revision.min(self.cfg.revision.max(1));
-        let io = if rev == 2 && hdr.enhanced() { Some(IrdOrd::default()) } else { None };
-        mpa::encode_rr(FrameKind::Reply, mpa::FLAG_REJECT, rev, io, private_data, &mut self.mpa_out);
+        let io = if rev == 2 && hdr.enhanced() {
+            Some(IrdOrd::default())
+        } else {
+            None
+        };
+        mpa::encode_rr(
+            FrameKind::Reply,
+            mpa::FLAG_REJECT,
+            rev,
+            io,
+            private_data,
+            &mut self.mpa_out,
+        );
         self.state = State::Rejected;
         Ok(())
     }
@@ -1232,11 +1508,18 @@ impl Connection {
         self.deadline = None;
         if f.hdr.reject() {
             self.state = State::Rejected;
-            self.events.push_back(Event::Rejected { by_peer: true, private_data: f.ulp_private_data().to_vec() });
+            self.events.push_back(Event::Rejected {
+                by_peer: true,
+                private_data: f.ulp_private_data().to_vec(),
+            });
             return;
         }
         if f.hdr.markers() || f.hdr.revision == 0 || f.hdr.revision > self.cfg.revision.max(1) {
-            self.fail(if f.hdr.markers() { Failure::Unsupported } else { Failure::BadMpaFrame });
+            self.fail(if f.hdr.markers() {
+                Failure::Unsupported
+            } else {
+                Failure::BadMpaFrame
+            });
             return;
         }
         let crc = f.hdr.crc() || self.cfg.crc;
@@ -1262,7 +1545,15 @@ impl Connection {
         }
         self.crc = crc;
         self.deframer = Deframer::new(crc);
-        let neg = Negotiated { revision: f.hdr.revision, crc, ird, ord, p2p, extensions: ext, private_data: f.ulp_private_data().to_vec() };
+        let neg = Negotiated {
+            revision: f.hdr.revision,
+            crc,
+            ird,
+            ord,
+            p2p,
+            extensions: ext,
+            private_data: f.ulp_private_data().to_vec(),
+        };
         self.neg = Some(neg.clone());
         self.state = State::Established;
         // Initiator sends the RTR as its first FPDU (RFC 6581 §5).
@@ -1278,7 +1569,8 @@ impl Connection {
             }
             Some(RtrKind::Send) => {
                 let msn = self.next_msn(qn::SEND);
-                let d = DdpHeader::untagged(qn::SEND, msn, 0, 0, true, RdmapCtrl::new(Opcode::Send));
+                let d =
+                    DdpHeader::untagged(qn::SEND, msn, 0, 0, true, RdmapCtrl::new(Opcode::Send));
                 let b = self.control_fpdu(&d, &[], &[]);
                 self.tx_follow.push_back(b);
             }
@@ -1301,7 +1593,12 @@ impl Connection {
             return Err(Fault::echo(TermCode::RDMAP_INVALID_VERSION));
         }
         let op = match d.rdmap.op() {
-            Some(op) if !op.is_extension() || self.neg.as_ref().map(|n| n.extensions).unwrap_or(false) => op,
+            Some(op)
+                if !op.is_extension()
+                    || self.neg.as_ref().map(|n| n.extensions).unwrap_or(false) =>
+            {
+                op
+            }
             _ => return Err(Fault::echo(TermCode::RDMAP_UNEXPECTED_OPCODE)),
         };
         if op.is_tagged() != d.is_tagged() {
@@ -1324,9 +1621,14 @@ impl Connection {
                         }
                     }
                     if len > 0 {
-                        mem.check_tagged(stag, to, len, Access::RemoteWrite).map_err(|e| Fault::echo(e.ddp_code()))?;
+                        mem.check_tagged(stag, to, len, Access::RemoteWrite)
+                            .map_err(|e| Fault::echo(e.ddp_code()))?;
                     }
-                    self.write_cont = if d.last { None } else { Some((stag, to.wrapping_add(len as u64))) };
+                    self.write_cont = if d.last {
+                        None
+                    } else {
+                        Some((stag, to.wrapping_add(len as u64)))
+                    };
                     place = Placement::Tagged { stag, to };
                 }
                 Opcode::ReadResponse => {
@@ -1337,20 +1639,32 @@ impl Connection {
                     if r.local_stag != stag {
                         return Err(Fault::echo(TermCode::DDP_T_INVALID_STAG));
                     }
-                    if r.local_to.wrapping_add(r.done as u64) != to || r.done as u64 + len as u64 > r.len as u64 {
+                    if r.local_to.wrapping_add(r.done as u64) != to
+                        || r.done as u64 + len as u64 > r.len as u64
+                    {
                         return Err(Fault::echo(TermCode::DDP_T_BASE_BOUNDS));
                     }
                     if d.last && r.done + len != r.len {
                         return Err(Fault::echo(TermCode::DDP_T_BASE_BOUNDS));
                     }
                     if len > 0 && !r.rtr {
-                        mem.check_tagged(stag, to, len, Access::LocalWrite).map_err(|e| Fault::echo(e.ddp_code()))?;
+                        mem.check_tagged(stag, to, len, Access::LocalWrite)
+                            .map_err(|e| Fault::echo(e.ddp_code()))?;
                     }
-                    place = if r.rtr { Placement::Discard } else { Placement::Tagged { stag, to } };
+                    place = if r.rtr {
+                        Placement::Discard
+                    } else {
+                        Placement::Tagged { stag, to }
+                    };
                 }
                 _ => unreachable!(),
             },
-            BufferModel::Untagged { rsvd_ulp, qn: q, msn, mo } => {
+            BufferModel::Untagged {
+                rsvd_ulp,
+                qn: q,
+                msn,
+                mo,
+            } => {
                 let want_q = op.queue().unwrap_or(u32::MAX);
                 if q != want_q {
                     return Err(Fault::echo(TermCode::DDP_U_INVALID_QN));
@@ -1387,10 +1701,17 @@ impl Connection {
                 if rwr.done as u64 + len as u64 > rwr.len as u64 {
                     return Err(Fault::echo(TermCode::DDP_U_NO_BUFFER));
                 }
-                place = Placement::Recv { wr_id: rwr.wr_id, offset: rwr.done };
+                place = Placement::Recv {
+                    wr_id: rwr.wr_id,
+                    offset: rwr.done,
+                };
             }
         }
-        self.rx_cur = Some(RxCur { seg, place, done: 0 });
+        self.rx_cur = Some(RxCur {
+            seg,
+            place,
+            done: 0,
+        });
         Ok(())
     }
 
@@ -1400,7 +1721,9 @@ impl Connection {
             (Some(RtrKind::Write), Opcode::Write) => seg.payload_len == 0,
             (Some(RtrKind::Send), Opcode::Send) => seg.payload_len == 0,
             (Some(RtrKind::Read), Opcode::ReadRequest) => {
-                ReadRequest::parse(seg.control.as_slice()).map(|r| r.size == 0).unwrap_or(false)
+                ReadRequest::parse(seg.control.as_slice())
+                    .map(|r| r.size == 0)
+                    .unwrap_or(false)
             }
             _ => false,
         };
@@ -1412,13 +1735,25 @@ impl Connection {
             Opcode::ReadRequest => {
                 let rr = ReadRequest::parse(seg.control.as_slice()).unwrap();
                 self.rx_msn[qn::READ_REQUEST as usize] += 1;
-                let d = DdpHeader::tagged(rr.sink_stag, rr.sink_to, true, RdmapCtrl::new(Opcode::ReadResponse));
+                let d = DdpHeader::tagged(
+                    rr.sink_stag,
+                    rr.sink_to,
+                    true,
+                    RdmapCtrl::new(Opcode::ReadResponse),
+                );
                 let b = self.control_fpdu(&d, &[], &[]);
-                self.rsp.push_back(TxItem::Control { bytes: b, on_done: None });
+                self.rsp.push_back(TxItem::Control {
+                    bytes: b,
+                    on_done: None,
+                });
             }
             _ => {}
         }
-        self.rx_cur = Some(RxCur { seg, place: Placement::Discard, done: 0 });
+        self.rx_cur = Some(RxCur {
+            seg,
+            place: Placement::Discard,
+            done: 0,
+        });
         self.state = State::Established;
         self.deadline = None;
         let neg = self.neg.clone().unwrap();
@@ -1427,11 +1762,18 @@ impl Connection {
     }
 
     /// Control messages: the whole body is in `seg.control`.
-    fn on_control(&mut self, op: Opcode, seg: RxSegment, _rsvd_ulp: u32, mem: &mut impl Memory) -> Result<(), Fault> {
+    fn on_control(
+        &mut self,
+        op: Opcode,
+        seg: RxSegment,
+        _rsvd_ulp: u32,
+        mem: &mut impl Memory,
+    ) -> Result<(), Fault> {
         let body = seg.control.as_slice();
         match op {
             Opcode::ReadRequest => {
-                let rr = ReadRequest::parse(body).map_err(|_| Fault::echo(TermCode::DDP_LOCAL_CATASTROPHIC))?;
+                let rr = ReadRequest::parse(body)
+                    .map_err(|_| Fault::echo(TermCode::DDP_LOCAL_CATASTROPHIC))?;
                 let ird = self.neg.as_ref().map(|n| n.ird).unwrap_or(0) as u32;
                 if self.irq_busy >= ird {
                     return Err(Fault::echo(TermCode::RDMAP_CATASTROPHIC_STREAM));
@@ -1445,11 +1787,17 @@ impl Connection {
                 self.rsp.push_back(TxItem::Msg(OutMsg {
                     seg: Segmenter::new(
                         Opcode::ReadResponse,
-                        Target::Tagged { stag: rr.sink_stag, to: rr.sink_to },
+                        Target::Tagged {
+                            stag: rr.sink_stag,
+                            to: rr.sink_to,
+                        },
                         rr.size,
                         self.mulpdu,
                     ),
-                    source: Source::Tagged { stag: rr.src_stag, to: rr.src_to },
+                    source: Source::Tagged {
+                        stag: rr.src_stag,
+                        to: rr.src_to,
+                    },
                     on_done: None,
                     then: None,
                     is_read_resp: true,
@@ -1468,7 +1816,10 @@ impl Connection {
                 self.state = State::Error;
                 let status = t.code.remote_wc_status();
                 self.flush_all(Some(status));
-                self.events.push_back(Event::Terminated { sent: false, term: t });
+                self.events.push_back(Event::Terminated {
+                    sent: false,
+                    term: t,
+                });
             }
             Opcode::ImmediateData | Opcode::ImmediateDataSe => {
                 if body.len() != IMMEDIATE_LEN {
@@ -1479,27 +1830,46 @@ impl Connection {
                     None => return Err(Fault::echo(TermCode::DDP_U_NO_BUFFER)),
                 };
                 self.rx_msn[qn::SEND as usize] += 1;
-                let mut c = Completion::new(r.wr_id, WcOpcode::RecvRdmaWithImm, WcStatus::Success, 0);
+                let mut c =
+                    Completion::new(r.wr_id, WcOpcode::RecvRdmaWithImm, WcStatus::Success, 0);
                 c.imm = Some(u64::from_be_bytes(body[..8].try_into().unwrap()));
                 c.solicited = op == Opcode::ImmediateDataSe;
                 self.events.push_back(Event::Completion(c));
             }
             Opcode::AtomicRequest => {
-                let a = AtomicRequest::parse(body).map_err(|_| Fault::echo(TermCode::DDP_LOCAL_CATASTROPHIC))?;
-                let aop = a.op().ok_or(Fault::echo(TermCode::RDMAP_UNEXPECTED_OPCODE))?;
-                mem.check_tagged(a.stag, a.to, 8, Access::RemoteAtomic).map_err(|e| Fault::echo(e.rdmap_code()))?;
+                let a = AtomicRequest::parse(body)
+                    .map_err(|_| Fault::echo(TermCode::DDP_LOCAL_CATASTROPHIC))?;
+                let aop = a
+                    .op()
+                    .ok_or(Fault::echo(TermCode::RDMAP_UNEXPECTED_OPCODE))?;
+                mem.check_tagged(a.stag, a.to, 8, Access::RemoteAtomic)
+                    .map_err(|e| Fault::echo(e.rdmap_code()))?;
                 self.rx_msn[qn::ATOMIC_REQUEST as usize] += 1;
                 let orig = mem.atomic(a.stag, a.to, aop, a.add_swap, a.compare);
-                let resp = AtomicResponse { req_id: a.req_id, orig_value: orig };
+                let resp = AtomicResponse {
+                    req_id: a.req_id,
+                    orig_value: orig,
+                };
                 let mut b = [0u8; crate::rdmap::ATOMIC_RESP_LEN];
                 resp.encode(&mut b);
                 let msn = self.next_msn(qn::ATOMIC_RESPONSE);
-                let d = DdpHeader::untagged(qn::ATOMIC_RESPONSE, msn, 0, 0, true, RdmapCtrl::new(Opcode::AtomicResponse));
+                let d = DdpHeader::untagged(
+                    qn::ATOMIC_RESPONSE,
+                    msn,
+                    0,
+                    0,
+                    true,
+                    RdmapCtrl::new(Opcode::AtomicResponse),
+                );
                 let bytes = self.control_fpdu(&d, &b, &[]);
-                self.rsp.push_back(TxItem::Control { bytes, on_done: None });
+                self.rsp.push_back(TxItem::Control {
+                    bytes,
+                    on_done: None,
+                });
             }
             Opcode::AtomicResponse => {
-                let a = AtomicResponse::parse(body).map_err(|_| Fault::echo(TermCode::DDP_LOCAL_CATASTROPHIC))?;
+                let a = AtomicResponse::parse(body)
+                    .map_err(|_| Fault::echo(TermCode::DDP_LOCAL_CATASTROPHIC))?;
                 match self.atomics.front() {
                     Some(w) if w.req_id == a.req_id => {
                         let w = self.atomics.pop_front().unwrap();
@@ -1514,7 +1884,11 @@ impl Connection {
             }
             _ => unreachable!(),
         }
-        self.rx_cur = Some(RxCur { seg, place: Placement::Discard, done: 0 });
+        self.rx_cur = Some(RxCur {
+            seg,
+            place: Placement::Discard,
+            done: 0,
+        });
         Ok(())
     }
 
@@ -1531,7 +1905,15 @@ impl Connection {
                     if d.last {
                         let r = self.orq.pop_front().unwrap();
                         if !r.rtr {
-                            self.sq_complete(r.seq, Completion::new(r.wr_id, WcOpcode::RdmaRead, WcStatus::Success, r.len));
+                            self.sq_complete(
+                                r.seq,
+                                Completion::new(
+                                    r.wr_id,
+                                    WcOpcode::RdmaRead,
+                                    WcStatus::Success,
+                                    r.len,
+                                ),
+                            );
                         }
                     }
                 }
@@ -1587,7 +1969,14 @@ impl Connection {
             }
         }
         let msn = self.next_msn(qn::TERMINATE);
-        let d = DdpHeader::untagged(qn::TERMINATE, msn, 0, 0, true, RdmapCtrl::new(Opcode::Terminate));
+        let d = DdpHeader::untagged(
+            qn::TERMINATE,
+            msn,
+            0,
+            0,
+            true,
+            RdmapCtrl::new(Opcode::Terminate),
+        );
         let mut body = [0u8; 64];
         let n = t.encode(&mut body);
         let bytes = self.control_fpdu(&d, &[], &body[..n]);
@@ -1596,18 +1985,32 @@ impl Connection {
         self.cur_tx = None;
         self.tx_follow.clear();
         self.rsp.clear();
-        self.rsp.push_back(TxItem::Control { bytes, on_done: None });
+        self.rsp.push_back(TxItem::Control {
+            bytes,
+            on_done: None,
+        });
         self.terminate_sent = true;
         // The work request in progress gets `local_status`.
         if let Some(r) = self.recv_cur.take() {
-            self.events.push_back(Event::Completion(Completion::new(r.wr_id, WcOpcode::Recv, local_status, r.done)));
+            self.events.push_back(Event::Completion(Completion::new(
+                r.wr_id,
+                WcOpcode::Recv,
+                local_status,
+                r.done,
+            )));
         } else if local_status == WcStatus::LocProtErr {
             if let Some(r) = self.orq.pop_front() {
-                self.sq_complete(r.seq, Completion::new(r.wr_id, WcOpcode::RdmaRead, local_status, 0));
+                self.sq_complete(
+                    r.seq,
+                    Completion::new(r.wr_id, WcOpcode::RdmaRead, local_status, 0),
+                );
             }
         }
         self.flush_all(None);
-        self.events.push_back(Event::Terminated { sent: true, term: t });
+        self.events.push_back(Event::Terminated {
+            sent: true,
+            term: t,
+        });
     }
 
     fn fail(&mut self, why: Failure) {
@@ -1663,10 +2066,20 @@ impl Connection {
             self.sq_complete(p.seq, c);
         }
         if let Some(r) = self.recv_cur.take() {
-            self.events.push_back(Event::Completion(Completion::new(r.wr_id, WcOpcode::Recv, WcStatus::WrFlushErr, 0)));
+            self.events.push_back(Event::Completion(Completion::new(
+                r.wr_id,
+                WcOpcode::Recv,
+                WcStatus::WrFlushErr,
+                0,
+            )));
         }
         while let Some(r) = self.recvq.pop_front() {
-            self.events.push_back(Event::Completion(Completion::new(r.wr_id, WcOpcode::Recv, WcStatus::WrFlushErr, 0)));
+            self.events.push_back(Event::Completion(Completion::new(
+                r.wr_id,
+                WcOpcode::Recv,
+                WcStatus::WrFlushErr,
+                0,
+            )));
         }
     }
 }

@@ -37,7 +37,12 @@ pub enum BufferModel {
     /// RFC 5041 §4.3.
     Tagged { stag: u32, to: u64 },
     /// RFC 5041 §4.4. `rsvd_ulp` is RDMAP's Invalidate STag / reserved word.
-    Untagged { rsvd_ulp: u32, qn: u32, msn: u32, mo: u32 },
+    Untagged {
+        rsvd_ulp: u32,
+        qn: u32,
+        msn: u32,
+        mo: u32,
+    },
 }
 
 /// A parsed DDP header including the RDMAP control byte.
@@ -54,16 +59,34 @@ pub struct DdpHeader {
 
 impl DdpHeader {
     pub fn tagged(stag: u32, to: u64, last: bool, rdmap: RdmapCtrl) -> DdpHeader {
-        DdpHeader { last, rsvd: 0, dv: DDP_VERSION, rdmap, model: BufferModel::Tagged { stag, to } }
-    }
-
-    pub fn untagged(qn: u32, msn: u32, mo: u32, rsvd_ulp: u32, last: bool, rdmap: RdmapCtrl) -> DdpHeader {
         DdpHeader {
             last,
             rsvd: 0,
             dv: DDP_VERSION,
             rdmap,
-            model: BufferModel::Untagged { rsvd_ulp, qn, msn, mo },
+            model: BufferModel::Tagged { stag, to },
+        }
+    }
+
+    pub fn untagged(
+        qn: u32,
+        msn: u32,
+        mo: u32,
+        rsvd_ulp: u32,
+        last: bool,
+        rdmap: RdmapCtrl,
+    ) -> DdpHeader {
+        DdpHeader {
+            last,
+            rsvd: 0,
+            dv: DDP_VERSION,
+            rdmap,
+            model: BufferModel::Untagged {
+                rsvd_ulp,
+                qn,
+                msn,
+                mo,
+            },
         }
     }
 
@@ -105,7 +128,9 @@ impl DdpHeader {
     /// Parse at the start of `buf`; returns the header and its length.
     pub fn parse(buf: &[u8]) -> Result<(DdpHeader, usize), WireError> {
         if buf.is_empty() {
-            return Err(WireError::Truncated { need: TAGGED_HDR_LEN });
+            return Err(WireError::Truncated {
+                need: TAGGED_HDR_LEN,
+            });
         }
         let c = buf[0];
         let len = Self::len_for_ctrl(c);
@@ -117,12 +142,26 @@ impl DdpHeader {
         let model = if c & FLAG_TAGGED != 0 {
             let mut to = [0u8; 8];
             to.copy_from_slice(&buf[6..14]);
-            BufferModel::Tagged { stag: be32(2), to: u64::from_be_bytes(to) }
+            BufferModel::Tagged {
+                stag: be32(2),
+                to: u64::from_be_bytes(to),
+            }
         } else {
-            BufferModel::Untagged { rsvd_ulp: be32(2), qn: be32(6), msn: be32(10), mo: be32(14) }
+            BufferModel::Untagged {
+                rsvd_ulp: be32(2),
+                qn: be32(6),
+                msn: be32(10),
+                mo: be32(14),
+            }
         };
         Ok((
-            DdpHeader { last: c & FLAG_LAST != 0, rsvd: (c >> 2) & 0x0f, dv: c & 3, rdmap, model },
+            DdpHeader {
+                last: c & FLAG_LAST != 0,
+                rsvd: (c >> 2) & 0x0f,
+                dv: c & 3,
+                rdmap,
+                model,
+            },
             len,
         ))
     }
@@ -137,7 +176,12 @@ impl DdpHeader {
                 out[6..14].copy_from_slice(&to.to_be_bytes());
                 TAGGED_HDR_LEN
             }
-            BufferModel::Untagged { rsvd_ulp, qn, msn, mo } => {
+            BufferModel::Untagged {
+                rsvd_ulp,
+                qn,
+                msn,
+                mo,
+            } => {
                 out[2..6].copy_from_slice(&rsvd_ulp.to_be_bytes());
                 out[6..10].copy_from_slice(&qn.to_be_bytes());
                 out[10..14].copy_from_slice(&msn.to_be_bytes());
@@ -174,13 +218,24 @@ mod tests {
         let b = [0x41, 0x43, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0];
         let (h, n) = DdpHeader::parse(&b).unwrap();
         assert_eq!(n, 18);
-        assert_eq!(h.model, BufferModel::Untagged { rsvd_ulp: 0, qn: 0, msn: 1, mo: 0 });
+        assert_eq!(
+            h.model,
+            BufferModel::Untagged {
+                rsvd_ulp: 0,
+                qn: 0,
+                msn: 1,
+                mo: 0
+            }
+        );
         assert_eq!(h.rdmap.opcode, Opcode::Send as u8);
         let mut out = [0u8; 18];
         h.encode(&mut out);
         assert_eq!(out, b);
         for i in 0..18 {
-            assert!(matches!(DdpHeader::parse(&b[..i]), Err(WireError::Truncated { .. })));
+            assert!(matches!(
+                DdpHeader::parse(&b[..i]),
+                Err(WireError::Truncated { .. })
+            ));
         }
     }
 

@@ -67,7 +67,11 @@ pub struct TermCode {
 
 impl TermCode {
     pub const fn new(layer: u8, etype: u8, ecode: u8) -> TermCode {
-        TermCode { layer, etype, ecode }
+        TermCode {
+            layer,
+            etype,
+            ecode,
+        }
     }
 
     // RDMAP, RFC 5040 §7.1/7.2
@@ -237,10 +241,22 @@ mod tests {
 
     #[test]
     fn tagged_mapping() {
-        assert_eq!(TaggedError::AccessRights.ddp_code(), TermCode::DDP_T_BASE_BOUNDS);
-        assert_eq!(TaggedError::AccessRights.rdmap_code(), TermCode::RDMAP_ACCESS_RIGHTS);
-        assert_eq!(TermCode::RDMAP_INVALID_STAG.remote_wc_status(), WcStatus::RemAccessErr);
-        assert_eq!(TermCode::RDMAP_UNEXPECTED_OPCODE.remote_wc_status(), WcStatus::RemInvReqErr);
+        assert_eq!(
+            TaggedError::AccessRights.ddp_code(),
+            TermCode::DDP_T_BASE_BOUNDS
+        );
+        assert_eq!(
+            TaggedError::AccessRights.rdmap_code(),
+            TermCode::RDMAP_ACCESS_RIGHTS
+        );
+        assert_eq!(
+            TermCode::RDMAP_INVALID_STAG.remote_wc_status(),
+            WcStatus::RemAccessErr
+        );
+        assert_eq!(
+            TermCode::RDMAP_UNEXPECTED_OPCODE.remote_wc_status(),
+            WcStatus::RemInvReqErr
+        );
         assert_eq!(format!("{}", TermCode::DDP_U_NO_BUFFER), "DDP/0x2/0x02");
     }
 }

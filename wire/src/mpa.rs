@@ -102,7 +102,12 @@ impl RrHeader {
         if pd_len as usize > MAX_PRIVATE_DATA {
             return Err(WireError::PrivateDataTooLong(pd_len));
         }
-        Ok(RrHeader { kind, flags: buf[16], revision: buf[17], pd_len })
+        Ok(RrHeader {
+            kind,
+            flags: buf[16],
+            revision: buf[17],
+            pd_len,
+        })
     }
 
     pub fn encode(&self, out: &mut [u8; RR_HDR_LEN]) {
@@ -240,7 +245,12 @@ pub fn encode_rr(
         pd_len += IRD_ORD_LEN;
     }
     let pd_len = pd_len.min(MAX_PRIVATE_DATA);
-    let hdr = RrHeader { kind, flags, revision, pd_len: pd_len as u16 };
+    let hdr = RrHeader {
+        kind,
+        flags,
+        revision,
+        pd_len: pd_len as u16,
+    };
     let mut h = [0u8; RR_HDR_LEN];
     hdr.encode(&mut h);
     out.extend_from_slice(&h);
@@ -340,15 +350,36 @@ mod tests {
         let r = IrdOrd::parse(&[0x80, 0x00, 0xc0, 0x01]).unwrap();
         assert_eq!(
             r,
-            IrdOrd { ird: 0, ord: 1, p2p: true, send_rtr: false, write_rtr: true, read_rtr: true }
+            IrdOrd {
+                ird: 0,
+                ord: 1,
+                p2p: true,
+                send_rtr: false,
+                write_rtr: true,
+                read_rtr: true
+            }
         );
         assert_eq!(r.encode(), [0x80, 0x00, 0xc0, 0x01]);
         let p = IrdOrd::parse(&[0x80, 0x01, 0x80, 0x00]).unwrap();
         assert_eq!(
             p,
-            IrdOrd { ird: 1, ord: 0, p2p: true, send_rtr: false, write_rtr: true, read_rtr: false }
+            IrdOrd {
+                ird: 1,
+                ord: 0,
+                p2p: true,
+                send_rtr: false,
+                write_rtr: true,
+                read_rtr: false
+            }
         );
-        let s = IrdOrd { ird: 5, ord: 6, p2p: true, send_rtr: true, write_rtr: false, read_rtr: false };
+        let s = IrdOrd {
+            ird: 5,
+            ord: 6,
+            p2p: true,
+            send_rtr: true,
+            write_rtr: false,
+            read_rtr: false,
+        };
         assert_eq!(s.encode(), [0xc0, 0x05, 0x00, 0x06]);
         assert_eq!(IrdOrd::parse(&[1, 2, 3]), Err(WireError::MissingIrdOrd));
     }
@@ -356,7 +387,10 @@ mod tests {
     #[test]
     fn truncated_and_corrupt() {
         for n in 0..SIW_REQ.len() {
-            assert!(matches!(RrFrame::parse(&SIW_REQ[..n]), Err(WireError::Truncated { .. })));
+            assert!(matches!(
+                RrFrame::parse(&SIW_REQ[..n]),
+                Err(WireError::Truncated { .. })
+            ));
         }
         let mut bad = SIW_REQ;
         bad[3] = b'X';
@@ -364,7 +398,10 @@ mod tests {
         let mut big = SIW_REQ;
         big[18] = 0x02;
         big[19] = 0x01; // 513
-        assert_eq!(RrFrame::parse(&big), Err(WireError::PrivateDataTooLong(513)));
+        assert_eq!(
+            RrFrame::parse(&big),
+            Err(WireError::PrivateDataTooLong(513))
+        );
         // enhanced with pd_len < 4
         let mut short = REV1_REQ.to_vec();
         short[16] = 0x10;

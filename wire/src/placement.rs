@@ -41,8 +41,14 @@ impl Placement {
     /// The placement `n` bytes further on.
     pub fn advance(self, n: u32) -> Placement {
         match self {
-            Placement::Tagged { stag, to } => Placement::Tagged { stag, to: to.wrapping_add(n as u64) },
-            Placement::Recv { wr_id, offset } => Placement::Recv { wr_id, offset: offset + n },
+            Placement::Tagged { stag, to } => Placement::Tagged {
+                stag,
+                to: to.wrapping_add(n as u64),
+            },
+            Placement::Recv { wr_id, offset } => Placement::Recv {
+                wr_id,
+                offset: offset + n,
+            },
             Placement::Discard => Placement::Discard,
         }
     }
@@ -62,8 +68,14 @@ pub enum Source {
 impl Source {
     pub fn advance(self, n: u32) -> Source {
         match self {
-            Source::Wr { wr_id, offset } => Source::Wr { wr_id, offset: offset + n },
-            Source::Tagged { stag, to } => Source::Tagged { stag, to: to.wrapping_add(n as u64) },
+            Source::Wr { wr_id, offset } => Source::Wr {
+                wr_id,
+                offset: offset + n,
+            },
+            Source::Tagged { stag, to } => Source::Tagged {
+                stag,
+                to: to.wrapping_add(n as u64),
+            },
             Source::None => Source::None,
         }
     }
@@ -73,7 +85,8 @@ impl Source {
 /// protection domains and rights live there, not in the core).
 pub trait Memory {
     /// Check that `len` bytes at `(stag, to)` may be accessed as `access`.
-    fn check_tagged(&self, stag: u32, to: u64, len: u32, access: Access) -> Result<(), TaggedError>;
+    fn check_tagged(&self, stag: u32, to: u64, len: u32, access: Access)
+        -> Result<(), TaggedError>;
 
     /// Invalidate `stag` (Send with Invalidate, RFC 5040 §5.2). Default: not
     /// supported → the STag "cannot be invalidated".

@@ -92,7 +92,10 @@ impl Opcode {
     }
 
     pub fn is_send(self) -> bool {
-        matches!(self, Opcode::Send | Opcode::SendInv | Opcode::SendSe | Opcode::SendSeInv)
+        matches!(
+            self,
+            Opcode::Send | Opcode::SendInv | Opcode::SendSe | Opcode::SendSeInv
+        )
     }
 
     /// Fixed RDMAP header bytes following the DDP header (0 if none).
@@ -130,10 +133,18 @@ pub struct RdmapCtrl {
 
 impl RdmapCtrl {
     pub fn new(op: Opcode) -> RdmapCtrl {
-        RdmapCtrl { rv: RDMAP_VERSION, rsvd: 0, opcode: op as u8 }
+        RdmapCtrl {
+            rv: RDMAP_VERSION,
+            rsvd: 0,
+            opcode: op as u8,
+        }
     }
     pub fn from_byte(b: u8) -> RdmapCtrl {
-        RdmapCtrl { rv: b >> 6, rsvd: (b >> 4) & 3, opcode: b & 0x0f }
+        RdmapCtrl {
+            rv: b >> 6,
+            rsvd: (b >> 4) & 3,
+            opcode: b & 0x0f,
+        }
     }
     pub fn to_byte(&self) -> u8 {
         (self.rv & 3) << 6 | (self.rsvd & 3) << 4 | (self.opcode & 0x0f)
@@ -227,7 +238,9 @@ impl AtomicRequest {
     }
     pub fn parse(b: &[u8]) -> Result<AtomicRequest, WireError> {
         if b.len() < ATOMIC_REQ_LEN {
-            return Err(WireError::Truncated { need: ATOMIC_REQ_LEN });
+            return Err(WireError::Truncated {
+                need: ATOMIC_REQ_LEN,
+            });
         }
         Ok(AtomicRequest {
             op_word: be32(b, 0),
@@ -263,9 +276,14 @@ pub struct AtomicResponse {
 impl AtomicResponse {
     pub fn parse(b: &[u8]) -> Result<AtomicResponse, WireError> {
         if b.len() < ATOMIC_RESP_LEN {
-            return Err(WireError::Truncated { need: ATOMIC_RESP_LEN });
+            return Err(WireError::Truncated {
+                need: ATOMIC_RESP_LEN,
+            });
         }
-        Ok(AtomicResponse { req_id: be32(b, 0), orig_value: be64(b, 4) })
+        Ok(AtomicResponse {
+            req_id: be32(b, 0),
+            orig_value: be64(b, 4),
+        })
     }
     pub fn encode(&self, out: &mut [u8]) -> usize {
         out[0..4].copy_from_slice(&self.req_id.to_be_bytes());
@@ -517,7 +535,10 @@ mod tests {
         assert_eq!(a.encode(&mut out), 52);
         assert_eq!(AtomicRequest::parse(&out).unwrap(), a);
         assert_eq!(a.op(), Some(AtomicOp::CompareSwap));
-        let r = AtomicResponse { req_id: 7, orig_value: 0xdead };
+        let r = AtomicResponse {
+            req_id: 7,
+            orig_value: 0xdead,
+        };
         let mut o2 = [0u8; 12];
         r.encode(&mut o2);
         assert_eq!(o2, [0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0xde, 0xad]);

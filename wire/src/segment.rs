@@ -37,7 +37,10 @@ pub struct InlineBuf<const N: usize> {
 
 impl<const N: usize> InlineBuf<N> {
     pub fn new() -> Self {
-        InlineBuf { buf: [0; N], len: 0 }
+        InlineBuf {
+            buf: [0; N],
+            len: 0,
+        }
     }
     pub fn as_slice(&self) -> &[u8] {
         &self.buf[..self.len]
@@ -96,7 +99,12 @@ pub fn trailer(crc_on: bool, header: &[u8], payload: &[&[u8]]) -> Trailer {
 /// `pad_len` bytes of `pad_bytes` are used). RFC 5044 leaves pad contents
 /// to the sender and siw does not zero them; this lets a received FPDU be
 /// re-encoded byte for byte.
-pub fn trailer_with_pad(crc_on: bool, header: &[u8], payload: &[&[u8]], pad_bytes: &[u8]) -> Trailer {
+pub fn trailer_with_pad(
+    crc_on: bool,
+    header: &[u8],
+    payload: &[&[u8]],
+    pad_bytes: &[u8],
+) -> Trailer {
     let plen: usize = payload.iter().map(|p| p.len()).sum();
     let ulpdu = header.len() - LEN_FIELD + plen;
     let pad = pad_len(ulpdu);
@@ -126,7 +134,14 @@ pub fn encode_fpdu(ddp: &DdpHeader, body: &[u8], payload: &[u8], crc_on: bool, o
 }
 
 /// [`encode_fpdu`] with explicit pad byte values (see [`trailer_with_pad`]).
-pub fn encode_fpdu_with_pad(ddp: &DdpHeader, body: &[u8], payload: &[u8], pad: &[u8], crc_on: bool, out: &mut Vec<u8>) {
+pub fn encode_fpdu_with_pad(
+    ddp: &DdpHeader,
+    body: &[u8],
+    payload: &[u8],
+    pad: &[u8],
+    crc_on: bool,
+    out: &mut Vec<u8>,
+) {
     let h = encode_header(ddp, body, payload.len());
     out.extend_from_slice(h.as_slice());
     out.extend_from_slice(payload);
@@ -177,7 +192,12 @@ pub fn parse_fpdu(buf: &[u8]) -> Result<(FpduView<'_>, usize), WireError> {
     }
     let pad_start = LEN_FIELD + ul;
     let crc_start = pad_start + pad_len(ul);
-    let crc = crate::crc::from_wire([buf[crc_start], buf[crc_start + 1], buf[crc_start + 2], buf[crc_start + 3]]);
+    let crc = crate::crc::from_wire([
+        buf[crc_start],
+        buf[crc_start + 1],
+        buf[crc_start + 2],
+        buf[crc_start + 3],
+    ]);
     let crc_computed = crate::crc::crc32c(&buf[..crc_start]);
     Ok((
         FpduView {
@@ -248,7 +268,14 @@ impl Segmenter {
             Target::Untagged { .. } => UNTAGGED_HDR_LEN,
         };
         let max_payload = mulpdu.saturating_sub(hl).max(1).min(u32::MAX as usize) as u32;
-        Segmenter { op, target, total: len, offset: 0, max_payload, done: false }
+        Segmenter {
+            op,
+            target,
+            total: len,
+            offset: 0,
+            max_payload,
+            done: false,
+        }
     }
 
     pub fn remaining(&self) -> u32 {
@@ -270,10 +297,19 @@ impl Iterator for Segmenter {
         let last = self.offset + n == self.total;
         let rd = RdmapCtrl::new(self.op);
         let ddp = match self.target {
-            Target::Tagged { stag, to } => DdpHeader::tagged(stag, to.wrapping_add(self.offset as u64), last, rd),
-            Target::Untagged { qn, msn, rsvd_ulp } => DdpHeader::untagged(qn, msn, self.offset, rsvd_ulp, last, rd),
+            Target::Tagged { stag, to } => {
+                DdpHeader::tagged(stag, to.wrapping_add(self.offset as u64), last, rd)
+            }
+            Target::Untagged { qn, msn, rsvd_ulp } => {
+                DdpHeader::untagged(qn, msn, self.offset, rsvd_ulp, last, rd)
+            }
         };
-        let plan = SegmentPlan { header: encode_header(&ddp, &[], n as usize), msg_offset: self.offset, payload_len: n, last };
+        let plan = SegmentPlan {
+            header: encode_header(&ddp, &[], n as usize),
+            msg_offset: self.offset,
+            payload_len: n,
+            last,
+        };
         self.offset += n;
         self.done = last;
         Some(plan)
@@ -326,9 +362,15 @@ pub enum FrameError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum St {
     /// Collecting header bytes; `need` is the total header length known so far.
-    Header { need: usize },
-    Payload { rem: u32 },
-    Trailer { need: usize },
+    Header {
+        need: usize,
+    },
+    Payload {
+        rem: u32,
+    },
+    Trailer {
+        need: usize,
+    },
 }
 
 /// Pull-style FPDU deframer (no markers, see [`crate::mpa`]).
@@ -426,13 +468,20 @@ impl Deframer {
                 control.push(&h[LEN_FIELD + dl..]);
                 let consumed_ulpdu = h.len() - LEN_FIELD;
                 let payload_len = (self.ulpdu_len as usize - consumed_ulpdu) as u32;
-                let seg = RxSegment { ulpdu_len: self.ulpdu_len, ddp, control, payload_len };
+                let seg = RxSegment {
+                    ulpdu_len: self.ulpdu_len,
+                    ddp,
+                    control,
+                    payload_len,
+                };
                 self.hdr = HeaderBuf::new();
                 self.trailer = Trailer::new();
                 self.st = if payload_len > 0 {
                     St::Payload { rem: payload_len }
                 } else {
-                    St::Trailer { need: pad_len(self.ulpdu_len as usize) + CRC_LEN }
+                    St::Trailer {
+                        need: pad_len(self.ulpdu_len as usize) + CRC_LEN,
+                    }
                 };
                 Ok((take, Some(RxEvent::Segment(seg))))
             }
@@ -443,7 +492,9 @@ impl Deframer {
                 }
                 let rem = rem - n as u32;
                 self.st = if rem == 0 {
-                    St::Trailer { need: pad_len(self.ulpdu_len as usize) + CRC_LEN }
+                    St::Trailer {
+                        need: pad_len(self.ulpdu_len as usize) + CRC_LEN,
+                    }
                 } else {
                     St::Payload { rem }
                 };
@@ -479,7 +530,9 @@ mod tests {
     use crate::mpa::mulpdu;
 
     // siw-write-p2p frame 8: zero-length Write RTR FPDU.
-    const RTR: [u8; 20] = [0x00, 0x0e, 0xc1, 0x40, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    const RTR: [u8; 20] = [
+        0x00, 0x0e, 0xc1, 0x40, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    ];
 
     #[test]
     fn rtr_round_trip() {
@@ -498,7 +551,16 @@ mod tests {
     #[test]
     fn segmenter_sizes() {
         let m = mulpdu(1460);
-        let segs: Vec<_> = Segmenter::new(Opcode::Write, Target::Tagged { stag: 0x100, to: 0x1000 }, 4000, m).collect();
+        let segs: Vec<_> = Segmenter::new(
+            Opcode::Write,
+            Target::Tagged {
+                stag: 0x100,
+                to: 0x1000,
+            },
+            4000,
+            m,
+        )
+        .collect();
         assert_eq!(segs.len(), 3);
         assert_eq!(segs[0].payload_len, 1436);
         assert_eq!(segs[0].fpdu_len(), 1456);
@@ -507,26 +569,68 @@ mod tests {
         let (f, _) = {
             let mut b = segs[1].header.as_slice().to_vec();
             b.extend(vec![0u8; segs[1].payload_len as usize]);
-            b.extend_from_slice(segs[1].trailer(true, &[&vec![0u8; segs[1].payload_len as usize]]).as_slice());
+            b.extend_from_slice(
+                segs[1]
+                    .trailer(true, &[&vec![0u8; segs[1].payload_len as usize]])
+                    .as_slice(),
+            );
             let v = b.clone();
             let (f, n) = parse_fpdu(&v).map(|(f, n)| (f.ddp, n)).unwrap();
             (f, n)
         };
-        assert_eq!(f.model, BufferModel::Tagged { stag: 0x100, to: 0x1000 + 1436 });
+        assert_eq!(
+            f.model,
+            BufferModel::Tagged {
+                stag: 0x100,
+                to: 0x1000 + 1436
+            }
+        );
         // zero-length message: one segment
-        let z: Vec<_> = Segmenter::new(Opcode::Send, Target::Untagged { qn: 0, msn: 1, rsvd_ulp: 0 }, 0, m).collect();
+        let z: Vec<_> = Segmenter::new(
+            Opcode::Send,
+            Target::Untagged {
+                qn: 0,
+                msn: 1,
+                rsvd_ulp: 0,
+            },
+            0,
+            m,
+        )
+        .collect();
         assert_eq!(z.len(), 1);
         assert!(z[0].last);
-        let u: Vec<_> = Segmenter::new(Opcode::Send, Target::Untagged { qn: 0, msn: 1, rsvd_ulp: 0 }, 3000, m).collect();
+        let u: Vec<_> = Segmenter::new(
+            Opcode::Send,
+            Target::Untagged {
+                qn: 0,
+                msn: 1,
+                rsvd_ulp: 0,
+            },
+            3000,
+            m,
+        )
+        .collect();
         assert_eq!(u[0].payload_len, 1432);
-        assert_eq!(u[1].header.as_slice()[LEN_FIELD + 14..LEN_FIELD + 18], 1432u32.to_be_bytes());
+        assert_eq!(
+            u[1].header.as_slice()[LEN_FIELD + 14..LEN_FIELD + 18],
+            1432u32.to_be_bytes()
+        );
     }
 
     #[test]
     fn deframer_byte_by_byte() {
         let mut stream = Vec::new();
         let payload: Vec<u8> = (0..1000u32).map(|i| i as u8).collect();
-        for plan in Segmenter::new(Opcode::Send, Target::Untagged { qn: 0, msn: 1, rsvd_ulp: 0 }, 1000, 300) {
+        for plan in Segmenter::new(
+            Opcode::Send,
+            Target::Untagged {
+                qn: 0,
+                msn: 1,
+                rsvd_ulp: 0,
+            },
+            1000,
+            300,
+        ) {
             let p = &payload[plan.msg_offset as usize..][..plan.payload_len as usize];
             stream.extend_from_slice(plan.header.as_slice());
             stream.extend_from_slice(p);
@@ -578,7 +682,10 @@ mod tests {
     fn deframer_errors() {
         let mut d = Deframer::new(false);
         // ULPDU length 4 with a tagged header
-        assert_eq!(d.feed(&[0, 4, 0xc1, 0x40]).unwrap_err(), FrameError::UlpduTooShort(4));
+        assert_eq!(
+            d.feed(&[0, 4, 0xc1, 0x40]).unwrap_err(),
+            FrameError::UlpduTooShort(4)
+        );
         let mut d = Deframer::new(false);
         // Terminate with 1000-byte body
         let mut h = vec![0x03, 0xfa, 0x41, 0x47];
@@ -586,6 +693,9 @@ mod tests {
         assert_eq!(d.feed(&h).unwrap_err(), FrameError::ControlTooLong(1018));
         // Read request ULPDU too short for its 28-byte body
         let mut d = Deframer::new(false);
-        assert_eq!(d.feed(&[0, 20, 0x41, 0x41]).unwrap_err(), FrameError::UlpduTooShort(20));
+        assert_eq!(
+            d.feed(&[0, 20, 0x41, 0x41]).unwrap_err(),
+            FrameError::UlpduTooShort(20)
+        );
     }
 }

@@ -92,11 +92,27 @@ fn deframe(name: &str, st: &Stream, start: usize, crc_on: bool, sum: &mut Summar
     for (i, c) in st.chunks.iter().enumerate() {
         // Chunks after a capture hole start at a TCP segment; siw sends one
         // FPDU per segment, so they start at an FPDU (as tshark assumes).
-        deframe_chunk(name, st, c, if i == 0 { start } else { 0 }, i > 0, crc_on, sum);
+        deframe_chunk(
+            name,
+            st,
+            c,
+            if i == 0 { start } else { 0 },
+            i > 0,
+            crc_on,
+            sum,
+        );
     }
 }
 
-fn deframe_chunk(name: &str, st: &Stream, s: &Chunk, start: usize, resync: bool, crc_on: bool, sum: &mut Summary) {
+fn deframe_chunk(
+    name: &str,
+    st: &Stream,
+    s: &Chunk,
+    start: usize,
+    resync: bool,
+    crc_on: bool,
+    sum: &mut Summary,
+) {
     let sport = st.src.unwrap().port;
     let mut off = start;
     if resync {
@@ -146,10 +162,16 @@ fn deframe_chunk(name: &str, st: &Stream, s: &Chunk, start: usize, resync: bool,
         assert_eq!(f.ddp.rdmap.rv, 1);
         // DDP sequencing, RFC 5041 §5.
         match f.ddp.model {
-            BufferModel::Untagged { qn, msn: m, mo: o, .. } => {
+            BufferModel::Untagged {
+                qn, msn: m, mo: o, ..
+            } => {
                 let want_msn = *msn.get(&qn).unwrap_or(&if resync { m } else { 1 });
                 let want_mo = *mo.get(&qn).unwrap_or(&if resync { o } else { 0 });
-                assert_eq!((m, o), (want_msn, want_mo), "{name}: QN {qn} MSN/MO out of sequence");
+                assert_eq!(
+                    (m, o),
+                    (want_msn, want_mo),
+                    "{name}: QN {qn} MSN/MO out of sequence"
+                );
                 let seg = f.payload.len() as u32 + f.body.len() as u32;
                 if f.ddp.last {
                     msn.insert(qn, m + 1);
@@ -162,7 +184,11 @@ fn deframe_chunk(name: &str, st: &Stream, s: &Chunk, start: usize, resync: bool,
                 if let Some(exp) = next_to {
                     assert_eq!((stag, to), exp, "{name}: tagged segment not contiguous");
                 }
-                next_to = if f.ddp.last { None } else { Some((stag, to + f.payload.len() as u64)) };
+                next_to = if f.ddp.last {
+                    None
+                } else {
+                    Some((stag, to + f.payload.len() as u64))
+                };
             }
         }
         if f.ddp.rdmap.opcode == Opcode::Terminate as u8 {
@@ -187,7 +213,9 @@ fn check_capture(dir: &Path, name: &str) -> Summary {
     let conns = reassemble(lt, &pkts);
     let mut sum = Summary::default();
     for c in &conns {
-        let (Some(a), Some(b)) = (c.a.first(), c.b.first()) else { continue };
+        let (Some(a), Some(b)) = (c.a.first(), c.b.first()) else {
+            continue;
+        };
         let (req, rn) = RrFrame::parse(&a.data).unwrap_or_else(|e| panic!("{name}: request {e:?}"));
         assert_eq!(req.hdr.kind, FrameKind::Request);
         let mut re = Vec::new();
@@ -195,8 +223,15 @@ fn check_capture(dir: &Path, name: &str) -> Summary {
         assert_eq!(re, &a.data[..rn]);
         let fr = a.frame_of_end(rn);
         let (p, info) = &txt[&fr];
-        assert_eq!((p.as_str(), info.ends_with("MPA Request Frame")), ("MPA", true), "{name} frame {fr}");
-        let req_s = RrFrame { hdr: req.hdr, private_data: leak(req.private_data) };
+        assert_eq!(
+            (p.as_str(), info.ends_with("MPA Request Frame")),
+            ("MPA", true),
+            "{name} frame {fr}"
+        );
+        let req_s = RrFrame {
+            hdr: req.hdr,
+            private_data: leak(req.private_data),
+        };
         sum.mpa_req.push((fr, req_s));
         let (rep, pn) = RrFrame::parse(&b.data).unwrap_or_else(|e| panic!("{name}: reply {e:?}"));
         assert_eq!(rep.hdr.kind, FrameKind::Reply);
@@ -205,7 +240,13 @@ fn check_capture(dir: &Path, name: &str) -> Summary {
         assert_eq!(re, &b.data[..pn]);
         let fp = b.frame_of_end(pn);
         assert!(txt[&fp].1.ends_with("MPA Reply Frame"), "{name} frame {fp}");
-        sum.mpa_rep.push((fp, RrFrame { hdr: rep.hdr, private_data: leak(rep.private_data) }));
+        sum.mpa_rep.push((
+            fp,
+            RrFrame {
+                hdr: rep.hdr,
+                private_data: leak(rep.private_data),
+            },
+        ));
         if rep.hdr.reject() {
             assert_eq!(a.data.len(), rn, "{name}: data after a rejected request");
             continue;
@@ -218,15 +259,24 @@ fn check_capture(dir: &Path, name: &str) -> Summary {
     // ends, and every DDP/RDMA line of tshark is one of ours.
     let mut ours: BTreeMap<usize, Vec<String>> = BTreeMap::new();
     for f in &sum.fpdus {
-        let last = if f.ddp.last { "[last DDP segment]" } else { "[more DDP segments]" };
-        ours.entry(f.frame).or_default().push(format!("{} {} {}", f.sport, op_name(f.op), last));
+        let last = if f.ddp.last {
+            "[last DDP segment]"
+        } else {
+            "[more DDP segments]"
+        };
+        ours.entry(f.frame)
+            .or_default()
+            .push(format!("{} {} {}", f.sport, op_name(f.op), last));
     }
     let mut theirs: BTreeMap<usize, Vec<String>> = BTreeMap::new();
     for (fr, (p, info)) in &txt {
         if p == "DDP/RDMA" {
             // "sport > dport Opcode [last DDP segment]"
             let t: Vec<&str> = info.splitn(4, ' ').collect();
-            theirs.entry(*fr).or_default().push(format!("{} {}", t[0], t[3]));
+            theirs
+                .entry(*fr)
+                .or_default()
+                .push(format!("{} {}", t[0], t[3]));
         }
     }
     for (fr, v) in &theirs {
@@ -240,7 +290,10 @@ fn check_capture(dir: &Path, name: &str) -> Summary {
     }
     for (fr, o) in &ours {
         // tshark lists one PDU per frame in its summary line.
-        assert!(theirs.contains_key(fr), "{name} frame {fr}: we found {o:?}, tshark has none");
+        assert!(
+            theirs.contains_key(fr),
+            "{name} frame {fr}: we found {o:?}, tshark has none"
+        );
     }
     sum
 }
@@ -250,7 +303,8 @@ fn all_names(dir: &Path) -> Vec<String> {
         .unwrap()
         .filter_map(|e| {
             let p = e.unwrap().path();
-            (p.extension()? == "pcap").then(|| p.file_stem().unwrap().to_string_lossy().into_owned())
+            (p.extension()? == "pcap")
+                .then(|| p.file_stem().unwrap().to_string_lossy().into_owned())
         })
         .collect();
     v.sort();
@@ -261,19 +315,34 @@ fn all_names(dir: &Path) -> Vec<String> {
 fn all_captures_deframe_and_reencode() {
     let Some(dir) = captures_dir() else { return };
     let names = all_names(&dir);
-    assert!(names.len() >= 15, "expected the 15 captures, found {}", names.len());
+    assert!(
+        names.len() >= 15,
+        "expected the 15 captures, found {}",
+        names.len()
+    );
     for n in &names {
         let s = check_capture(&dir, n);
         let mut per_op: BTreeMap<&str, usize> = BTreeMap::new();
         for f in &s.fpdus {
             *per_op.entry(op_name(f.op)).or_default() += 1;
         }
-        eprintln!("{n}: {} conns, {} FPDUs {:?}, {} CRCs checked, {} non-zero pads, {} tails lost", s.mpa_req.len(), s.fpdus.len(), per_op, s.crc_checked, s.dirty_pads, s.partial_tails);
+        eprintln!(
+            "{n}: {} conns, {} FPDUs {:?}, {} CRCs checked, {} non-zero pads, {} tails lost",
+            s.mpa_req.len(),
+            s.fpdus.len(),
+            per_op,
+            s.crc_checked,
+            s.dirty_pads,
+            s.partial_tails
+        );
     }
 }
 
 fn find(s: &Summary, frame: usize) -> &Fp {
-    s.fpdus.iter().find(|f| f.frame == frame).unwrap_or_else(|| panic!("no FPDU ends in frame {frame}"))
+    s.fpdus
+        .iter()
+        .find(|f| f.frame == frame)
+        .unwrap_or_else(|| panic!("no FPDU ends in frame {frame}"))
 }
 
 #[test]
@@ -288,16 +357,36 @@ fn specific_fields() {
     // Read Request, frame 33
     let f = find(&s, 33);
     assert_eq!(f.op, Opcode::ReadRequest as u8);
-    assert_eq!(f.ddp.model, BufferModel::Untagged { rsvd_ulp: 0, qn: 1, msn: 1, mo: 0 });
+    assert_eq!(
+        f.ddp.model,
+        BufferModel::Untagged {
+            rsvd_ulp: 0,
+            qn: 1,
+            msn: 1,
+            mo: 0
+        }
+    );
     let rr = ReadRequest::parse(&f.body).unwrap();
     assert_eq!(
         rr,
-        ReadRequest { sink_stag: 0xdb687700, sink_to: 0x00005563ff4d0000, size: 8192, src_stag: 0xcef17600, src_to: 0x00005631d80b8000 }
+        ReadRequest {
+            sink_stag: 0xdb687700,
+            sink_to: 0x00005563ff4d0000,
+            size: 8192,
+            src_stag: 0xcef17600,
+            src_to: 0x00005631d80b8000
+        }
     );
     // Read Response, frame 35: sink STag/TO of that request, 8192 bytes.
     let f = find(&s, 35);
     assert_eq!(f.op, Opcode::ReadResponse as u8);
-    assert_eq!(f.ddp.model, BufferModel::Tagged { stag: 0xdb687700, to: 0x00005563ff4d0000 });
+    assert_eq!(
+        f.ddp.model,
+        BufferModel::Tagged {
+            stag: 0xdb687700,
+            to: 0x00005563ff4d0000
+        }
+    );
     assert_eq!(f.payload.len(), 8192);
     let reads = s.fpdus.iter().filter(|f| f.op == 1).count();
     let resps = s.fpdus.iter().filter(|f| f.op == 2).count();
@@ -306,10 +395,24 @@ fn specific_fields() {
     // siw-write frame 35: one 8192-byte Write; frame 8: Send QN0 MSN1.
     let s = check_capture(&dir, "siw-write");
     let f = find(&s, 35);
-    assert_eq!(f.ddp.model, BufferModel::Tagged { stag: 0x5e70ac00, to: 0x000055799c794000 });
+    assert_eq!(
+        f.ddp.model,
+        BufferModel::Tagged {
+            stag: 0x5e70ac00,
+            to: 0x000055799c794000
+        }
+    );
     assert_eq!(f.payload.len(), 8192);
     let f = find(&s, 8);
-    assert_eq!(f.ddp.model, BufferModel::Untagged { rsvd_ulp: 0, qn: 0, msn: 1, mo: 0 });
+    assert_eq!(
+        f.ddp.model,
+        BufferModel::Untagged {
+            rsvd_ulp: 0,
+            qn: 0,
+            msn: 1,
+            mo: 0
+        }
+    );
     assert_eq!(f.payload.len(), 16);
     assert_eq!(&f.payload[..4], b"6.06");
 
@@ -317,17 +420,31 @@ fn specific_fields() {
     let s = check_capture(&dir, "siw-write-mtu1500");
     let f = find(&s, 35);
     assert!(!f.ddp.last);
-    assert_eq!(f.ddp.model, BufferModel::Tagged { stag: 0x52f05b00, to: 0x0000561cd31c8000 });
+    assert_eq!(
+        f.ddp.model,
+        BufferModel::Tagged {
+            stag: 0x52f05b00,
+            to: 0x0000561cd31c8000
+        }
+    );
     assert_eq!(f.payload.len(), 1428);
     assert_eq!(uiw_wire::mpa::mulpdu(1448) - 14, 1428);
-    let max = s.fpdus.iter().map(|f| f.payload.len() + f.body.len() + f.ddp.len()).max().unwrap();
+    let max = s
+        .fpdus
+        .iter()
+        .map(|f| f.payload.len() + f.body.len() + f.ddp.len())
+        .max()
+        .unwrap();
     assert_eq!(max, uiw_wire::mpa::mulpdu(1448));
 
     // CRC captures: every FPDU's CRC verified.
     for n in ["siw-write-crc", "siw-read-crc", "h2g-rping-crc"] {
         let s = check_capture(&dir, n);
         assert!(s.crc_checked > 0 && s.crc_checked == s.fpdus.len(), "{n}");
-        assert!(s.mpa_req.iter().any(|(_, r)| r.hdr.crc()) || s.mpa_rep.iter().any(|(_, r)| r.hdr.crc()));
+        assert!(
+            s.mpa_req.iter().any(|(_, r)| r.hdr.crc())
+                || s.mpa_rep.iter().any(|(_, r)| r.hdr.crc())
+        );
     }
 
     // P2P: request 8000c001, reply 80018000, then a zero-length Write RTR to STag 1.
@@ -370,7 +487,15 @@ fn specific_fields() {
     let rr = t.rdmap_hdr.unwrap();
     assert_eq!(rr.src_stag, 0xdeadbe00);
     let f = find(&s, 9);
-    assert_eq!(f.ddp.model, BufferModel::Untagged { rsvd_ulp: 0, qn: 2, msn: 1, mo: 0 });
+    assert_eq!(
+        f.ddp.model,
+        BufferModel::Untagged {
+            rsvd_ulp: 0,
+            qn: 2,
+            msn: 1,
+            mo: 0
+        }
+    );
     let req = find(&s, 8);
     assert_eq!(ReadRequest::parse(&req.body).unwrap(), rr);
 }
@@ -393,8 +518,16 @@ fn uiw_answers_siw_reads_like_siw() {
     }
     impl MemoryIo for Mem {
         fn read(&self, src: Source, out: &mut [u8]) {
-            let Source::Tagged { stag, to } = src else { panic!("{src:?}") };
-            let (_, base, d) = self.0.iter().find(|(s, b, d)| *s == stag && to >= *b && to + out.len() as u64 <= b + d.len() as u64).expect("source");
+            let Source::Tagged { stag, to } = src else {
+                panic!("{src:?}")
+            };
+            let (_, base, d) = self
+                .0
+                .iter()
+                .find(|(s, b, d)| {
+                    *s == stag && to >= *b && to + out.len() as u64 <= b + d.len() as u64
+                })
+                .expect("source");
             let o = (to - base) as usize;
             out.copy_from_slice(&d[o..o + out.len()]);
         }
@@ -402,13 +535,20 @@ fn uiw_answers_siw_reads_like_siw() {
     }
 
     let Some(dir) = captures_dir() else { return };
-    for name in ["siw-read", "siw-read-mtu1500", "siw-read-crc", "siw-read-rev1"] {
+    for name in [
+        "siw-read",
+        "siw-read-mtu1500",
+        "siw-read-crc",
+        "siw-read-rev1",
+    ] {
         let pcap = std::fs::read(dir.join(format!("{name}.pcap"))).unwrap();
         let (lt, pkts) = read_pcap(&pcap);
         let conns = reassemble(lt, &pkts);
         let mut compared = 0;
         for c in &conns {
-            let (Some(a), Some(b)) = (c.a.first(), c.b.first()) else { continue };
+            let (Some(a), Some(b)) = (c.a.first(), c.b.first()) else {
+                continue;
+            };
             // siw's own output: read responses (tagged FPDUs) from the server.
             let (rep, pn) = RrFrame::parse(&b.data).unwrap();
             let (req, rn) = RrFrame::parse(&a.data).unwrap();
@@ -468,13 +608,15 @@ fn uiw_answers_siw_reads_like_siw() {
             }
             let mut out = Vec::new();
             let mut off = 0;
-            let mut mem = mem;
             while off < feed_end {
                 off += us.handle_bytes(&a.data[off..feed_end], &mut mem);
                 while us.poll_transmit(&mut out, &mem) {}
             }
             while let Some(e) = us.poll_event() {
-                assert!(!matches!(e, Event::Terminated { .. } | Event::Failed(_)), "{name}: {e:?}");
+                assert!(
+                    !matches!(e, Event::Terminated { .. } | Event::Failed(_)),
+                    "{name}: {e:?}"
+                );
             }
             // Our MPA Reply equals siw's.
             assert_eq!(&out[..pn], &b.data[..pn], "{name}: MPA Reply differs");
@@ -485,7 +627,11 @@ fn uiw_answers_siw_reads_like_siw() {
                 ours.push(out[off..off + n].to_vec());
                 off += n;
             }
-            assert_eq!(ours.len(), siw_resp.len(), "{name}: number of Read Response FPDUs");
+            assert_eq!(
+                ours.len(),
+                siw_resp.len(),
+                "{name}: number of Read Response FPDUs"
+            );
             for (i, (o, s)) in ours.iter().zip(siw_resp.iter()).enumerate() {
                 assert_eq!(o, s, "{name}: Read Response FPDU {i} differs");
             }
@@ -520,7 +666,8 @@ fn uiw_terminates_bad_read_like_siw() {
     let c = &reassemble(lt, &pkts)[0];
     let (a, b) = (c.a.first().unwrap(), c.b.first().unwrap());
     let (_, pn) = RrFrame::parse(&b.data).unwrap();
-    let (siw_term, siw_layout) = Terminate::parse(parse_fpdu(&b.data[pn..]).unwrap().0.payload).unwrap();
+    let (siw_term, siw_layout) =
+        Terminate::parse(parse_fpdu(&b.data[pn..]).unwrap().0.payload).unwrap();
     assert_eq!(siw_layout, TermLayout::Siw);
     let mut us = Connection::new(Config::new(Role::Responder), 0);
     let mut out = Vec::new();
@@ -532,19 +679,45 @@ fn uiw_terminates_bad_read_like_siw() {
     let (rep, rn) = RrFrame::parse(&out).unwrap();
     assert!(!rep.hdr.reject());
     let (f, _) = parse_fpdu(&out[rn..]).unwrap();
-    assert_eq!(f.ddp.model, BufferModel::Untagged { rsvd_ulp: 0, qn: 2, msn: 1, mo: 0 });
+    assert_eq!(
+        f.ddp.model,
+        BufferModel::Untagged {
+            rsvd_ulp: 0,
+            qn: 2,
+            msn: 1,
+            mo: 0
+        }
+    );
     let (t, layout) = Terminate::parse(f.payload).unwrap();
     assert_eq!(layout, TermLayout::Rfc);
-    assert_eq!((t.code, t.m, t.d, t.r), (siw_term.code, siw_term.m, siw_term.d, siw_term.r));
+    assert_eq!(
+        (t.code, t.m, t.d, t.r),
+        (siw_term.code, siw_term.m, siw_term.d, siw_term.r)
+    );
     assert_eq!(t.rdmap_hdr, siw_term.rdmap_hdr);
     // siw echoes the read size in the MSN field and a zero segment length;
     // we echo the header as received (MSN 1) and its ULPDU length.
     let echoed = ddp_model(t.echoed_ddp().unwrap());
-    assert_eq!(echoed, BufferModel::Untagged { rsvd_ulp: 0, qn: 1, msn: 1, mo: 0 });
+    assert_eq!(
+        echoed,
+        BufferModel::Untagged {
+            rsvd_ulp: 0,
+            qn: 1,
+            msn: 1,
+            mo: 0
+        }
+    );
     assert_eq!(t.seg_len, 46);
-    assert_eq!(ddp_model(siw_term.echoed_ddp().unwrap()), BufferModel::Untagged { rsvd_ulp: 0, qn: 1, msn: 64, mo: 0 });
+    assert_eq!(
+        ddp_model(siw_term.echoed_ddp().unwrap()),
+        BufferModel::Untagged {
+            rsvd_ulp: 0,
+            qn: 1,
+            msn: 64,
+            mo: 0
+        }
+    );
 }
-
 
 fn ddp_model(b: &[u8]) -> BufferModel {
     uiw_wire::ddp::DdpHeader::parse(b).unwrap().0.model
@@ -592,7 +765,9 @@ fn uiw_receives_siw_client_streams() {
         let pcap = std::fs::read(dir.join(format!("{name}.pcap"))).unwrap();
         let (lt, pkts) = read_pcap(&pcap);
         for c in reassemble(lt, &pkts) {
-            let (Some(a), Some(b)) = (c.a.first(), c.b.first()) else { continue };
+            let (Some(a), Some(b)) = (c.a.first(), c.b.first()) else {
+                continue;
+            };
             let (req, rn) = RrFrame::parse(&a.data).unwrap();
             let (rep, pn) = RrFrame::parse(&b.data).unwrap();
             let mut cfg = Config::new(Role::Responder);
@@ -602,7 +777,11 @@ fn uiw_receives_siw_client_streams() {
             cfg.ird = 128;
             cfg.ord = 128;
             cfg.p2p = true;
-            cfg.rtr = Rtr { write: true, read: true, send: false };
+            cfg.rtr = Rtr {
+                write: true,
+                read: true,
+                send: false,
+            };
             let mut us = Connection::new(cfg, 0);
             // Expected: untagged Sends (messages) and tagged Write bytes.
             let (mut sends, mut writes) = (0usize, BTreeMap::new());
@@ -631,13 +810,21 @@ fn uiw_receives_siw_client_streams() {
                 o += us.handle_bytes(&a.data[o..end], &mut mem);
                 while us.poll_transmit(&mut out, &mem) {}
             }
-            assert_eq!(&out[..pn], &b.data[..pn], "{name}: our MPA Reply differs from siw's ({:02x?})", req.private_data);
+            assert_eq!(
+                &out[..pn],
+                &b.data[..pn],
+                "{name}: our MPA Reply differs from siw's ({:02x?})",
+                req.private_data
+            );
             let mut recvs = 0;
             while let Some(e) = us.poll_event() {
                 match e {
                     Event::Terminated { .. } | Event::Failed(_) => panic!("{name}: {e:?}"),
                     Event::Completion(c) => {
-                        assert_eq!((c.opcode, c.status), (WcOpcode::Recv, uiw_wire::WcStatus::Success));
+                        assert_eq!(
+                            (c.opcode, c.status),
+                            (WcOpcode::Recv, uiw_wire::WcStatus::Success)
+                        );
                         recvs += 1;
                     }
                     _ => {}
@@ -645,7 +832,10 @@ fn uiw_receives_siw_client_streams() {
             }
             assert_eq!(recvs, sends, "{name}: receive completions");
             assert_eq!(mem.tagged, writes, "{name}: placed Write data");
-            eprintln!("{name}: reply identical, {sends} Sends received, {} Write segments placed", writes.len());
+            eprintln!(
+                "{name}: reply identical, {sends} Sends received, {} Write segments placed",
+                writes.len()
+            );
         }
     }
 }
@@ -685,7 +875,9 @@ fn uiw_initiator_matches_siw_client() {
         let pcap = std::fs::read(dir.join(format!("{name}.pcap"))).unwrap();
         let (lt, pkts) = read_pcap(&pcap);
         for c in reassemble(lt, &pkts) {
-            let (Some(a), Some(b)) = (c.a.first(), c.b.first()) else { continue };
+            let (Some(a), Some(b)) = (c.a.first(), c.b.first()) else {
+                continue;
+            };
             let (req, rn) = RrFrame::parse(&a.data).unwrap();
             let (_, pn) = RrFrame::parse(&b.data).unwrap();
             // siw client's Read Requests (and RTR), in order.
@@ -713,7 +905,11 @@ fn uiw_initiator_matches_siw_client() {
             cfg.ird = io.map(|x| x.ird).unwrap_or(128);
             cfg.ord = io.map(|x| x.ord).unwrap_or(128);
             cfg.p2p = io.map(|x| x.p2p).unwrap_or(false);
-            cfg.rtr = Rtr { write: io.map(|x| x.write_rtr).unwrap_or(false), read: io.map(|x| x.read_rtr).unwrap_or(false), send: false };
+            cfg.rtr = Rtr {
+                write: io.map(|x| x.write_rtr).unwrap_or(false),
+                read: io.map(|x| x.read_rtr).unwrap_or(false),
+                send: false,
+            };
             cfg.private_data = req.ulp_private_data().to_vec();
             let mut us = Connection::new(cfg, 0);
             let mut mem = Rec::default();
@@ -730,7 +926,15 @@ fn uiw_initiator_matches_siw_client() {
                 us.post_recv(1000 + i, 1 << 20).unwrap();
             }
             for (i, r) in reqs.iter().enumerate() {
-                us.post_read(i as u64, r.sink_stag, r.sink_to, r.src_stag, r.src_to, r.size).unwrap();
+                us.post_read(
+                    i as u64,
+                    r.sink_stag,
+                    r.sink_to,
+                    r.src_stag,
+                    r.src_to,
+                    r.size,
+                )
+                .unwrap();
             }
             // Feed siw's server stream (Sends, Read Responses) as far as it
             // was captured, transmitting as reads become allowed.
@@ -753,7 +957,10 @@ fn uiw_initiator_matches_siw_client() {
                 ours.push(out[off..off + n].to_vec());
                 off += n;
             }
-            assert_eq!(ours, theirs, "{name}: our Read Requests / RTR differ from siw's");
+            assert_eq!(
+                ours, theirs,
+                "{name}: our Read Requests / RTR differ from siw's"
+            );
             let mut reads_done = 0;
             while let Some(e) = us.poll_event() {
                 match e {
@@ -771,7 +978,9 @@ fn uiw_initiator_matches_siw_client() {
             let mut want = BTreeMap::new();
             let mut off = pn;
             while let Ok((f, n)) = parse_fpdu(&b.data[off..data_end]) {
-                if let (Some(Opcode::ReadResponse), BufferModel::Tagged { stag, to }) = (f.ddp.rdmap.op(), f.ddp.model) {
+                if let (Some(Opcode::ReadResponse), BufferModel::Tagged { stag, to }) =
+                    (f.ddp.rdmap.op(), f.ddp.model)
+                {
                     if !f.payload.is_empty() {
                         want.insert((stag, to), f.payload.to_vec());
                     }
@@ -779,7 +988,10 @@ fn uiw_initiator_matches_siw_client() {
                 off += n;
             }
             assert_eq!(mem.0, want, "{name}: placed read data");
-            eprintln!("{name}: request, {} Read Requests identical; {reads_done} reads completed", ours.len());
+            eprintln!(
+                "{name}: request, {} Read Requests identical; {reads_done} reads completed",
+                ours.len()
+            );
             checked += 1;
         }
     }

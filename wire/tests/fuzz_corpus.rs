@@ -16,7 +16,7 @@ impl Memory for Mem {
         if stag != 0x100 {
             return Err(TaggedError::InvalidStag);
         }
-        if to.checked_add(len as u64).map_or(true, |e| e > 4096) {
+        if to.checked_add(len as u64).filter(|&e| e <= 4096).is_none() {
             return Err(TaggedError::BaseBounds);
         }
         Ok(())
@@ -60,7 +60,18 @@ fn run_one(data: &[u8]) {
         let mut m = Mem(vec![0; 4096]);
         if established {
             let mut req = Vec::new();
-            encode_rr(FrameKind::Request, 0, 2, Some(IrdOrd { ird: 4, ord: 4, ..Default::default() }), &[], &mut req);
+            encode_rr(
+                FrameKind::Request,
+                0,
+                2,
+                Some(IrdOrd {
+                    ird: 4,
+                    ord: 4,
+                    ..Default::default()
+                }),
+                &[],
+                &mut req,
+            );
             let mut r = &req[..];
             while !r.is_empty() {
                 let n = c.handle_bytes(r, &mut m);

@@ -4,7 +4,9 @@
 //! them) and completion status.
 
 use std::collections::HashMap;
-use uiw_wire::conn::{Completion, Config, Connection, Event, Failure, Role, RxWant, SendFlags, State, Tx, WcOpcode};
+use uiw_wire::conn::{
+    Completion, Config, Connection, Event, Failure, Role, RxWant, SendFlags, State, Tx, WcOpcode,
+};
 use uiw_wire::ddp::{qn, DdpHeader};
 use uiw_wire::mpa;
 use uiw_wire::placement::{Access, Memory, MemoryIo, Placement, Source};
@@ -28,7 +30,15 @@ struct Mem {
 
 impl Mem {
     fn region(&mut self, stag: u32, base: u64, len: usize, access: &[Access]) {
-        self.regions.insert(stag, Region { base, data: vec![0; len], access: access.to_vec(), valid: true });
+        self.regions.insert(
+            stag,
+            Region {
+                base,
+                data: vec![0; len],
+                access: access.to_vec(),
+                valid: true,
+            },
+        );
     }
     fn fill(&mut self, stag: u32, pat: u8) {
         let r = self.regions.get_mut(&stag).unwrap();
@@ -41,11 +51,26 @@ impl Mem {
     }
 }
 
-const ALL: &[Access] = &[Access::LocalWrite, Access::RemoteWrite, Access::RemoteRead, Access::RemoteAtomic];
+const ALL: &[Access] = &[
+    Access::LocalWrite,
+    Access::RemoteWrite,
+    Access::RemoteRead,
+    Access::RemoteAtomic,
+];
 
 impl Memory for Mem {
-    fn check_tagged(&self, stag: u32, to: u64, len: u32, access: Access) -> Result<(), TaggedError> {
-        let r = self.regions.get(&stag).filter(|r| r.valid).ok_or(TaggedError::InvalidStag)?;
+    fn check_tagged(
+        &self,
+        stag: u32,
+        to: u64,
+        len: u32,
+        access: Access,
+    ) -> Result<(), TaggedError> {
+        let r = self
+            .regions
+            .get(&stag)
+            .filter(|r| r.valid)
+            .ok_or(TaggedError::InvalidStag)?;
         if !r.access.contains(&access) {
             return Err(TaggedError::AccessRights);
         }
@@ -56,7 +81,11 @@ impl Memory for Mem {
         Ok(())
     }
     fn invalidate(&mut self, stag: u32) -> Result<(), TaggedError> {
-        let r = self.regions.get_mut(&stag).filter(|r| r.valid).ok_or(TaggedError::InvalidStag)?;
+        let r = self
+            .regions
+            .get_mut(&stag)
+            .filter(|r| r.valid)
+            .ok_or(TaggedError::InvalidStag)?;
         r.valid = false;
         Ok(())
     }
@@ -83,7 +112,9 @@ impl Memory for Mem {
 impl MemoryIo for Mem {
     fn read(&self, src: Source, out: &mut [u8]) {
         match src {
-            Source::Wr { wr_id, offset } => out.copy_from_slice(&self.sends[&wr_id][offset as usize..][..out.len()]),
+            Source::Wr { wr_id, offset } => {
+                out.copy_from_slice(&self.sends[&wr_id][offset as usize..][..out.len()])
+            }
             Source::Tagged { stag, to } => {
                 let r = &self.regions[&stag];
                 let o = (to - r.base) as usize;
@@ -94,9 +125,9 @@ impl MemoryIo for Mem {
     }
     fn write(&mut self, dst: Placement, data: &[u8]) {
         match dst {
-            Placement::Recv { wr_id, offset } => {
-                self.recvs.get_mut(&wr_id).unwrap()[offset as usize..][..data.len()].copy_from_slice(data)
-            }
+            Placement::Recv { wr_id, offset } => self.recvs.get_mut(&wr_id).unwrap()
+                [offset as usize..][..data.len()]
+                .copy_from_slice(data),
             Placement::Tagged { stag, to } => {
                 let r = self.regions.get_mut(&stag).unwrap();
                 let o = (to - r.base) as usize;
@@ -115,7 +146,11 @@ struct Peer {
 
 impl Peer {
     fn new(cfg: Config) -> Peer {
-        Peer { c: Connection::new(cfg, 0), m: Mem::default(), ev: Vec::new() }
+        Peer {
+            c: Connection::new(cfg, 0),
+            m: Mem::default(),
+            ev: Vec::new(),
+        }
     }
     fn drain(&mut self) {
         while let Some(e) = self.c.poll_event() {
@@ -124,13 +159,29 @@ impl Peer {
     }
     fn completions(&mut self) -> Vec<Completion> {
         self.drain();
-        let v = self.ev.iter().filter_map(|e| if let Event::Completion(c) = e { Some(*c) } else { None }).collect();
+        let v = self
+            .ev
+            .iter()
+            .filter_map(|e| {
+                if let Event::Completion(c) = e {
+                    Some(*c)
+                } else {
+                    None
+                }
+            })
+            .collect();
         self.ev.retain(|e| !matches!(e, Event::Completion(_)));
         v
     }
     fn terminate(&mut self) -> Option<(bool, Terminate)> {
         self.drain();
-        self.ev.iter().find_map(|e| if let Event::Terminated { sent, term } = e { Some((*sent, *term)) } else { None })
+        self.ev.iter().find_map(|e| {
+            if let Event::Terminated { sent, term } = e {
+                Some((*sent, *term))
+            } else {
+                None
+            }
+        })
     }
     fn post_recv(&mut self, wr_id: u64, len: usize) {
         self.m.recvs.insert(wr_id, vec![0; len]);
@@ -198,7 +249,9 @@ fn default_pair() -> (Peer, Peer) {
 }
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n).map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed)).collect()
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed))
+        .collect()
 }
 
 /// Assert the responder sent exactly `code` and the other side received it.
@@ -225,13 +278,36 @@ fn send_variants() {
         b.post_recv(10 + i, 100);
     }
     a.post_send(1, &pattern(100, 1), SendFlags::default());
-    a.post_send(2, &pattern(0, 0), SendFlags { solicited: true, invalidate: None });
-    a.post_send(3, &pattern(33, 3), SendFlags { solicited: false, invalidate: Some(0x500) });
-    a.post_send(4, &pattern(5, 4), SendFlags { solicited: true, invalidate: Some(0x777) });
+    a.post_send(
+        2,
+        &pattern(0, 0),
+        SendFlags {
+            solicited: true,
+            invalidate: None,
+        },
+    );
+    a.post_send(
+        3,
+        &pattern(33, 3),
+        SendFlags {
+            solicited: false,
+            invalidate: Some(0x500),
+        },
+    );
+    a.post_send(
+        4,
+        &pattern(5, 4),
+        SendFlags {
+            solicited: true,
+            invalidate: Some(0x777),
+        },
+    );
     pump(&mut a, &mut b);
     let ca = a.completions();
     assert_eq!(ca.len(), 4);
-    assert!(ca.iter().all(|c| c.status == WcStatus::Success && c.opcode == WcOpcode::Send));
+    assert!(ca
+        .iter()
+        .all(|c| c.status == WcStatus::Success && c.opcode == WcOpcode::Send));
     let cb = b.completions();
     assert_eq!(cb[0].byte_len, 100);
     assert_eq!(b.m.recvs[&10], pattern(100, 1));
@@ -251,19 +327,31 @@ fn write_and_read() {
     b.m.region(0xb00, 0x7000_0000, 4096, ALL);
     b.m.fill(0xb00, 9);
     a.m.sends.insert(1, pattern(3000, 5));
-    a.c.post_write(1, 0xb00, 0x7000_0000 + 100, 3000, None).unwrap();
-    a.c.post_read(2, 0xa00, 0x10000, 0xb00, 0x7000_0000 + 200, 2000).unwrap();
-    a.c.post_read(3, 0xa00, 0x10000 + 2048, 0xb00, 0x7000_0000, 0, ).unwrap();
+    a.c.post_write(1, 0xb00, 0x7000_0000 + 100, 3000, None)
+        .unwrap();
+    a.c.post_read(2, 0xa00, 0x10000, 0xb00, 0x7000_0000 + 200, 2000)
+        .unwrap();
+    a.c.post_read(3, 0xa00, 0x10000 + 2048, 0xb00, 0x7000_0000, 0)
+        .unwrap();
     pump(&mut a, &mut b);
     let c = a.completions();
     assert_eq!(c.len(), 3);
-    assert_eq!((c[0].wr_id, c[0].opcode, c[0].status, c[0].byte_len), (1, WcOpcode::RdmaWrite, WcStatus::Success, 3000));
-    assert_eq!((c[1].wr_id, c[1].opcode, c[1].status, c[1].byte_len), (2, WcOpcode::RdmaRead, WcStatus::Success, 2000));
+    assert_eq!(
+        (c[0].wr_id, c[0].opcode, c[0].status, c[0].byte_len),
+        (1, WcOpcode::RdmaWrite, WcStatus::Success, 3000)
+    );
+    assert_eq!(
+        (c[1].wr_id, c[1].opcode, c[1].status, c[1].byte_len),
+        (2, WcOpcode::RdmaRead, WcStatus::Success, 2000)
+    );
     assert_eq!((c[2].wr_id, c[2].byte_len), (3, 0));
     assert_eq!(&b.m.bytes(0xb00)[100..3100], &pattern(3000, 5)[..]);
     // The read saw the data the write had put there (ordering).
     assert_eq!(&a.m.bytes(0xa00)[..2000], &b.m.bytes(0xb00)[200..2200]);
-    assert!(b.completions().is_empty(), "writes and reads complete nothing at the target");
+    assert!(
+        b.completions().is_empty(),
+        "writes and reads complete nothing at the target"
+    );
 }
 
 #[test]
@@ -276,7 +364,8 @@ fn ord_limits_outstanding_reads() {
     b.m.region(0xb00, 0, 1 << 16, ALL);
     b.m.fill(0xb00, 1);
     for i in 0..6u64 {
-        a.c.post_read(i, 0xa00, i * 1000, 0xb00, i * 500, 1000).unwrap();
+        a.c.post_read(i, 0xa00, i * 1000, 0xb00, i * 500, 1000)
+            .unwrap();
     }
     // Only ORD read requests leave before any response came back.
     let mut buf = Vec::new();
@@ -291,9 +380,15 @@ fn ord_limits_outstanding_reads() {
     }
     pump(&mut a, &mut b);
     let c = a.completions();
-    assert_eq!(c.iter().map(|c| c.wr_id).collect::<Vec<_>>(), vec![0, 1, 2, 3, 4, 5]);
+    assert_eq!(
+        c.iter().map(|c| c.wr_id).collect::<Vec<_>>(),
+        vec![0, 1, 2, 3, 4, 5]
+    );
     for i in 0..6usize {
-        assert_eq!(&a.m.bytes(0xa00)[i * 1000..i * 1000 + 1000], &b.m.bytes(0xb00)[i * 500..i * 500 + 1000]);
+        assert_eq!(
+            &a.m.bytes(0xa00)[i * 1000..i * 1000 + 1000],
+            &b.m.bytes(0xb00)[i * 500..i * 500 + 1000]
+        );
     }
 }
 
@@ -307,10 +402,23 @@ fn inbound_reads_over_ird_terminate() {
     // A misbehaving peer: two Read Requests back to back.
     let mut raw = Vec::new();
     for msn in 1..=2 {
-        let rr = ReadRequest { sink_stag: 0xa00, sink_to: 0, size: 100, src_stag: 0xb00, src_to: 0 };
+        let rr = ReadRequest {
+            sink_stag: 0xa00,
+            sink_to: 0,
+            size: 100,
+            src_stag: 0xb00,
+            src_to: 0,
+        };
         let mut body = [0u8; 28];
         rr.encode(&mut body);
-        let d = DdpHeader::untagged(qn::READ_REQUEST, msn, 0, 0, true, RdmapCtrl::new(Opcode::ReadRequest));
+        let d = DdpHeader::untagged(
+            qn::READ_REQUEST,
+            msn,
+            0,
+            0,
+            true,
+            RdmapCtrl::new(Opcode::ReadRequest),
+        );
         encode_fpdu(&d, &body, &[], false, &mut raw);
     }
     let mut off = 0;
@@ -334,12 +442,14 @@ fn large_messages_segmented_by_mss() {
     b.m.region(0xb00, 0x4000_0000, N, ALL);
     a.m.region(0xa00, 0x5000_0000, N, ALL);
     a.m.sends.insert(1, pattern(N, 3));
-    a.c.post_write(1, 0xb00, 0x4000_0000, N as u32, None).unwrap();
+    a.c.post_write(1, 0xb00, 0x4000_0000, N as u32, None)
+        .unwrap();
     let (na, _) = pump(&mut a, &mut b);
     assert_eq!(na, N.div_ceil(seg_payload));
     assert!(b.m.bytes(0xb00) == &pattern(N, 3)[..]);
     // Read it back.
-    a.c.post_read(2, 0xa00, 0x5000_0000, 0xb00, 0x4000_0000, N as u32).unwrap();
+    a.c.post_read(2, 0xa00, 0x5000_0000, 0xb00, 0x4000_0000, N as u32)
+        .unwrap();
     let (_, nb) = pump(&mut a, &mut b);
     assert_eq!(nb, N.div_ceil(seg_payload));
     assert!(a.m.bytes(0xa00) == &pattern(N, 3)[..]);
@@ -362,7 +472,13 @@ fn write_errors_match_siw() {
         (0xb00, 0x1000 + 4090, 10, ALL, TermCode::DDP_T_BASE_BOUNDS),
         (0xb00, 0x0fff, 10, ALL, TermCode::DDP_T_BASE_BOUNDS),
         // No remote write right: DDP has no access code, siw reports base/bounds.
-        (0xb00, 0x1000, 10, &[Access::LocalWrite, Access::RemoteRead], TermCode::DDP_T_BASE_BOUNDS),
+        (
+            0xb00,
+            0x1000,
+            10,
+            &[Access::LocalWrite, Access::RemoteRead],
+            TermCode::DDP_T_BASE_BOUNDS,
+        ),
     ];
     for &(stag, to, len, acc, code) in cases {
         let (mut a, mut b) = default_pair();
@@ -376,7 +492,10 @@ fn write_errors_match_siw() {
         assert!(t.m && t.d && !t.r);
         assert_eq!(t.seg_len as u32, 14 + len);
         let (h, _) = DdpHeader::parse(t.echoed_ddp().unwrap()).unwrap();
-        assert_eq!(h, DdpHeader::tagged(stag, to, true, RdmapCtrl::new(Opcode::Write)));
+        assert_eq!(
+            h,
+            DdpHeader::tagged(stag, to, true, RdmapCtrl::new(Opcode::Write))
+        );
         // Nothing was placed; the posted receive is flushed.
         assert!(b.m.bytes(0xb00).iter().all(|&x| x == 0));
         let cb = b.completions();
@@ -391,7 +510,12 @@ fn read_errors_match_siw() {
     let cases: &[(u32, u64, &[Access], TermCode)] = &[
         (0xdeadbe00, 0x1000, ALL, TermCode::RDMAP_INVALID_STAG),
         (0xb00, 0x2000, ALL, TermCode::RDMAP_BASE_BOUNDS),
-        (0xb00, 0x1000, &[Access::RemoteWrite], TermCode::RDMAP_ACCESS_RIGHTS),
+        (
+            0xb00,
+            0x1000,
+            &[Access::RemoteWrite],
+            TermCode::RDMAP_ACCESS_RIGHTS,
+        ),
     ];
     for &(stag, to, acc, code) in cases {
         let (mut a, mut b) = default_pair();
@@ -407,7 +531,10 @@ fn read_errors_match_siw() {
         let rr = t.rdmap_hdr.unwrap();
         assert_eq!((rr.src_stag, rr.src_to, rr.size), (stag, to, 64));
         let (h, _) = DdpHeader::parse(t.echoed_ddp().unwrap()).unwrap();
-        assert_eq!(h, DdpHeader::untagged(1, 1, 0, 0, true, RdmapCtrl::new(Opcode::ReadRequest)));
+        assert_eq!(
+            h,
+            DdpHeader::untagged(1, 1, 0, 0, true, RdmapCtrl::new(Opcode::ReadRequest))
+        );
         let c = a.completions();
         let st: Vec<_> = c.iter().map(|c| (c.wr_id, c.status)).collect();
         assert!(st.contains(&(1, WcStatus::RemAccessErr)), "{st:?}");
@@ -424,7 +551,10 @@ fn send_without_receive_and_too_long() {
     let t = assert_term(&mut b, &mut a, TermCode::DDP_U_NO_BUFFER);
     assert!(t.m && t.d && !t.r);
     let (h, _) = DdpHeader::parse(t.echoed_ddp().unwrap()).unwrap();
-    assert_eq!(h, DdpHeader::untagged(0, 1, 0, 0, true, RdmapCtrl::new(Opcode::Send)));
+    assert_eq!(
+        h,
+        DdpHeader::untagged(0, 1, 0, 0, true, RdmapCtrl::new(Opcode::Send))
+    );
 
     // A Send longer than the posted buffer: same code, LOC_LEN_ERR locally.
     let (mut a, mut b) = default_pair();
@@ -471,7 +601,10 @@ fn unexpected_extension_opcode() {
     let (mut a, mut b) = pair(ca, Config::new(Role::Responder));
     assert!(!a.c.negotiated().unwrap().extensions);
     b.post_recv(1, 16);
-    assert_eq!(a.c.post_immediate(1, 5, false), Err(uiw_wire::PostError::NotSupported));
+    assert_eq!(
+        a.c.post_immediate(1, 5, false),
+        Err(uiw_wire::PostError::NotSupported)
+    );
     a.c.post_immediate_unchecked(1, 5);
     pump(&mut a, &mut b);
     let t = assert_term(&mut b, &mut a, TermCode::RDMAP_UNEXPECTED_OPCODE);
@@ -490,27 +623,41 @@ fn extensions_between_uiw_peers() {
     a.m.region(0xa00, 0, 64, ALL);
     b.m.region(0xb00, 0x100, 64, ALL);
     b.m.regions.get_mut(&0xb00).unwrap().data[..8].copy_from_slice(&40u64.to_ne_bytes());
-    a.c.post_atomic(1, AtomicOp::FetchAdd, (0xa00, 0), 0xb00, 0x100, 2, 0).unwrap();
-    a.c.post_atomic(2, AtomicOp::CompareSwap, (0xa00, 8), 0xb00, 0x100, 99, 42).unwrap();
-    a.c.post_atomic(3, AtomicOp::CompareSwap, (0xa00, 16), 0xb00, 0x100, 7, 42).unwrap();
+    a.c.post_atomic(1, AtomicOp::FetchAdd, (0xa00, 0), 0xb00, 0x100, 2, 0)
+        .unwrap();
+    a.c.post_atomic(2, AtomicOp::CompareSwap, (0xa00, 8), 0xb00, 0x100, 99, 42)
+        .unwrap();
+    a.c.post_atomic(3, AtomicOp::CompareSwap, (0xa00, 16), 0xb00, 0x100, 7, 42)
+        .unwrap();
     // Write with Immediate: data, then an Immediate Data message.
     b.post_recv(5, 0);
     a.m.sends.insert(4, pattern(20, 1));
-    a.c.post_write(4, 0xb00, 0x110, 20, Some(0x1122334455667788)).unwrap();
+    a.c.post_write(4, 0xb00, 0x110, 20, Some(0x1122334455667788))
+        .unwrap();
     pump(&mut a, &mut b);
     let c = a.completions();
-    assert_eq!((c[0].opcode, c[0].atomic_result), (WcOpcode::FetchAdd, Some(40)));
-    assert_eq!((c[1].opcode, c[1].atomic_result), (WcOpcode::CompSwap, Some(42)));
+    assert_eq!(
+        (c[0].opcode, c[0].atomic_result),
+        (WcOpcode::FetchAdd, Some(40))
+    );
+    assert_eq!(
+        (c[1].opcode, c[1].atomic_result),
+        (WcOpcode::CompSwap, Some(42))
+    );
     assert_eq!(c[2].atomic_result, Some(99));
     assert_eq!(&a.m.bytes(0xa00)[0..8], &40u64.to_ne_bytes());
     assert_eq!(&a.m.bytes(0xa00)[8..16], &42u64.to_ne_bytes());
     assert_eq!(&b.m.bytes(0xb00)[..8], &99u64.to_ne_bytes());
     let cb = b.completions();
     assert_eq!(cb.len(), 1);
-    assert_eq!((cb[0].wr_id, cb[0].opcode, cb[0].imm), (5, WcOpcode::RecvRdmaWithImm, Some(0x1122334455667788)));
+    assert_eq!(
+        (cb[0].wr_id, cb[0].opcode, cb[0].imm),
+        (5, WcOpcode::RecvRdmaWithImm, Some(0x1122334455667788))
+    );
     assert_eq!(&b.m.bytes(0xb00)[0x10..0x24], &pattern(20, 1)[..]);
     // Atomic to a bad STag: remote protection error at the requester.
-    a.c.post_atomic(6, AtomicOp::FetchAdd, (0xa00, 0), 0xbad, 0, 1, 0).unwrap();
+    a.c.post_atomic(6, AtomicOp::FetchAdd, (0xa00, 0), 0xbad, 0, 1, 0)
+        .unwrap();
     pump(&mut a, &mut b);
     assert_term(&mut b, &mut a, TermCode::RDMAP_INVALID_STAG);
     assert_eq!(a.completions()[0].status, WcStatus::RemAccessErr);
@@ -546,7 +693,10 @@ fn initiator_request_matches_siw_bytes() {
     let mut out = Vec::new();
     assert!(a.c.poll_transmit(&mut out, &a.m));
     // siw-read.pcap frame 21
-    assert_eq!(&out[16..], &[0x10, 0x02, 0x00, 0x04, 0x00, 0x80, 0x00, 0x80]);
+    assert_eq!(
+        &out[16..],
+        &[0x10, 0x02, 0x00, 0x04, 0x00, 0x80, 0x00, 0x80]
+    );
     assert_eq!(&out[..16], b"MPA ID Req Frame");
 }
 
@@ -554,7 +704,14 @@ fn initiator_request_matches_siw_bytes() {
 fn markers_request_is_rejected_like_siw() {
     let mut b = Peer::new(Config::new(Role::Responder));
     let mut req = Vec::new();
-    mpa::encode_rr(mpa::FrameKind::Request, mpa::FLAG_MARKERS, 2, Some(Default::default()), &[], &mut req);
+    mpa::encode_rr(
+        mpa::FrameKind::Request,
+        mpa::FLAG_MARKERS,
+        2,
+        Some(Default::default()),
+        &[],
+        &mut req,
+    );
     let mut off = 0;
     while off < req.len() {
         off += b.c.handle_bytes(&req[off..], &mut b.m);
@@ -581,13 +738,25 @@ fn markers_request_is_rejected_like_siw() {
 
 #[test]
 fn p2p_rtr_variants() {
-    for (w, r, s) in [(true, true, false), (false, true, false), (false, false, true)] {
+    for (w, r, s) in [
+        (true, true, false),
+        (false, true, false),
+        (false, false, true),
+    ] {
         let mut ca = Config::new(Role::Initiator);
         ca.p2p = true;
-        ca.rtr = uiw_wire::conn::Rtr { write: w, read: r, send: s };
+        ca.rtr = uiw_wire::conn::Rtr {
+            write: w,
+            read: r,
+            send: s,
+        };
         let mut cb = Config::new(Role::Responder);
         cb.p2p = true;
-        cb.rtr = uiw_wire::conn::Rtr { write: true, read: true, send: true };
+        cb.rtr = uiw_wire::conn::Rtr {
+            write: true,
+            read: true,
+            send: true,
+        };
         let (mut a, mut b) = (Peer::new(ca), Peer::new(cb));
         // Responder must not send before the RTR: it is in WaitRtr after the Request.
         let mut buf = Vec::new();
@@ -602,17 +771,32 @@ fn p2p_rtr_variants() {
         pump(&mut a, &mut b);
         b.drain();
         a.drain();
-        assert_eq!(b.c.state(), State::Established, "rtr {w}{r}{s}: {:?} {:?}", b.ev, a.ev);
+        assert_eq!(
+            b.c.state(),
+            State::Established,
+            "rtr {w}{r}{s}: {:?} {:?}",
+            b.ev,
+            a.ev
+        );
         assert!(a.c.negotiated().unwrap().p2p);
         // The early Send went out after the RTR.
         let c = a.completions();
-        assert_eq!((c[0].wr_id, c[0].byte_len), (3, 5), "rtr {w}{r}{s}: {:?}", a.ev);
+        assert_eq!(
+            (c[0].wr_id, c[0].byte_len),
+            (3, 5),
+            "rtr {w}{r}{s}: {:?}",
+            a.ev
+        );
         assert_eq!(&a.m.recvs[&3][..5], b"early");
         // A later Send from a uses the right MSN (after a Send RTR).
         b.post_recv(4, 10);
         a.post_send(9, b"x", SendFlags::default());
         pump(&mut a, &mut b);
-        assert_eq!(b.completions().iter().filter(|c| c.wr_id == 4).count(), 1, "rtr {w}{r}{s}");
+        assert_eq!(
+            b.completions().iter().filter(|c| c.wr_id == 4).count(),
+            1,
+            "rtr {w}{r}{s}"
+        );
     }
 }
 
@@ -636,7 +820,10 @@ fn siw_style_write_rtr_bytes() {
     }
     let mut rtr = Vec::new();
     a.c.poll_transmit(&mut rtr, &a.m);
-    assert_eq!(rtr, [0x00, 0x0e, 0xc1, 0x40, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(
+        rtr,
+        [0x00, 0x0e, 0xc1, 0x40, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+    );
 }
 
 #[test]
@@ -653,7 +840,17 @@ fn terminate_bytes_are_rfc_layout() {
     while b.c.poll_transmit(&mut out, &b.m) {}
     let (f, _) = parse_fpdu(&out).unwrap();
     assert_eq!(f.ddp.rdmap.op(), Some(Opcode::Terminate));
-    assert_eq!(f.ddp, DdpHeader::untagged(qn::TERMINATE, 1, 0, 0, true, RdmapCtrl::new(Opcode::Terminate)));
+    assert_eq!(
+        f.ddp,
+        DdpHeader::untagged(
+            qn::TERMINATE,
+            1,
+            0,
+            0,
+            true,
+            RdmapCtrl::new(Opcode::Terminate)
+        )
+    );
     // layer DDP (1) in the high nibble, untagged (2) low, code 2, M|D.
     assert_eq!(&f.payload[..6], &[0x12, 0x02, 0xc0, 0x00, 0x00, 0x13]);
     let (_, layout) = Terminate::parse(f.payload).unwrap();
@@ -755,7 +952,9 @@ fn manual_accept_and_reject() {
     let (mut a, mut b) = (Peer::new(ca.clone()), Peer::new(cb.clone()));
     pump(&mut a, &mut b);
     b.drain();
-    let Event::ConnectRequest(r) = b.ev.remove(0) else { panic!("{:?}", b.ev) };
+    let Event::ConnectRequest(r) = b.ev.remove(0) else {
+        panic!("{:?}", b.ev)
+    };
     assert_eq!(r.private_data, b"hello server");
     assert_eq!(r.ird_ord.map(|x| (x.ird, x.ord)), Some((3, 5)));
     assert_eq!(b.c.state(), State::WaitAccept);
@@ -763,7 +962,9 @@ fn manual_accept_and_reject() {
     b.c.accept(8, 8, b"hi client", 0).unwrap();
     pump(&mut a, &mut b);
     a.drain();
-    let Event::Established(n) = &a.ev[0] else { panic!() };
+    let Event::Established(n) = &a.ev[0] else {
+        panic!()
+    };
     assert_eq!(n.private_data, b"hi client");
     assert_eq!((n.ird, n.ord), (3, 5));
     assert_eq!(b.c.negotiated().unwrap().ird, 5);
@@ -774,7 +975,13 @@ fn manual_accept_and_reject() {
     b.c.reject(b"go away").unwrap();
     pump(&mut a, &mut b);
     a.drain();
-    assert_eq!(a.ev, vec![Event::Rejected { by_peer: true, private_data: b"go away".to_vec() }]);
+    assert_eq!(
+        a.ev,
+        vec![Event::Rejected {
+            by_peer: true,
+            private_data: b"go away".to_vec()
+        }]
+    );
     assert_eq!(b.c.state(), State::Rejected);
 }
 

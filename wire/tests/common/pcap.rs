@@ -36,7 +36,10 @@ pub fn read_pcap(bytes: &[u8]) -> (u32, Vec<Packet>) {
         let orig = rd32(&bytes[off + 12..off + 16]) as usize;
         assert_eq!(incl, orig, "truncated packet in capture (snaplen)");
         off += 16;
-        out.push(Packet { frame: out.len() + 1, data: bytes[off..off + incl].to_vec() });
+        out.push(Packet {
+            frame: out.len() + 1,
+            data: bytes[off..off + incl].to_vec(),
+        });
         off += incl;
     }
     (linktype, out)
@@ -110,8 +113,14 @@ pub fn tcp_of(linktype: u32, p: &Packet) -> Option<TcpSeg> {
     Some(TcpSeg {
         mss: mss.map(|m| if ts { m - 12 } else { m }),
         frame: p.frame,
-        src: Endpoint { ip: ip[12..16].try_into().unwrap(), port: u16::from_be_bytes([tcp[0], tcp[1]]) },
-        dst: Endpoint { ip: ip[16..20].try_into().unwrap(), port: u16::from_be_bytes([tcp[2], tcp[3]]) },
+        src: Endpoint {
+            ip: ip[12..16].try_into().unwrap(),
+            port: u16::from_be_bytes([tcp[0], tcp[1]]),
+        },
+        dst: Endpoint {
+            ip: ip[16..20].try_into().unwrap(),
+            port: u16::from_be_bytes([tcp[2], tcp[3]]),
+        },
         seq: u32::from_be_bytes(tcp[4..8].try_into().unwrap()),
         syn: flags & 0x02 != 0,
         fin: flags & 0x01 != 0,
@@ -134,7 +143,11 @@ pub struct Chunk {
 impl Chunk {
     /// Frame in which chunk byte `end` (exclusive) arrived.
     pub fn frame_of_end(&self, end: usize) -> usize {
-        self.ends.iter().find(|(e, _)| *e >= end).map(|x| x.1).unwrap_or(0)
+        self.ends
+            .iter()
+            .find(|(e, _)| *e >= end)
+            .map(|x| x.1)
+            .unwrap_or(0)
     }
 }
 
@@ -169,7 +182,9 @@ pub fn reassemble(linktype: u32, pkts: &[Packet]) -> Vec<Conn> {
     let mut conns: Vec<Conn> = Vec::new();
     let mut index: HashMap<(Endpoint, Endpoint), (usize, bool)> = HashMap::new();
     for p in pkts {
-        let Some(s) = tcp_of(linktype, p) else { continue };
+        let Some(s) = tcp_of(linktype, p) else {
+            continue;
+        };
         let key = (s.src, s.dst);
         let (ci, is_a) = match index.get(&key) {
             Some(v) => *v,
@@ -189,7 +204,11 @@ pub fn reassemble(linktype: u32, pkts: &[Packet]) -> Vec<Conn> {
                 }
             }
         };
-        let st = if is_a { &mut conns[ci].a } else { &mut conns[ci].b };
+        let st = if is_a {
+            &mut conns[ci].a
+        } else {
+            &mut conns[ci].b
+        };
         if s.syn {
             st.isn = Some(s.seq.wrapping_add(1));
             st.src = Some(s.src);
@@ -204,14 +223,25 @@ pub fn reassemble(linktype: u32, pkts: &[Packet]) -> Vec<Conn> {
         }
         let off = s.seq.wrapping_sub(isn) as usize;
         let end = off + s.payload.len();
-        let cur_end = st.chunks.last().map(|c| c.start + c.data.len()).unwrap_or(0);
+        let cur_end = st
+            .chunks
+            .last()
+            .map(|c| c.start + c.data.len())
+            .unwrap_or(0);
         if st.chunks.is_empty() && off == 0 || off > cur_end {
             if let Some(c) = st.chunks.last_mut() {
                 c.gap_after = true;
             } else if off > 0 {
-                st.chunks.push(Chunk { start: 0, gap_after: true, ..Default::default() });
+                st.chunks.push(Chunk {
+                    start: 0,
+                    gap_after: true,
+                    ..Default::default()
+                });
             }
-            st.chunks.push(Chunk { start: off, ..Default::default() });
+            st.chunks.push(Chunk {
+                start: off,
+                ..Default::default()
+            });
         }
         let c = st.chunks.last_mut().unwrap();
         if end > c.start + c.data.len() && off >= c.start {
