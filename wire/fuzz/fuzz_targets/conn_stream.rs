@@ -69,6 +69,9 @@ fuzz_target!(|data: &[u8]| {
     for i in 0..(sel >> 1) % 4 {
         let _ = c.post_recv(i as u64, 512 * (i as u32 + 1) - 1);
     }
+    if sel & 0x40 != 0 {
+        let _ = c.post_fence();
+    }
     let mut out = Vec::new();
     let mut rest = &data[1..];
     while !rest.is_empty() {

@@ -43,6 +43,7 @@ fuzz_target!(|data: &[u8]| {
         cfg.extensions = sel & 4 != 0;
         cfg.revision = if sel & 8 != 0 { 1 } else { 2 };
         cfg.mss = 64 + (sel as usize) * 8;
+        cfg.manual_accept = sel & 0x10 != 0;
         let mut c = Connection::new(cfg, 0);
         let mut m = NoMem;
         let mut out = Vec::new();
@@ -51,14 +52,26 @@ fuzz_target!(|data: &[u8]| {
         let mut rest = &data[1..];
         while !rest.is_empty() {
             let n = c.handle_bytes(rest, &mut m);
-            assert!(n > 0 && n <= rest.len());
+            assert!(n <= rest.len());
+            assert!(n > 0 || c.state() == uiw_wire::conn::State::WaitAccept);
             rest = &rest[n..];
             let mut k = 0;
             while c.poll_transmit(&mut out, &m) {
                 k += 1;
                 assert!(k < 100_000);
             }
-            while c.poll_event().is_some() {}
+            while let Some(ev) = c.poll_event() {
+                if let uiw_wire::conn::Event::ConnectRequest(_) = ev {
+                    if sel & 0x20 != 0 {
+                        c.reject(b"no").unwrap();
+                    } else {
+                        c.accept(2, 2, b"ok", 0).unwrap();
+                    }
+                }
+            }
+            if rest.len() > 1 && c.state() == uiw_wire::conn::State::WaitAccept {
+                break;
+            }
         }
         c.handle_timeout(u64::MAX);
     }
