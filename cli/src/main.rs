@@ -1,4 +1,6 @@
 //! `uiw`: publish, inspect and use uiw software iWARP devices (see `uiw --help`).
+//! The few libc calls it needs are `uiw_kabi::sys`'s safe wrappers.
+#![forbid(unsafe_code)]
 
 mod help;
 mod libs;
@@ -452,10 +454,7 @@ enum Join {
 }
 
 fn uiw_env(paths: &Paths) -> Res<Vec<(&'static str, String, Join)>> {
-    let writable = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(paths.state.as_os_str()))
-        // SAFETY: access(2) on a valid NUL-terminated path.
-        .map(|c| unsafe { libc::access(c.as_ptr(), libc::W_OK) } == 0)
-        .unwrap_or(false);
+    let writable = uiw_kabi::sys::is_writable(&paths.state);
     let notes = if writable {
         link_libs(paths)
     } else {
@@ -512,8 +511,7 @@ fn cmd_run(paths: &Paths, rest: Vec<OsString>) -> Res {
         return usage("run: no command given (uiw run -- CMD [ARGS]...)");
     }
     if state::read_manifest(&paths.manifest()).is_empty() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } == 0 {
+        if uiw_kabi::sys::geteuid() == 0 {
             eprintln!("uiw: run: no device published yet; publishing uiw_lo (uiw up)");
             cmd_up(paths, Vec::new(), false)?;
         } else {

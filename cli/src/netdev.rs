@@ -2,7 +2,6 @@
 //! link state, speed and IPv4 addresses. Read from `/sys/class/net/<dev>`
 //! (overridable with `UIW_HOST_SYSFS` for tests) and `getifaddrs(3)`.
 
-use std::ffi::CStr;
 use std::fs;
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -64,44 +63,7 @@ pub fn lookup(host_sysfs: &Path, name: &str) -> Result<Netdev, String> {
     Ok(Netdev { name: name.to_string(), mac, mtu, ifindex, running, speed_mbps, ipv4: ipv4_addrs(name) })
 }
 
-/// IPv4 addresses of `name` (and of its alias labels `name:*`) via getifaddrs(3).
-pub fn ipv4_addrs(name: &str) -> Vec<Ipv4Addr> {
-    let mut out = Vec::new();
-    let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs writes a list head into ifap; we free it with freeifaddrs below.
-    if unsafe { libc::getifaddrs(&mut ifap) } != 0 {
-        return out;
-    }
-    let mut cur = ifap;
-    while !cur.is_null() {
-        // SAFETY: cur is a node of the list getifaddrs returned and has not been freed.
-        let ifa = unsafe { &*cur };
-        cur = ifa.ifa_next;
-        if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
-            continue;
-        }
-        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
-        let ifname = unsafe { CStr::from_ptr(ifa.ifa_name) }.to_string_lossy();
-        let base = ifname.split(':').next().unwrap_or("");
-        if base != name {
-            continue;
-        }
-        // SAFETY: ifa_addr is non-null and points to a sockaddr at least sa_family wide.
-        let family = unsafe { (*ifa.ifa_addr).sa_family } as i32;
-        if family != libc::AF_INET {
-            continue;
-        }
-        // SAFETY: family is AF_INET, so the sockaddr is a sockaddr_in.
-        let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-        let a = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
-        if !out.contains(&a) {
-            out.push(a);
-        }
-    }
-    // SAFETY: ifap came from a successful getifaddrs and is freed exactly once.
-    unsafe { libc::freeifaddrs(ifap) };
-    out
-}
+pub use uiw_kabi::sys::ipv4_addrs;
 
 /// The IB (speed, width) pair the kernel's `ib_get_eth_speed()` reports for an
 /// Ethernet netdev of this speed (unknown speed counts as 1000 Mb/s, as there).

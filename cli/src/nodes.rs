@@ -20,10 +20,6 @@ pub struct Registry {
     _lock: fs::File,
 }
 
-fn cpath(p: &Path) -> std::ffi::CString {
-    std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap_or_default()
-}
-
 impl Registry {
     /// Create (mode 1777, like /tmp: any user may register a node it uses) and lock.
     pub fn open_locked(dir: &Path) -> io::Result<Registry> {
@@ -35,14 +31,7 @@ impl Registry {
         let f = fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&lockp)
             .or_else(|_| fs::File::open(&lockp))?;
         let _ = fs::set_permissions(&lockp, fs::Permissions::from_mode(0o666));
-        use std::os::unix::io::AsRawFd;
-        // SAFETY: flock on an fd we own; blocks until the lock is ours.
-        while unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
+        uiw_kabi::sys::lock_exclusive(&f)?;
         Ok(Registry { dir: dir.to_path_buf(), _lock: f })
     }
 
@@ -147,10 +136,7 @@ pub fn ensure(p: &Path) -> Result<(u32, u32), NodeError> {
 }
 
 fn create(p: &Path) -> Result<(), NodeError> {
-    let c = cpath(p);
-    // SAFETY: c is a valid NUL-terminated path.
-    let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
-    if r == 0 {
+    if uiw_kabi::sys::mknod_char(p, 0o666, 1, 3).is_ok() {
         let _ = fs::set_permissions(p, fs::Permissions::from_mode(0o666));
         // On a nodev mount the node exists but cannot be opened: use a symlink there.
         if fs::OpenOptions::new().read(true).write(true).open(p).is_ok() {

@@ -9,7 +9,6 @@
 use crate::netdev::{ib_speed_width, rate_text, Netdev};
 use std::fs;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 /// `IB_USER_VERBS_ABI_VERSION`: the class-wide uverbs ABI (libibverbs accepts 3..=6).
@@ -237,21 +236,7 @@ pub fn publish(root: &Path, devices: &[Device], mirror: &Mirror) -> io::Result<(
     Ok(())
 }
 
-/// Atomically exchange two paths (renameat2 RENAME_EXCHANGE, Linux ≥ 3.15).
-fn exchange(a: &Path, b: &Path) -> io::Result<()> {
-    let ca = std::ffi::CString::new(a.as_os_str().as_bytes())?;
-    let cb = std::ffi::CString::new(b.as_os_str().as_bytes())?;
-    const RENAME_EXCHANGE: libc::c_uint = 2;
-    // SAFETY: both are valid NUL-terminated paths that outlive the call.
-    let r = unsafe {
-        libc::syscall(libc::SYS_renameat2, libc::AT_FDCWD, ca.as_ptr(), libc::AT_FDCWD, cb.as_ptr(), RENAME_EXCHANGE)
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
+use uiw_kabi::sys::rename_exchange as exchange;
 
 #[cfg(test)]
 mod tests {

@@ -8,6 +8,7 @@
 //! - [`ffi`]: the private functions libibverbs exports to providers.
 //! - [`version`]: which libibverbs is running, and whether the mirror fits it.
 //! - [`uverbs`]: the records a kernel would write to uverbs file descriptors.
+//! - [`sys`]: safe wrappers for the libc calls `uiw` needs to publish a device.
 //!
 //! This crate holds no logic beyond that: it is the one place where C layouts are spelled out.
 
@@ -19,5 +20,6 @@ pub mod verbs {
 
 pub mod ffi;
 pub mod private;
+pub mod sys;
 pub mod uverbs;
 pub mod version;
