@@ -276,8 +276,9 @@ fn release_node(paths: &Paths, reg: &nodes::Registry, n: u32) {
     }
 }
 
-/// (Re)create `<state>/lib/{libuiw-rdmav34.so,libuiw_preload.so}` as symlinks to the
-/// built libraries. Returns notes about what could not be found.
+/// (Re)create `<state>/lib/{libuiw-rdmav34.so,libuiw_preload.so,rdmacm/librdmacm.so.1}` as
+/// symlinks to the built libraries. Returns notes about what could not be found (the
+/// librdmacm drop-in is optional: without it rdma_cm programs use the system's).
 fn link_libs(paths: &Paths) -> Vec<String> {
     let mut notes = Vec::new();
     let lib = paths.lib();
@@ -285,21 +286,25 @@ fn link_libs(paths: &Paths) -> Vec<String> {
     for (link, names, what) in [
         (state::PROVIDER_LINK, libs::PROVIDER_FILES, "provider libuiw_rdmav34.so (cargo build -p uiw-provider)"),
         (state::PRELOAD_NAME, libs::PRELOAD_FILES, "preload shim libuiw_preload.so (cargo build -p uiw-preload)"),
+        (state::RDMACM_LINK, libs::RDMACM_FILES, ""),
     ] {
         let dst = lib.join(link);
+        if let Some(d) = dst.parent() {
+            let _ = fs::create_dir_all(d);
+        }
         match libs::find(paths, names) {
             Some(src) => {
                 if fs::read_link(&dst).ok().as_deref() == Some(src.as_path()) {
                     continue;
                 }
-                let tmp = lib.join(format!(".{link}.tmp"));
+                let tmp = dst.with_file_name(format!(".{}.tmp", dst.file_name().unwrap_or_default().to_string_lossy()));
                 let _ = fs::remove_file(&tmp);
                 if std::os::unix::fs::symlink(&src, &tmp).and_then(|_| fs::rename(&tmp, &dst)).is_err() {
                     notes.push(format!("cannot link {} -> {}", dst.display(), src.display()));
                 }
             }
             None => {
-                if !dst.exists() {
+                if !dst.exists() && !what.is_empty() {
                     notes.push(format!(
                         "{what} not found next to uiw, in $UIW_LIBDIR or in the source tree's target/; programs will see no uiw device until it is built"
                     ));
@@ -468,8 +473,12 @@ fn uiw_env(paths: &Paths) -> Res<Vec<(&'static str, String, Join)>> {
         v.push(("RDMAV_DRIVERS", paths.lib().join("libuiw").display().to_string(), Join::Append(":")));
     }
     v.push(("LD_PRELOAD", paths.lib().join(state::PRELOAD_NAME).display().to_string(), Join::Append(" ")));
-    // The librdmacm drop-in, next to whichever provider we use.
+    // The librdmacm drop-in: the one link_libs put in <state>/lib/rdmacm, else a
+    // directory `rdmacm` next to whichever provider we use.
     let mut dirs: Vec<PathBuf> = Vec::new();
+    if paths.lib().join(state::RDMACM_LINK).is_file() {
+        dirs.push(paths.lib());
+    }
     if let Ok(p) = fs::canonicalize(paths.lib().join(state::PROVIDER_LINK)) {
         if let Some(d) = p.parent() {
             dirs.push(d.to_path_buf());

@@ -9,6 +9,9 @@ pub const DEFAULT_DEV_DIR: &str = "/dev/infiniband";
 pub const DEFAULT_REGISTRY: &str = "/run/uiw-nodes";
 pub const PROVIDER_LINK: &str = "libuiw-rdmav34.so";
 pub const PRELOAD_NAME: &str = "libuiw_preload.so";
+/// `<state>/lib/rdmacm/librdmacm.so.1`: the librdmacm drop-in, alone in its directory so
+/// that `LD_LIBRARY_PATH` picks up nothing else.
+pub const RDMACM_LINK: &str = "rdmacm/librdmacm.so.1";
 
 #[derive(Debug, Clone)]
 pub struct Paths {
