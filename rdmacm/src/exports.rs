@@ -1124,7 +1124,9 @@ pub unsafe extern "C" fn rdma_get_devices(num_devices: *mut c_int) -> *mut *mut 
         for k in 0..n.max(0) as usize {
             // SAFETY: the system list has n entries.
             let c = unsafe { *sys_list.add(k) };
-            if !c.is_null() && !ctxs.contains(&c) {
+            // The system library opens uiw devices too: list each device once, ours.
+            let dup = verbs::ctx_device_name(c).is_some_and(|n| cm::devices().iter().any(|d| d.name == n));
+            if !c.is_null() && !ctxs.contains(&c) && !dup {
                 ctxs.push(c);
             }
         }

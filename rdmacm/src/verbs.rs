@@ -209,3 +209,19 @@ pub fn dl_base(addr: usize) -> Option<usize> {
     // SAFETY: any address may be asked about; info is writable.
     (unsafe { libc::dladdr(addr as *const libc::c_void, &mut info) } != 0).then_some(info.dli_fbase as usize)
 }
+
+/// The device name of a context someone else opened (the system librdmacm's).
+pub fn ctx_device_name(ctx: *mut abi::ibv_context) -> Option<String> {
+    if ctx.is_null() {
+        return None;
+    }
+    // SAFETY: a live context from the system library's device list.
+    let dev = unsafe { (*ctx).device };
+    if dev.is_null() {
+        return None;
+    }
+    // SAFETY: a live device; its name is NUL-terminated.
+    let p = unsafe { abi::ibv_get_device_name(dev) };
+    // SAFETY: as above.
+    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+}

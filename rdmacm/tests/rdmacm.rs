@@ -1,0 +1,215 @@
+//! The librdmacm drop-in: its ABI against the installed rdma-core 44 library, the C checks
+//! of c/cm_check.c under `uiw run`, forwarding to a stand-in system library, and the
+//! unmodified rdma_cm tools of Debian 12 (rping, ucmatose, rdma_server/rdma_client,
+//! perftest -R).
+//!
+//! Needs `cargo build --workspace` first and root (a published device). Connection tests
+//! need the provider's uiw_cm.h implementation; without it they print why they skip
+//! (UIW_TEST_REQUIRE_ALL=1 makes that a failure).
+
+mod support;
+
+use std::process::Command;
+use std::time::Duration;
+
+use support::*;
+use uiw_examples::{device_lock, failures, parse_summary, Published};
+
+const SYSTEM_RDMACM: &str = "/usr/lib/x86_64-linux-gnu/librdmacm.so.1";
+
+/// (version node, symbol) of every function a shared object defines.
+fn exported(path: &std::path::Path) -> Vec<(String, String)> {
+    let o = Command::new("objdump").arg("-T").arg(path).output().expect("run objdump (binutils)");
+    let mut v: Vec<(String, String)> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 7 && f[1] == "g" && f[2] == "DF" && f[3] != "*UND*")
+                .then(|| (f[f.len() - 2].to_string(), f[f.len() - 1].to_string()))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn exports_match_rdma_core_44() {
+    let a = artifacts("exports_match_rdma_core_44");
+    if !std::path::Path::new(SYSTEM_RDMACM).exists() {
+        uiw_examples::skip("exports_match_rdma_core_44", "the system librdmacm1 is not installed");
+        return;
+    }
+    let ours = exported(&a.dir.join(RDMACM_SO));
+    let theirs = exported(std::path::Path::new(SYSTEM_RDMACM));
+    assert!(theirs.len() > 60, "objdump found only {} functions in {SYSTEM_RDMACM}", theirs.len());
+    let missing: Vec<_> = theirs.iter().filter(|s| !ours.contains(s)).collect();
+    let extra: Vec<_> = ours.iter().filter(|s| !theirs.contains(s)).collect();
+    assert!(missing.is_empty() && extra.is_empty(), "symbol/version differences:\nmissing {missing:?}\nextra {extra:?}");
+}
+
+#[test]
+fn soname_is_librdmacm_so_1() {
+    let a = artifacts("soname_is_librdmacm_so_1");
+    let o = Command::new("readelf").arg("-d").arg(a.dir.join(RDMACM_SO)).output().expect("run readelf");
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(s.contains("Library soname: [librdmacm.so.1]"), "{s}");
+    let o = Command::new("readelf").arg("-V").arg(a.dir.join(RDMACM_SO)).output().expect("run readelf");
+    let s = String::from_utf8_lossy(&o.stdout);
+    for n in ["RDMACM_1.0", "RDMACM_1.1", "RDMACM_1.2", "RDMACM_1.3"] {
+        assert!(s.contains(&format!("Name: {n}")), "version node {n} not defined:\n{s}");
+    }
+}
+
+#[test]
+fn c_checks_build() {
+    build_c("cm_check", false);
+    build_c("fake_system_rdmacm", true);
+}
+
+/// `uiw run -- cm_check [-p PORT] MODE` (+ envs); all its checks must pass.
+fn cm_check(test: &str, mode: &str, port: u16, needs_cm: bool, envs: &[(&str, &str)]) {
+    let a = artifacts(test);
+    if !can_publish(test) || (needs_cm && !need_uiw_cm(test, &a)) {
+        return;
+    }
+    let exe = build_c("cm_check", false);
+    let _l = device_lock();
+    let dev = Published::up(&a, &out_dir()).unwrap_or_else(|e| panic!("{test}: {e}"));
+    let p = port.to_string();
+    let c = spawn(&dev, &[exe.to_str().unwrap(), "-p", &p, mode], envs);
+    let (o, timed_out) = finish(c, Duration::from_secs(120));
+    let out = String::from_utf8_lossy(&o.stdout);
+    println!("{}", text(&o));
+    let s = parse_summary(&out).unwrap_or_else(|| panic!("{test}: no summary (crashed? timed out: {timed_out})\n{}", text(&o)));
+    assert!(
+        s.failed == 0 && s.passed > 0 && o.status.success() && !timed_out,
+        "{test}: {s}\n  {}\n{}",
+        failures(&out).join("\n  "),
+        text(&o)
+    );
+}
+
+#[test]
+fn channel_ids_addresses_and_bad_input() {
+    cm_check("channel_ids_addresses_and_bad_input", "channel", 20881, false, &[]);
+}
+
+#[test]
+fn connect_without_listener_is_rejected_econnrefused() {
+    cm_check("connect_without_listener_is_rejected_econnrefused", "nolistener", 20882, false, &[]);
+}
+
+#[test]
+fn other_devices_are_forwarded_to_the_system_library() {
+    let fake = build_c("fake_system_rdmacm", true);
+    cm_check(
+        "other_devices_are_forwarded_to_the_system_library",
+        "forward",
+        20883,
+        false,
+        &[("UIW_SYSTEM_RDMACM", fake.to_str().unwrap())],
+    );
+}
+
+#[test]
+fn private_data_round_trip() {
+    cm_check("private_data_round_trip", "pdata", 20884, true, &[]);
+}
+
+#[test]
+fn reject_with_private_data() {
+    cm_check("reject_with_private_data", "reject", 20885, true, &[]);
+}
+
+#[test]
+fn sixty_four_simultaneous_connects() {
+    cm_check("sixty_four_simultaneous_connects", "many", 20886, true, &[]);
+}
+
+/// The unmodified rdma_cm tools of rdmacm-utils and perftest, client and server under
+/// `uiw run` on 127.0.0.1.
+fn tools(test: &str, prog: &str, server: &[&str], client: &[&str], check: impl Fn(&str, &str)) {
+    let a = artifacts(test);
+    if !can_publish(test) || !need_program(test, prog) || !need_uiw_cm(test, &a) {
+        return;
+    }
+    let _l = device_lock();
+    let dev = Published::up(&a, &out_dir()).unwrap_or_else(|e| panic!("{test}: {e}"));
+    let (so, co) = pair(&dev, server, client, Duration::from_millis(1500), Duration::from_secs(180));
+    let (s, c) = (String::from_utf8_lossy(&so.stdout).into_owned(), String::from_utf8_lossy(&co.stdout).into_owned());
+    println!("=== server ===\n{}\n=== client ===\n{}", text(&so), text(&co));
+    check(&s, &c);
+}
+
+#[test]
+fn rping_1000_verified() {
+    tools(
+        "rping_1000_verified",
+        "rping",
+        &["rping", "-s", "-a", "127.0.0.1", "-p", "20890", "-C", "1000", "-v"],
+        &["rping", "-c", "-a", "127.0.0.1", "-p", "20890", "-C", "1000", "-v"],
+        |_, c| {
+            let n = c.lines().filter(|l| l.starts_with("ping data: rdma-ping-")).count();
+            assert_eq!(n, 1000, "client verified {n} of 1000 pings");
+        },
+    );
+}
+
+#[test]
+fn ucmatose_one_connection() {
+    tools("ucmatose_one_connection", "ucmatose", &["ucmatose", "-p", "20891"], &["ucmatose", "-s", "127.0.0.1", "-p", "20891"], |s, c| {
+        assert!(s.contains("test complete") && c.contains("test complete"), "no 'test complete'");
+    });
+}
+
+#[test]
+fn ucmatose_ten_connections() {
+    tools(
+        "ucmatose_ten_connections",
+        "ucmatose",
+        &["ucmatose", "-p", "20892", "-c", "10"],
+        &["ucmatose", "-s", "127.0.0.1", "-p", "20892", "-c", "10"],
+        |s, c| assert!(s.contains("test complete") && c.contains("test complete"), "no 'test complete'"),
+    );
+}
+
+#[test]
+fn rdma_server_and_client() {
+    tools(
+        "rdma_server_and_client",
+        "rdma_server",
+        &["rdma_server", "-p", "20893"],
+        &["rdma_client", "-s", "127.0.0.1", "-p", "20893"],
+        |s, c| assert!(s.contains("rdma_server: end 0") && c.contains("rdma_client: end 0"), "no 'end 0'"),
+    );
+}
+
+fn perftest(test: &str, prog: &str, port: &str) {
+    tools(
+        test,
+        prog,
+        &[prog, "-R", "-d", "uiw_lo", "-p", port, "-n", "1000"],
+        &[prog, "-R", "-d", "uiw_lo", "-p", port, "-n", "1000", "127.0.0.1"],
+        |_, c| assert!(c.contains("#bytes"), "no result table"),
+    );
+}
+
+#[test]
+fn ib_write_bw_rdma_cm() {
+    perftest("ib_write_bw_rdma_cm", "ib_write_bw", "20894");
+}
+
+#[test]
+fn ib_read_bw_rdma_cm() {
+    perftest("ib_read_bw_rdma_cm", "ib_read_bw", "20895");
+}
+
+#[test]
+fn ib_send_bw_rdma_cm() {
+    perftest("ib_send_bw_rdma_cm", "ib_send_bw", "20896");
+}
+
+#[test]
+fn ib_write_lat_rdma_cm() {
+    perftest("ib_write_lat_rdma_cm", "ib_write_lat", "20897");
+}

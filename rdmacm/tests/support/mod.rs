@@ -1,0 +1,151 @@
+//! Helpers for the librdmacm drop-in's tests, on top of uiw-examples' harness
+//! (Artifacts, Published, skip rules): building the C checks against librdmacm, running
+//! server/client pairs under `uiw run` with time limits, and asking whether the provider
+//! implements uiw_cm.h yet.
+#![allow(dead_code)]
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use uiw_examples::{is_root, skip, Artifacts, Published};
+
+/// The drop-in as cargo names it.
+pub const RDMACM_SO: &str = "libuiw_rdmacm.so";
+
+pub fn out_dir() -> PathBuf {
+    match std::env::var_os("UIW_EXAMPLES_OUT_DIR") {
+        Some(d) => PathBuf::from(d).join("rdmacm"),
+        None => Path::new(env!("CARGO_TARGET_TMPDIR")).join("uiw-rdmacm"),
+    }
+}
+
+/// `cc -O1 -g -Wall -Werror [-shared -fPIC] -o OUT rdmacm/c/NAME.c -lrdmacm -libverbs -lpthread`
+pub fn build_c(name: &str, shared: bool) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("c").join(format!("{name}.c"));
+    let dir = out_dir();
+    std::fs::create_dir_all(&dir).expect("create the output directory");
+    let out = dir.join(if shared { format!("lib{name}.so") } else { name.to_string() });
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let mut c = Command::new(&cc);
+    c.args(["-O1", "-g", "-Wall", "-Werror"]);
+    if shared {
+        c.args(["-shared", "-fPIC"]);
+    }
+    c.arg("-o").arg(&out).arg(&src);
+    if !shared {
+        c.args(["-lrdmacm", "-libverbs", "-lpthread"]);
+    }
+    let o = c.output().unwrap_or_else(|e| panic!("cannot run the C compiler `{cc}`: {e}"));
+    assert!(
+        o.status.success(),
+        "building {} failed; is librdmacm-dev installed?\n{}{}",
+        src.display(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out
+}
+
+/// The built artifacts including the drop-in, or a panic saying what to build.
+pub fn artifacts(test: &str) -> Artifacts {
+    let a = Artifacts::locate().unwrap_or_else(|e| panic!("{test}: {e}"));
+    assert!(
+        a.dir.join(RDMACM_SO).is_file(),
+        "{test}: {} missing: run `cargo build --workspace` first",
+        a.dir.join(RDMACM_SO).display()
+    );
+    a
+}
+
+/// Device tests need root (publishing creates /dev/infiniband/uverbsN).
+pub fn can_publish(test: &str) -> bool {
+    if !is_root() && !Path::new("/dev/infiniband").exists() {
+        skip(test, "publishing a device needs root; run the tests as root (sudo ./ci/test.sh)");
+        return false;
+    }
+    true
+}
+
+/// Does the built provider export the uiw_cm.h v1 interface (MPA in the provider)?
+pub fn provider_has_uiw_cm(a: &Artifacts) -> bool {
+    Command::new("objdump")
+        .arg("-T")
+        .arg(&a.provider)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("uiw_cm_passive_v1"))
+        .unwrap_or(false)
+}
+
+/// Skip (or fail under UIW_TEST_REQUIRE_ALL=1) when connections cannot be set up yet.
+pub fn need_uiw_cm(test: &str, a: &Artifacts) -> bool {
+    if !provider_has_uiw_cm(a) {
+        skip(test, "the provider does not export uiw_cm_*_v1 yet (provider/include/uiw_cm.h): no MPA, no connection");
+        return false;
+    }
+    true
+}
+
+pub fn need_program(test: &str, p: &str) -> bool {
+    if !uiw_examples::have_program(p) {
+        skip(test, &format!("{p} is not installed (rdmacm-utils / perftest)"));
+        return false;
+    }
+    true
+}
+
+/// `uiw run -- ARGS` as a child with piped output.
+pub fn spawn(dev: &Published, args: &[&str], envs: &[(&str, &str)]) -> Child {
+    let mut c = dev.command();
+    c.arg("run").arg("--").args(args.iter().map(OsStr::new));
+    for (k, v) in envs {
+        c.env(k, v);
+    }
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    c.spawn().unwrap_or_else(|e| panic!("cannot start {args:?}: {e}"))
+}
+
+/// Wait for a child at most `limit`; kill it when it takes longer (status then says so).
+pub fn finish(mut c: Child, limit: Duration) -> (Output, bool) {
+    let start = Instant::now();
+    let mut timed_out = false;
+    loop {
+        match c.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if start.elapsed() > limit => {
+                let _ = c.kill();
+                timed_out = true;
+                break;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            Err(_) => break,
+        }
+    }
+    (c.wait_with_output().expect("collect child output"), timed_out)
+}
+
+pub fn text(o: &Output) -> String {
+    format!(
+        "status {}\n--- stdout ---\n{}--- stderr ---\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Run a server, give it `delay` to listen, run the client; both must exit 0 in time.
+pub fn pair(dev: &Published, server: &[&str], client: &[&str], delay: Duration, limit: Duration) -> (Output, Output) {
+    let s = spawn(dev, server, &[]);
+    std::thread::sleep(delay);
+    let c = spawn(dev, client, &[]);
+    let (co, ct) = finish(c, limit);
+    let (so, st) = finish(s, if co.status.success() { limit } else { Duration::from_secs(2) });
+    assert!(
+        !ct && !st && co.status.success() && so.status.success(),
+        "{server:?} / {client:?} failed (timed out: server {st}, client {ct})\n=== server ===\n{}\n=== client ===\n{}",
+        text(&so),
+        text(&co)
+    );
+    (so, co)
+}
