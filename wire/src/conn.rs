@@ -357,6 +357,14 @@ impl TxSegment {
     pub fn trailer(&self, payload: &[&[u8]]) -> Trailer {
         segment::trailer(self.crc, self.header.as_slice(), payload)
     }
+
+    /// Pad and (zero) CRC field of a segment on a connection without CRC:
+    /// needs only the payload length, so the engine can send the payload
+    /// straight from application memory without looking at it.
+    pub fn trailer_no_crc(&self) -> Trailer {
+        debug_assert!(!self.crc);
+        segment::trailer_for_len(self.header.as_slice(), self.payload_len as usize)
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -1309,6 +1317,31 @@ impl Connection {
             return placed.len();
         }
         self.rx_stream(placed, mem)
+    }
+
+    /// Zero-copy API on a connection without CRC: `n` payload bytes were
+    /// written at the placement returned by `rx_want`, and the engine need
+    /// not show them (nothing but a CRC would look at them). Returns bytes
+    /// accounted. With CRC on, use [`Connection::rx_placed`].
+    pub fn rx_placed_len(&mut self, n: usize, mem: &mut impl Memory) -> usize {
+        static ZEROS: [u8; 4096] = [0; 4096];
+        debug_assert!(!self.crc);
+        let mut done = 0;
+        while done < n {
+            let k = (n - done).min(ZEROS.len());
+            let used = self.rx_placed(&ZEROS[..k], mem);
+            done += used;
+            if used < k {
+                break;
+            }
+        }
+        done
+    }
+
+    /// Whether MPA CRC32c is in use on this connection (known once
+    /// established).
+    pub fn crc(&self) -> bool {
+        self.crc
     }
 
     fn rx_stream(&mut self, data: &[u8], mem: &mut impl Memory) -> usize {
