@@ -730,6 +730,11 @@ impl Connection {
         Ok(())
     }
 
+    /// Receives posted and not yet used.
+    pub fn recv_posted(&self) -> usize {
+        self.recvq.len()
+    }
+
     /// Post a Send of `len` bytes taken from the work request's gather list.
     pub fn post_send(&mut self, wr_id: u64, flags: SendFlags, len: u32) -> Result<(), PostError> {
         self.can_post()?;
