@@ -553,6 +553,8 @@ pub struct Connection {
     recv_cur: Option<RecvWr>,
     /// Immediate data announced for the next Send (`post_send_imm`).
     rx_send_imm: Option<u32>,
+    /// Bytes of the last inbound RDMA Write (byte_len of a Write with Immediate).
+    rx_write_len: u32,
     /// Expected next (STag, TO) of an in-progress inbound Write.
     write_cont: Option<(u32, u64)>,
     terminate_sent: bool,
@@ -606,6 +608,7 @@ impl Connection {
             recvq: VecDeque::new(),
             recv_cur: None,
             rx_send_imm: None,
+            rx_write_len: 0,
             write_cont: None,
             terminate_sent: false,
             pending_req: None,
@@ -1726,6 +1729,10 @@ impl Connection {
                         mem.check_tagged(stag, to, len, Access::RemoteWrite)
                             .map_err(|e| Fault::echo(e.ddp_code()))?;
                     }
+                    if self.write_cont.is_none() {
+                        self.rx_write_len = 0;
+                    }
+                    self.rx_write_len = self.rx_write_len.wrapping_add(len);
                     self.write_cont = if d.last {
                         None
                     } else {
@@ -1941,8 +1948,14 @@ impl Connection {
                     None => return Err(Fault::echo(TermCode::DDP_U_NO_BUFFER)),
                 };
                 self.rx_msn[qn::SEND as usize] += 1;
-                let mut c =
-                    Completion::new(r.wr_id, WcOpcode::RecvRdmaWithImm, WcStatus::Success, 0);
+                // byte_len of a Write with Immediate is the length the Write placed
+                // (ibv_poll_cq(3); the Immediate Data follows its Write on the stream).
+                let mut c = Completion::new(
+                    r.wr_id,
+                    WcOpcode::RecvRdmaWithImm,
+                    WcStatus::Success,
+                    std::mem::take(&mut self.rx_write_len),
+                );
                 c.imm = Some(u64::from_be_bytes(body[..8].try_into().unwrap()));
                 c.solicited = op == Opcode::ImmediateDataSe;
                 self.events.push_back(Event::Completion(c));

@@ -177,6 +177,15 @@ pub struct DataPath {
     next_id: u64,
     sinks: HashMap<u32, u64>,
     pub link: Option<Link>,
+    /// Connection-level news for connection management (rdma_cm).
+    pub notices: Vec<Notice>,
+}
+
+/// What the stream's negotiation produced, for rdma_cm.
+#[derive(Debug)]
+pub enum Notice {
+    Established(uiw_wire::conn::Negotiated),
+    Rejected(Vec<u8>),
 }
 
 impl std::fmt::Debug for DataPath {
@@ -656,8 +665,9 @@ impl DataPath {
                 return fatal;
             };
             match ev {
-                Event::Established(_) => {
+                Event::Established(neg) => {
                     l.established = true;
+                    self.notices.push(Notice::Established(neg));
                     if let Some(f) = self.feed_all(env) {
                         fatal = fatal.or(Some(f));
                     }
@@ -666,7 +676,10 @@ impl DataPath {
                 Event::Terminated { .. } => fatal = fatal.or(Some(Fatal::Terminated)),
                 Event::Failed(Failure::PeerClosed) => fatal = fatal.or(Some(Fatal::Lost)),
                 Event::Failed(_) => fatal = fatal.or(Some(Fatal::Lost)),
-                Event::Rejected { .. } => fatal = fatal.or(Some(Fatal::Rejected)),
+                Event::Rejected { private_data, .. } => {
+                    self.notices.push(Notice::Rejected(private_data));
+                    fatal = fatal.or(Some(Fatal::Rejected));
+                }
                 Event::Closed => {}
                 Event::ConnectRequest(_) => {}
             }
