@@ -72,7 +72,7 @@
 #define SYNC_LEN 8 /* the SEND that follows plain RDMA Writes */
 #define SCRATCH_OFF 1024 /* receive buffers for WRITE_WITH_IMM */
 #define SCRATCH_LEN 64
-#define SYNC_BUF_LEN 4096
+#define SYNC_BUF_LEN (SCRATCH_OFF + MAX_WR * (SCRATCH_LEN + 2 * GUARD))
 #define QP_DEPTH 64
 #define CQ_DEPTH 256
 #define RD_ATOMIC 16 /* ORD/IRD; batches post up to 8 Reads/Atomics */
@@ -361,10 +361,10 @@ static int guards_ok(const struct span *sp, char *why, size_t cap)
 				long rel = o < s->off ? (long)o - (long)s->off
 						      : (long)(o - s->off - s->len);
 				snprintf(why, cap,
-					 "SGE %d (%u bytes in %s): byte %s%ld %s it is 0x%02x, "
-					 "was 0x%02x",
-					 k, s->len, s->b->name, rel < 0 ? "" : "+", rel,
-					 rel < 0 ? "before" : "after", s->b->p[o],
+					 "SGE %d (%u bytes at %s+%zu): the byte at %s%+ld "
+					 "is 0x%02x, was 0x%02x",
+					 k, s->len, s->b->name, s->off,
+					 rel < 0 ? "start" : "end", rel, s->b->p[o],
 					 guard_byte(o));
 				return 0;
 			}
@@ -737,9 +737,11 @@ static int alloc_buf(struct buf *b, const char *name, size_t len)
 
 static int reg_buf(struct ctx *c, struct buf *b, int access)
 {
+	char what[64];
+
+	snprintf(what, sizeof(what), "ibv_reg_mr (%s)", b->name);
 	b->mr = ibv_reg_mr(c->pd, b->p, b->len, access);
-	return check(b->mr != NULL, "ibv_reg_mr", "%s buffer (%zu bytes): %s",
-		     b->name, b->len, strerror(errno));
+	return check(b->mr != NULL, what, "%zu bytes: %s", b->len, strerror(errno));
 }
 
 static struct ibv_qp *create_qp(struct ctx *c, int with_srq)
@@ -787,9 +789,11 @@ static struct ibv_qp *create_qp(struct ctx *c, int with_srq)
 		qp = ibv_create_qp(c->pd, &a);
 		cap = a.cap;
 	}
-	if (!check(qp != NULL, c->use_wr_api ? "ibv_create_qp_ex (ibv_wr_* send ops)"
-					     : "ibv_create_qp",
-		   "%s%s", with_srq ? "on the SRQ: " : "", strerror(errno)))
+	if (!check(qp != NULL,
+		   c->use_wr_api ? (with_srq ? "ibv_create_qp_ex with ibv_wr_* send ops, on the SRQ"
+					     : "ibv_create_qp_ex with ibv_wr_* send ops")
+				 : (with_srq ? "ibv_create_qp on the SRQ" : "ibv_create_qp"),
+		   "%s", strerror(errno)))
 		return NULL;
 	/* ibv_create_qp writes the granted capabilities back into cap: the
 	 * inline limit used below is the granted one, as perftest does. */
