@@ -93,12 +93,23 @@ impl Context {
         Ok(h)
     }
 
-    /// Fails with `EBUSY` while regions, QPs or SRQs still use the PD, as the kernel does.
+    /// Fails with `EBUSY` while QPs or SRQs still use the PD, as the kernel does. Memory
+    /// regions still registered under it are deregistered with it, where the kernel would
+    /// refuse: perftest 4.5's send tests leak their credit MR unless run with `-R` (a mode no
+    /// kernel iWARP device could run them in), and with no QP left in the PD nothing can reach
+    /// those regions any more.
     pub fn dealloc_pd(&self, pd: u32) -> Result<(), i32> {
         let mut c = self.counts.lock();
         let users = c.pds.get(&pd).copied().ok_or(libc::EINVAL)?;
-        if users > 0 || self.mrs.count_in_pd(pd) > 0 {
+        if users > 0 {
+            if std::env::var_os("UIW_DEBUG").is_some() {
+                eprintln!("uiw: ibv_dealloc_pd: EBUSY, still used by {users} QP/SRQ(s)");
+            }
             return Err(libc::EBUSY);
+        }
+        let orphans = self.mrs.deregister_pd(pd);
+        if orphans > 0 && std::env::var_os("UIW_DEBUG").is_some() {
+            eprintln!("uiw: ibv_dealloc_pd: deregistered {orphans} memory region(s) the application left in it");
         }
         c.pds.remove(&pd);
         Ok(())
@@ -688,7 +699,7 @@ impl Qp {
     }
 
     /// `ibv_post_send` for one WR: checked as the kernel's providers check at post time. In
-    /// ERROR the WR completes at once, flushed; before RTS it is refused (EINVAL). Posted before
+    /// ERROR the WR completes at once, flushed; before RTR it is refused (EINVAL). Posted before
     /// the stream is up, it waits.
     pub fn post_send(&self, wqe: SendWqe) -> Result<(), PostError> {
         use super::wr::{opcode, Payload};
@@ -707,7 +718,11 @@ impl Qp {
                 self.send_cq.push(wqe.flushed(self.qpn));
                 Ok(())
             }
-            QpState::Rts | QpState::Sqd => {
+            // iWARP has no RTR of its own (RFC 5040's QP states: Idle, RTS, Closing,
+            // Terminate, Error): the stream is set up at RTR, so sends posted there are queued
+            // and go out once it is up. perftest's send tests need it: their server stays in
+            // RTR and posts credit Writes.
+            QpState::Rtr | QpState::Rts | QpState::Sqd => {
                 let env = self.env(inner.attrs.qp_access_flags);
                 match inner.dp.post_send(&env, wqe, self.cap.max_send_wr)? {
                     Some(f) => self.fail_locked(inner, f),

@@ -158,6 +158,18 @@ impl MrTable {
         self.regions.read().get(&stag).cloned()
     }
 
+    /// Deregisters every region of `pd`; returns how many there were.
+    pub fn deregister_pd(&self, pd: u32) -> usize {
+        let mut regions = self.regions.write();
+        let stags: Vec<u32> = regions.values().filter(|m| m.pd == pd).map(|m| m.stag).collect();
+        let mut invalidated = self.invalidated.write();
+        for s in &stags {
+            regions.remove(s);
+            invalidated.remove(s);
+        }
+        stags.len()
+    }
+
     /// Regions still registered under `pd` (a PD cannot be freed while any exist: EBUSY).
     pub fn count_in_pd(&self, pd: u32) -> usize {
         self.regions.read().values().filter(|m| m.pd == pd).count()
@@ -193,6 +205,20 @@ mod tests {
         assert!(t.lookup(a.stag).is_none());
         assert!(t.deregister(a.stag).is_none());
         assert_eq!(t.count_in_pd(1), 1);
+    }
+
+    #[test]
+    fn deregister_pd_takes_only_that_pds_regions_and_invalidation_is_remote_only() {
+        let t = MrTable::new(8);
+        let a = t.register(1, 0x1000, 64, 0x1000, LOCAL_WRITE | REMOTE_WRITE).unwrap();
+        let b = t.register(2, 0x1000, 64, 0x1000, 0).unwrap();
+        assert!(!t.invalidate(a.stag, 2), "another PD cannot invalidate it");
+        assert!(t.invalidate(a.stag, 1));
+        assert!(t.lookup_remote(a.stag).is_none());
+        assert!(t.lookup(a.stag).is_some(), "still usable locally");
+        assert_eq!(t.deregister_pd(1), 1);
+        assert!(t.lookup(a.stag).is_none());
+        assert!(t.lookup(b.stag).is_some());
     }
 
     #[test]

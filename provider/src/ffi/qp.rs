@@ -429,7 +429,15 @@ pub(super) unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr,
     guard(libc::EFAULT, || {
         // SAFETY: qp is ours.
         let obj = &unsafe { uiw_qp(qp) }.obj;
-        post_chain(wr, bad, |w| send_wqe(w, obj.cap.max_inline_data).and_then(|s| obj.post_send(s)))
+        post_chain(wr, bad, |w| {
+            let r = send_wqe(w, obj.cap.max_inline_data).and_then(|s| obj.post_send(s));
+            if let Err(e) = r {
+                if std::env::var_os("UIW_DEBUG").is_some() {
+                    eprintln!("uiw: ibv_post_send(qp 0x{:06x}, opcode {}): {e:?} in {:?}", obj.qpn, w.opcode, obj.state());
+                }
+            }
+            r
+        })
     })
 }
 
