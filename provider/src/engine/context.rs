@@ -649,7 +649,8 @@ impl Qp {
         }
     }
 
-    /// MPA negotiation deadlines, and the QP of a peer that closed its stream.
+    /// MPA negotiation deadlines, the QP of a peer that closed its stream, and a periodic look
+    /// at the stream (every 100 ms, from the progress thread's sweep).
     pub fn handle_timeout(&self, now: u64) {
         let Some(mut inner) = self.inner.try_lock() else {
             return;
@@ -667,6 +668,15 @@ impl Qp {
             let env = self.env(inner.attrs.qp_access_flags);
             if let Some(f) = inner.dp.drain_events(&env) {
                 drop(env);
+                self.fail_locked(inner, f);
+            }
+            return;
+        }
+        // A pump stops reading at a short read; an end of stream that came with the last
+        // bytes raises no new event. Look once in a while, unless an application thread is
+        // polling this QP anyway.
+        if now.saturating_sub(self.polled_ms.load(Ordering::Relaxed)) >= POLLER_GRACE_MS {
+            if let Some((_, Some(f))) = self.pump_locked(&mut inner) {
                 self.fail_locked(inner, f);
             }
         }
