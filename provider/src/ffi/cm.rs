@@ -71,33 +71,43 @@ unsafe fn bytes<'a>(data: *const c_void, len: u16) -> &'a [u8] {
     }
 }
 
+/// The common part of `uiw_cm_passive_v1` / `uiw_cm_active_v1`: takes ownership of `fd`,
+/// makes the connection and its handle, and runs `start` with them; on failure the handle is
+/// dropped (no callback can have run: the stream reaches the progress thread in `start`) and
+/// NULL + errno is returned.
+fn open(fd: c_int, cb: Option<UiwCmCb>, user: *mut c_void, valid: bool, start: impl FnOnce(TcpStream, &Arc<CmConn>) -> Result<(), i32>) -> *mut c_void {
+    if fd < 0 {
+        set_errno(libc::EBADF);
+        return ptr::null_mut();
+    }
+    // SAFETY: the caller hands us ownership of fd (uiw_cm.h), also on failure.
+    let sock = unsafe { TcpStream::from_raw_fd(fd) };
+    let (Some(cb), true) = (cb, valid) else {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    };
+    let slot = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let c = CmConn::new(callback(cb, user, slot.clone()));
+    let h = into_handle(c.clone(), &slot);
+    match start(sock, &c) {
+        Ok(()) => h,
+        Err(e) => {
+            // SAFETY: h was just made by into_handle and not given out.
+            drop(unsafe { Box::from_raw(h as *mut Arc<CmConn>) });
+            set_errno(e);
+            ptr::null_mut()
+        }
+    }
+}
+
 /// `uiw_cm_passive_v1`.
 #[no_mangle]
 pub unsafe extern "C" fn uiw_cm_passive_v1(ctx: *mut ibv_context, fd: c_int, cb: Option<UiwCmCb>, user: *mut c_void) -> *mut c_void {
     guard(ptr::null_mut(), || {
-        if fd < 0 {
-            set_errno(libc::EBADF);
-            return ptr::null_mut();
-        }
-        // SAFETY: the caller hands us ownership of fd (uiw_cm.h).
-        let sock = unsafe { TcpStream::from_raw_fd(fd) };
-        let (Some(cb), false) = (cb, ctx.is_null()) else {
-            set_errno(libc::EINVAL);
-            return ptr::null_mut();
-        };
-        let slot = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let c = CmConn::new(callback(cb, user, slot.clone()));
-        let h = into_handle(c.clone(), &slot);
-        // SAFETY: ctx is one of our contexts (the drop-in only passes uiw devices').
-        match unsafe { engine(ctx) }.cm_passive(sock, c) {
-            Ok(()) => h,
-            Err(e) => {
-                // SAFETY: h was just made by into_handle and not given out.
-                drop(unsafe { Box::from_raw(h as *mut Arc<CmConn>) });
-                set_errno(e);
-                ptr::null_mut()
-            }
-        }
+        open(fd, cb, user, !ctx.is_null(), |sock, c| {
+            // SAFETY: ctx is one of our contexts (the drop-in only passes uiw devices').
+            unsafe { engine(ctx) }.cm_passive(sock, c.clone())
+        })
     })
 }
 
@@ -145,30 +155,11 @@ pub unsafe extern "C" fn uiw_cm_active_v1(
     user: *mut c_void,
 ) -> *mut c_void {
     guard(ptr::null_mut(), || {
-        if fd < 0 {
-            set_errno(libc::EBADF);
-            return ptr::null_mut();
-        }
-        // SAFETY: the caller hands us ownership of fd (uiw_cm.h).
-        let sock = unsafe { TcpStream::from_raw_fd(fd) };
-        let (Some(cb), false) = (cb, qp.is_null()) else {
-            set_errno(libc::EINVAL);
-            return ptr::null_mut();
-        };
-        let slot = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let c = CmConn::new(callback(cb, user, slot.clone()));
-        let h = into_handle(c.clone(), &slot);
-        // SAFETY: qp is one of our QPs; pd the caller's bytes.
-        let (q, data) = unsafe { (qp_obj(qp), bytes(pd, len)) };
-        match q.cm_connect(&c, sock, data, ird, ord) {
-            Ok(()) => h,
-            Err(e) => {
-                // SAFETY: h was just made by into_handle and not given out.
-                drop(unsafe { Box::from_raw(h as *mut Arc<CmConn>) });
-                set_errno(e);
-                ptr::null_mut()
-            }
-        }
+        open(fd, cb, user, !qp.is_null(), |sock, c| {
+            // SAFETY: qp is one of our QPs; pd the caller's bytes.
+            let (q, data) = unsafe { (qp_obj(qp), bytes(pd, len)) };
+            q.cm_connect(c, sock, data, ird, ord)
+        })
     })
 }
 
