@@ -98,6 +98,10 @@ use crate::segment::{
     self, Deframer, FrameError, HeaderBuf, RxEvent, RxSegment, Segmenter, Target, Trailer,
 };
 
+/// Upper word of an Immediate Data message that announces a Send with
+/// Immediate (uiw peers only; see [`Connection::post_send_imm`]): "uiw\x01".
+pub const SEND_IMM_TAG: u32 = 0x7569_7701;
+
 /// Which end of the TCP connection this is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -353,6 +357,14 @@ impl TxSegment {
     pub fn trailer(&self, payload: &[&[u8]]) -> Trailer {
         segment::trailer(self.crc, self.header.as_slice(), payload)
     }
+
+    /// Pad and (zero) CRC field of a segment on a connection without CRC:
+    /// needs only the payload length, so the engine can send the payload
+    /// straight from application memory without looking at it.
+    pub fn trailer_no_crc(&self) -> Trailer {
+        debug_assert!(!self.crc);
+        segment::trailer_for_len(self.header.as_slice(), self.payload_len as usize)
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -368,6 +380,7 @@ enum SqWr {
         wr_id: u64,
         flags: SendFlags,
         len: u32,
+        imm: Option<u32>,
     },
     Write {
         wr_id: u64,
@@ -433,6 +446,8 @@ struct OutMsg {
     seg: Segmenter,
     source: Source,
     on_done: Option<(u64, Completion)>,
+    /// Control FPDU to send right before (Send with Immediate).
+    pre: Option<Vec<u8>>,
     /// Control FPDU to send right after (Write with Immediate).
     then: Option<Vec<u8>>,
     /// Read Response: counts against IRD until fully sent.
@@ -536,6 +551,10 @@ pub struct Connection {
     rx_msn: [u32; 5],
     recvq: VecDeque<RecvWr>,
     recv_cur: Option<RecvWr>,
+    /// Immediate data announced for the next Send (`post_send_imm`).
+    rx_send_imm: Option<u32>,
+    /// Bytes of the last inbound RDMA Write (byte_len of a Write with Immediate).
+    rx_write_len: u32,
     /// Expected next (STag, TO) of an in-progress inbound Write.
     write_cont: Option<(u32, u64)>,
     terminate_sent: bool,
@@ -588,6 +607,8 @@ impl Connection {
             rx_msn: [1; 5],
             recvq: VecDeque::new(),
             recv_cur: None,
+            rx_send_imm: None,
+            rx_write_len: 0,
             write_cont: None,
             terminate_sent: false,
             pending_req: None,
@@ -712,10 +733,46 @@ impl Connection {
         Ok(())
     }
 
+    /// Receives posted and not yet used.
+    pub fn recv_posted(&self) -> usize {
+        self.recvq.len()
+    }
+
     /// Post a Send of `len` bytes taken from the work request's gather list.
     pub fn post_send(&mut self, wr_id: u64, flags: SendFlags, len: u32) -> Result<(), PostError> {
         self.can_post()?;
-        self.push_sq(SqWr::Send { wr_id, flags, len });
+        self.push_sq(SqWr::Send {
+            wr_id,
+            flags,
+            len,
+            imm: None,
+        });
+        Ok(())
+    }
+
+    /// Post a Send with Immediate Data (`IBV_WR_SEND_WITH_IMM`), uiw peers
+    /// only. RFC 7306 has no such message, so it goes out as an Immediate
+    /// Data message whose upper word is [`SEND_IMM_TAG`] followed by the
+    /// Send: a uiw receiver consumes one receive for the pair and reports one
+    /// completion carrying `imm`. Both are ordinary RFC 7306 / RFC 5040
+    /// messages on the wire.
+    pub fn post_send_imm(
+        &mut self,
+        wr_id: u64,
+        flags: SendFlags,
+        len: u32,
+        imm: u32,
+    ) -> Result<(), PostError> {
+        self.can_post()?;
+        if !self.ext_ok() {
+            return Err(PostError::NotSupported);
+        }
+        self.push_sq(SqWr::Send {
+            wr_id,
+            flags,
+            len,
+            imm: Some(imm),
+        });
         Ok(())
     }
 
@@ -910,6 +967,9 @@ impl Connection {
             _ => return None,
         }
         if let Some(m) = &mut self.cur_tx {
+            if let Some(p) = m.pre.take() {
+                return Some(Tx::Bytes(p));
+            }
             if let Some(plan) = m.seg.next() {
                 let seg = TxSegment {
                     header: plan.header,
@@ -986,6 +1046,14 @@ impl Connection {
         v
     }
 
+    /// One untagged single-FPDU message on queue `q` (the next MSN of that queue): Read and
+    /// Atomic Requests/Responses, Immediate Data, Terminate, the Send RTR.
+    fn control_message(&mut self, q: u32, op: Opcode, body: &[u8], payload: &[u8]) -> Vec<u8> {
+        let msn = self.next_msn(q);
+        let d = DdpHeader::untagged(q, msn, 0, 0, true, RdmapCtrl::new(op));
+        self.control_fpdu(&d, body, payload)
+    }
+
     fn next_msn(&mut self, q: u32) -> u32 {
         let m = self.tx_msn[q as usize];
         self.tx_msn[q as usize] = m.wrapping_add(1);
@@ -996,7 +1064,16 @@ impl Connection {
         let wc = p.wr.wc_opcode();
         let seq = p.seq;
         match p.wr {
-            SqWr::Send { wr_id, flags, len } => {
+            SqWr::Send {
+                wr_id,
+                flags,
+                len,
+                imm,
+            } => {
+                let pre = imm.map(|v| {
+                    let word = (u64::from(SEND_IMM_TAG) << 32) | u64::from(v);
+                    self.control_message(qn::SEND, Opcode::ImmediateData, &[], &word.to_be_bytes())
+                });
                 let op = match (flags.solicited, flags.invalidate.is_some()) {
                     (false, false) => Opcode::Send,
                     (false, true) => Opcode::SendInv,
@@ -1013,6 +1090,7 @@ impl Connection {
                     seg: Segmenter::new(op, target, len, self.mulpdu),
                     source: Source::Wr { wr_id, offset: 0 },
                     on_done: Some((seq, Completion::new(wr_id, wc, WcStatus::Success, len))),
+                    pre,
                     then: None,
                     is_read_resp: false,
                 });
@@ -1025,16 +1103,7 @@ impl Connection {
                 imm,
             } => {
                 let then = imm.map(|v| {
-                    let msn = self.next_msn(qn::SEND);
-                    let d = DdpHeader::untagged(
-                        qn::SEND,
-                        msn,
-                        0,
-                        0,
-                        true,
-                        RdmapCtrl::new(Opcode::ImmediateData),
-                    );
-                    self.control_fpdu(&d, &[], &v.to_be_bytes())
+                    self.control_message(qn::SEND, Opcode::ImmediateData, &[], &v.to_be_bytes())
                 });
                 self.cur_tx = Some(OutMsg {
                     seg: Segmenter::new(
@@ -1045,6 +1114,7 @@ impl Connection {
                     ),
                     source: Source::Wr { wr_id, offset: 0 },
                     on_done: Some((seq, Completion::new(wr_id, wc, WcStatus::Success, len))),
+                    pre: None,
                     then,
                     is_read_resp: false,
                 });
@@ -1070,7 +1140,6 @@ impl Connection {
             } => {
                 let req_id = self.next_atomic_id;
                 self.next_atomic_id = self.next_atomic_id.wrapping_add(1);
-                let msn = self.next_msn(qn::ATOMIC_REQUEST);
                 let body = AtomicRequest {
                     op_word: op as u32,
                     req_id,
@@ -1083,15 +1152,8 @@ impl Connection {
                 };
                 let mut b = [0u8; crate::rdmap::ATOMIC_REQ_LEN];
                 body.encode(&mut b);
-                let d = DdpHeader::untagged(
-                    qn::ATOMIC_REQUEST,
-                    msn,
-                    0,
-                    0,
-                    true,
-                    RdmapCtrl::new(Opcode::AtomicRequest),
-                );
-                let bytes = self.control_fpdu(&d, &b, &[]);
+                let bytes =
+                    self.control_message(qn::ATOMIC_REQUEST, Opcode::AtomicRequest, &b, &[]);
                 self.atomics.push_back(AtomicWr {
                     seq,
                     wr_id,
@@ -1107,14 +1169,12 @@ impl Connection {
                 imm,
                 solicited,
             } => {
-                let msn = self.next_msn(qn::SEND);
                 let op = if solicited {
                     Opcode::ImmediateDataSe
                 } else {
                     Opcode::ImmediateData
                 };
-                let d = DdpHeader::untagged(qn::SEND, msn, 0, 0, true, RdmapCtrl::new(op));
-                let bytes = self.control_fpdu(&d, &[], &imm.to_be_bytes());
+                let bytes = self.control_message(qn::SEND, op, &[], &imm.to_be_bytes());
                 self.sq_complete(seq, Completion::new(wr_id, wc, WcStatus::Success, 0));
                 self.tx_follow.push_back(bytes);
             }
@@ -1133,7 +1193,6 @@ impl Connection {
         len: u32,
         rtr: bool,
     ) {
-        let msn = self.next_msn(qn::READ_REQUEST);
         let rr = ReadRequest {
             sink_stag: local_stag,
             sink_to: local_to,
@@ -1143,15 +1202,7 @@ impl Connection {
         };
         let mut b = [0u8; crate::rdmap::READ_REQ_LEN];
         rr.encode(&mut b);
-        let d = DdpHeader::untagged(
-            qn::READ_REQUEST,
-            msn,
-            0,
-            0,
-            true,
-            RdmapCtrl::new(Opcode::ReadRequest),
-        );
-        let bytes = self.control_fpdu(&d, &b, &[]);
+        let bytes = self.control_message(qn::READ_REQUEST, Opcode::ReadRequest, &b, &[]);
         self.orq.push_back(ReadWr {
             seq,
             wr_id,
@@ -1245,6 +1296,31 @@ impl Connection {
             return placed.len();
         }
         self.rx_stream(placed, mem)
+    }
+
+    /// Zero-copy API on a connection without CRC: `n` payload bytes were
+    /// written at the placement returned by `rx_want`, and the engine need
+    /// not show them (nothing but a CRC would look at them). Returns bytes
+    /// accounted. With CRC on, use [`Connection::rx_placed`].
+    pub fn rx_placed_len(&mut self, n: usize, mem: &mut impl Memory) -> usize {
+        static ZEROS: [u8; 4096] = [0; 4096];
+        debug_assert!(!self.crc);
+        let mut done = 0;
+        while done < n {
+            let k = (n - done).min(ZEROS.len());
+            let used = self.rx_placed(&ZEROS[..k], mem);
+            done += used;
+            if used < k {
+                break;
+            }
+        }
+        done
+    }
+
+    /// Whether MPA CRC32c is in use on this connection (known once
+    /// established).
+    pub fn crc(&self) -> bool {
+        self.crc
     }
 
     fn rx_stream(&mut self, data: &[u8], mem: &mut impl Memory) -> usize {
@@ -1568,10 +1644,7 @@ impl Connection {
                 self.send_read_request(u64::MAX, u64::MAX, 1, 0, 1, 0, 0, true);
             }
             Some(RtrKind::Send) => {
-                let msn = self.next_msn(qn::SEND);
-                let d =
-                    DdpHeader::untagged(qn::SEND, msn, 0, 0, true, RdmapCtrl::new(Opcode::Send));
-                let b = self.control_fpdu(&d, &[], &[]);
+                let b = self.control_message(qn::SEND, Opcode::Send, &[], &[]);
                 self.tx_follow.push_back(b);
             }
             None => {}
@@ -1624,6 +1697,10 @@ impl Connection {
                         mem.check_tagged(stag, to, len, Access::RemoteWrite)
                             .map_err(|e| Fault::echo(e.ddp_code()))?;
                     }
+                    if self.write_cont.is_none() {
+                        self.rx_write_len = 0;
+                    }
+                    self.rx_write_len = self.rx_write_len.wrapping_add(len);
                     self.write_cont = if d.last {
                         None
                     } else {
@@ -1800,6 +1877,7 @@ impl Connection {
                     },
                     on_done: None,
                     then: None,
+                    pre: None,
                     is_read_resp: true,
                 }));
             }
@@ -1825,13 +1903,27 @@ impl Connection {
                 if body.len() != IMMEDIATE_LEN {
                     return Err(Fault::echo(TermCode::DDP_U_INVALID_MO));
                 }
+                let word = u64::from_be_bytes(body[..8].try_into().unwrap());
+                if word >> 32 == u64::from(SEND_IMM_TAG) && op == Opcode::ImmediateData {
+                    // The first half of a Send with Immediate (see
+                    // `post_send_imm`): the Send that follows carries it.
+                    self.rx_msn[qn::SEND as usize] += 1;
+                    self.rx_send_imm = Some(word as u32);
+                    return Ok(());
+                }
                 let r = match self.recvq.pop_front() {
                     Some(r) => r,
                     None => return Err(Fault::echo(TermCode::DDP_U_NO_BUFFER)),
                 };
                 self.rx_msn[qn::SEND as usize] += 1;
-                let mut c =
-                    Completion::new(r.wr_id, WcOpcode::RecvRdmaWithImm, WcStatus::Success, 0);
+                // byte_len of a Write with Immediate is the length the Write placed
+                // (ibv_poll_cq(3); the Immediate Data follows its Write on the stream).
+                let mut c = Completion::new(
+                    r.wr_id,
+                    WcOpcode::RecvRdmaWithImm,
+                    WcStatus::Success,
+                    std::mem::take(&mut self.rx_write_len),
+                );
                 c.imm = Some(u64::from_be_bytes(body[..8].try_into().unwrap()));
                 c.solicited = op == Opcode::ImmediateDataSe;
                 self.events.push_back(Event::Completion(c));
@@ -1852,16 +1944,8 @@ impl Connection {
                 };
                 let mut b = [0u8; crate::rdmap::ATOMIC_RESP_LEN];
                 resp.encode(&mut b);
-                let msn = self.next_msn(qn::ATOMIC_RESPONSE);
-                let d = DdpHeader::untagged(
-                    qn::ATOMIC_RESPONSE,
-                    msn,
-                    0,
-                    0,
-                    true,
-                    RdmapCtrl::new(Opcode::AtomicResponse),
-                );
-                let bytes = self.control_fpdu(&d, &b, &[]);
+                let bytes =
+                    self.control_message(qn::ATOMIC_RESPONSE, Opcode::AtomicResponse, &b, &[]);
                 self.rsp.push_back(TxItem::Control {
                     bytes,
                     on_done: None,
@@ -1927,6 +2011,7 @@ impl Connection {
                     self.rx_msn[qn::SEND as usize] += 1;
                     let mut c = Completion::new(r.wr_id, WcOpcode::Recv, WcStatus::Success, r.done);
                     c.solicited = matches!(op, Opcode::SendSe | Opcode::SendSeInv);
+                    c.imm = self.rx_send_imm.take().map(u64::from);
                     if let BufferModel::Untagged { rsvd_ulp, .. } = d.model {
                         if matches!(op, Opcode::SendInv | Opcode::SendSeInv) {
                             if mem.invalidate(rsvd_ulp).is_err() {
@@ -1968,18 +2053,9 @@ impl Connection {
                 }
             }
         }
-        let msn = self.next_msn(qn::TERMINATE);
-        let d = DdpHeader::untagged(
-            qn::TERMINATE,
-            msn,
-            0,
-            0,
-            true,
-            RdmapCtrl::new(Opcode::Terminate),
-        );
         let mut body = [0u8; 64];
         let n = t.encode(&mut body);
-        let bytes = self.control_fpdu(&d, &[], &body[..n]);
+        let bytes = self.control_message(qn::TERMINATE, Opcode::Terminate, &[], &body[..n]);
         self.state = State::Error;
         self.rx_cur = None;
         self.cur_tx = None;
