@@ -378,9 +378,12 @@ impl Id {
 
     // --- addresses -------------------------------------------------------------------
 
-    fn new_socket(st: &St, a: &SocketAddr) -> io::Result<OwnedFd> {
+    /// A TCP socket bound to `a`. `reuse`: SO_REUSEADDR, which the kernel's siw sets on its
+    /// listening sockets: a new listener may take a port that accepted connections of an
+    /// earlier, destroyed listener still use (perftest -R listens twice on its port).
+    fn new_socket(st: &St, a: &SocketAddr, reuse: bool) -> io::Result<OwnedFd> {
         let s = sys::tcp_socket(a.is_ipv6())?;
-        if st.reuseaddr {
+        if st.reuseaddr || reuse {
             sys::set_reuseaddr(&s, true)?;
         }
         if a.is_ipv6() {
@@ -406,7 +409,7 @@ impl Id {
                 None => return Ok(false),
             }
         };
-        let s = Self::new_socket(&st, &a)?;
+        let s = Self::new_socket(&st, &a, true)?;
         let local = sys::local_addr(&s)?;
         st.sock = Some(Arc::new(s));
         if let Some(d) = &dev {
@@ -454,7 +457,7 @@ impl Id {
                 a = SocketAddr::new(src_ip, port);
             }
             st.sock = None; // a wildcard-bound socket is replaced by one on the source
-            let s = Self::new_socket(&st, &a)?;
+            let s = Self::new_socket(&st, &a, port != 0)?;
             st.sock = Some(Arc::new(s));
         }
         let local = st.sock.as_ref().map(|s| sys::local_addr(s)).transpose()?;
@@ -490,7 +493,7 @@ impl Id {
             State::Bound => {}
             State::Idle => {
                 let any = SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0);
-                let s = Self::new_socket(&st, &any)?;
+                let s = Self::new_socket(&st, &any, true)?;
                 self.c.set_src(Some(sys::local_addr(&s)?));
                 st.sock = Some(Arc::new(s));
                 st.state = State::Bound;
