@@ -24,6 +24,20 @@ use crate::sys;
 use crate::uiwcm::{self, Conn};
 use crate::verbs::{self, Ctx};
 
+/// `UIW_RDMACM_DEBUG=1`: trace connection management on stderr.
+pub fn debug_on() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("UIW_RDMACM_DEBUG").is_some_and(|v| v != "0"))
+}
+
+macro_rules! debug {
+    ($($a:tt)*) => {
+        if debug_on() {
+            eprintln!("uiw-rdmacm[{}]: {}", std::process::id(), format!($($a)*));
+        }
+    };
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -515,6 +529,7 @@ impl Id {
 
     fn on_accept(self: &Arc<Self>, fd: OwnedFd) {
         let (Ok(local), Ok(remote)) = (sys::local_addr(&fd), sys::peer_addr(&fd)) else { return };
+        debug!("listener {:#x}: accepted {remote} -> {local}", self.ptr());
         let dev = match self.st().dev.clone() {
             Some(d) => d,
             None => match device_for_ip(local.ip()) {
@@ -527,6 +542,7 @@ impl Id {
         {
             let mut st = self.st();
             if st.destroyed || st.state != State::Listen {
+                debug!("listener {:#x}: closing {remote}: listener gone", self.ptr());
                 return;
             }
             st.pending.retain(|p| !p.dead.load(Ordering::Relaxed));
@@ -537,7 +553,10 @@ impl Id {
                 let _ = t.conn.set(c);
                 t.arm();
             }
-            Err(_) => self.st().pending.retain(|p| !Arc::ptr_eq(p, &t)),
+            Err(e) => {
+                debug!("listener {:#x}: uiw_cm_passive_v1 failed: {e}", self.ptr());
+                self.st().pending.retain(|p| !Arc::ptr_eq(p, &t))
+            }
         }
     }
 
@@ -814,6 +833,7 @@ fn connect_thread(
         Ok(())
     })();
     let Some(me) = id.upgrade() else { return };
+    debug!("id {:#x}: TCP connect to {dst}: {:?}", me.ptr(), result);
     if let Err(e) = result {
         if e.raw_os_error() != Some(libc::ECANCELED) {
             me.connect_failed(e.raw_os_error().unwrap_or(libc::EIO));
@@ -842,6 +862,7 @@ fn connect_thread(
             t.arm();
         }
         Err(e) => {
+            debug!("id {:#x}: uiw_cm_active_v1 failed: {e}", me.ptr());
             me.st().target = None;
             me.connect_failed(e.raw_os_error().unwrap_or(libc::EIO));
         }
@@ -900,6 +921,10 @@ impl Target {
     }
 
     fn dispatch(&self, e: uiwcm::Event) {
+        debug!(
+            "provider event {} status {} ird {} ord {} pdata {} ({} -> {})",
+            e.kind, e.status, e.ird, e.ord, e.private.len(), self.local, self.remote
+        );
         if e.kind == uiwcm::CONNECT_REQUEST {
             if let Some(l) = self.listener.upgrade() {
                 l.connect_request(self, e);

@@ -106,23 +106,36 @@ pub fn spawn(dev: &Published, args: &[&str], envs: &[(&str, &str)]) -> Child {
     c.spawn().unwrap_or_else(|e| panic!("cannot start {args:?}: {e}"))
 }
 
-/// Wait for a child at most `limit`; kill it when it takes longer (status then says so).
+/// Wait for a child at most `limit`; kill it when it takes longer (the bool says so). Its
+/// output is read while it runs, so a chatty child never blocks on a full pipe.
 pub fn finish(mut c: Child, limit: Duration) -> (Output, bool) {
+    use std::io::Read;
+    fn drain<R: Read + Send + 'static>(r: Option<R>) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut v);
+            }
+            v
+        })
+    }
+    let (out, err) = (drain(c.stdout.take()), drain(c.stderr.take()));
     let start = Instant::now();
     let mut timed_out = false;
-    loop {
+    let status = loop {
         match c.try_wait() {
-            Ok(Some(_)) => break,
+            Ok(Some(st)) => break st,
             Ok(None) if start.elapsed() > limit => {
                 let _ = c.kill();
                 timed_out = true;
-                break;
+                break c.wait().expect("wait for the killed child");
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(50)),
-            Err(_) => break,
+            Err(e) => panic!("wait for child: {e}"),
         }
-    }
-    (c.wait_with_output().expect("collect child output"), timed_out)
+    };
+    let o = Output { status, stdout: out.join().unwrap_or_default(), stderr: err.join().unwrap_or_default() };
+    (o, timed_out)
 }
 
 pub fn text(o: &Output) -> String {
