@@ -213,3 +213,42 @@ fn ib_send_bw_rdma_cm() {
 fn ib_write_lat_rdma_cm() {
     perftest("ib_write_lat_rdma_cm", "ib_write_lat", "20897");
 }
+
+/// The traffic of rping and perftest -R decodes in Wireshark's iwarp_mpa and
+/// iwarp_ddp_rdmap dissectors with no malformed or expert-error frame (ci/tshark-check.sh).
+#[test]
+fn traffic_decodes_in_tshark() {
+    const TEST: &str = "traffic_decodes_in_tshark";
+    let a = artifacts(TEST);
+    if !can_publish(TEST) || !need_program(TEST, "tshark") || !need_program(TEST, "rping") || !need_uiw_cm(TEST, &a) {
+        return;
+    }
+    let _l = device_lock();
+    let dev = Published::up(&a, &out_dir()).unwrap_or_else(|e| panic!("{TEST}: {e}"));
+    let uiw = a.uiw.display().to_string();
+    let pair = |srv: &str, cli: &str| {
+        format!("( timeout 60 {uiw} run -- {srv} >/dev/null 2>&1 & sleep 1.5; timeout 60 {uiw} run -- {cli} >/dev/null 2>&1 || exit 1; wait $! ) && ")
+    };
+    let mut script = String::new();
+    script += &pair("rping -s -a 127.0.0.1 -p 20898 -C 20 -V", "rping -c -a 127.0.0.1 -p 20898 -C 20 -V");
+    for (i, t) in ["ib_write_bw", "ib_read_bw", "ib_send_bw"].iter().enumerate() {
+        let p = 20899 + i;
+        script += &pair(
+            &format!("{t} -R -d uiw_lo -p {p} -n 50"),
+            &format!("{t} -R -d uiw_lo -p {p} -n 50 127.0.0.1"),
+        );
+    }
+    script += "true";
+    let pcap = out_dir().join("rdmacm-traffic.pcap");
+    let check = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../ci/tshark-check.sh");
+    let o = Command::new(check)
+        .args(["-f", "tcp portrange 20898-20901", "-w"])
+        .arg(&pcap)
+        .args(["--", "sh", "-c", &script])
+        .env("UIW_STATE_DIR", &dev.state_dir)
+        .env("UIW_LIBDIR", &a.dir)
+        .output()
+        .expect("run ci/tshark-check.sh");
+    println!("{}", text(&o));
+    assert!(o.status.success(), "tshark-check failed\n{}", text(&o));
+}
