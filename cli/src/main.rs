@@ -473,16 +473,16 @@ fn uiw_env(paths: &Paths) -> Res<Vec<(&'static str, String, Join)>> {
         v.push(("RDMAV_DRIVERS", paths.lib().join("libuiw").display().to_string(), Join::Append(":")));
     }
     v.push(("LD_PRELOAD", paths.lib().join(state::PRELOAD_NAME).display().to_string(), Join::Append(" ")));
-    // The librdmacm drop-in: the one link_libs put in <state>/lib/rdmacm, else a
-    // directory `rdmacm` next to whichever provider we use.
+    // The librdmacm drop-in: a directory `rdmacm` next to whichever provider we use, else
+    // the link link_libs made in <state>/lib/rdmacm.
     let mut dirs: Vec<PathBuf> = Vec::new();
-    if paths.lib().join(state::RDMACM_LINK).is_file() {
-        dirs.push(paths.lib());
-    }
     if let Ok(p) = fs::canonicalize(paths.lib().join(state::PROVIDER_LINK)) {
         if let Some(d) = p.parent() {
             dirs.push(d.to_path_buf());
         }
+    }
+    if paths.lib().join(state::RDMACM_LINK).is_file() {
+        dirs.push(paths.lib());
     }
     dirs.extend(libs::search_dirs(paths));
     if let Some(d) = dirs.iter().map(|d| d.join("rdmacm")).find(|d| d.is_dir()) {

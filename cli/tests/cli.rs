@@ -347,6 +347,29 @@ fn fake_libs(dir: &Path) {
     fs::write(dir.join("libuiw_preload.so"), "shim").unwrap();
 }
 
+/// Without a `rdmacm` directory next to the provider, `up` links the built librdmacm
+/// drop-in as <state>/lib/rdmacm/librdmacm.so.1 and `env` puts that directory first.
+#[test]
+fn rdmacm_drop_in_is_linked() {
+    let mut e = Env::new("rdmacm");
+    let libs = e.t.p("libs");
+    fs::create_dir_all(&libs).unwrap();
+    fs::write(libs.join("libuiw_rdmav34.so"), "provider").unwrap();
+    fs::write(libs.join("libuiw_preload.so"), "shim").unwrap();
+    fs::write(libs.join("libuiw_rdmacm.so"), "rdmacm").unwrap();
+    e.libdir = Some(libs.clone());
+    e.ok(&["up"]);
+    let s = e.state();
+    assert_eq!(fs::read_link(s.join("lib/rdmacm/librdmacm.so.1")).unwrap(), libs.join("libuiw_rdmacm.so"));
+    let env = e.ok(&["env"]);
+    assert!(
+        env.contains(&format!("export LD_LIBRARY_PATH='{}/lib/rdmacm'", s.display())),
+        "{env}"
+    );
+    e.ok(&["down"]);
+    assert!(!s.join("lib").exists());
+}
+
 #[test]
 fn env_output() {
     let mut e = Env::new("env");
