@@ -5,7 +5,7 @@
 //! uiw uses one STag as both lkey and rkey, shaped like siw's: a 24-bit index and an 8-bit key
 //! (`0xIIIIIIKK`), so that a stale STag of a re-used index does not match.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
@@ -88,13 +88,16 @@ impl RegError {
 #[derive(Debug)]
 pub struct MrTable {
     regions: RwLock<HashMap<u32, Arc<Mr>>>,
+    /// STags invalidated by a peer's Send with Invalidate (RFC 5040 §5.2): no longer valid for
+    /// remote access until deregistered.
+    invalidated: RwLock<HashSet<u32>>,
     next_index: AtomicU32,
     max: usize,
 }
 
 impl MrTable {
     pub fn new(max: usize) -> MrTable {
-        MrTable { regions: RwLock::new(HashMap::new()), next_index: AtomicU32::new(1), max }
+        MrTable { regions: RwLock::new(HashMap::new()), invalidated: RwLock::new(HashSet::new()), next_index: AtomicU32::new(1), max }
     }
 
     /// Registers `[addr, addr+length)`, seen by peers at `iova`.
@@ -130,7 +133,25 @@ impl MrTable {
     }
 
     pub fn deregister(&self, stag: u32) -> Option<Arc<Mr>> {
+        self.invalidated.write().remove(&stag);
         self.regions.write().remove(&stag)
+    }
+
+    /// The region a peer may address with `stag` (not invalidated).
+    pub fn lookup_remote(&self, stag: u32) -> Option<Arc<Mr>> {
+        if self.invalidated.read().contains(&stag) {
+            return None;
+        }
+        self.lookup(stag)
+    }
+
+    /// Send with Invalidate: `stag` of protection domain `pd` stops being valid for remote
+    /// access. False if no such region exists there.
+    pub fn invalidate(&self, stag: u32, pd: u32) -> bool {
+        match self.lookup(stag) {
+            Some(mr) if mr.pd == pd => self.invalidated.write().insert(stag) || true,
+            _ => false,
+        }
     }
 
     pub fn lookup(&self, stag: u32) -> Option<Arc<Mr>> {

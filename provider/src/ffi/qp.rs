@@ -416,7 +416,7 @@ pub(super) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
         // SAFETY: qp is ours; wait for the application to acknowledge its async events.
         unsafe {
             let q = &mut *qp;
-            wait_for_acks(&mut q.mutex, &mut q.cond, &q.events_completed, obj.async_events_reported.load(Ordering::Acquire));
+            wait_for_acks(&mut q.mutex, &mut q.cond, &q.events_completed, obj.async_events_to_ack());
             libc::pthread_mutex_destroy(&mut q.mutex as *mut _ as *mut libc::pthread_mutex_t);
             libc::pthread_cond_destroy(&mut q.cond as *mut _ as *mut libc::pthread_cond_t);
             drop(Box::from_raw(qp as *mut UiwQp));
