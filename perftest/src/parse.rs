@@ -364,6 +364,11 @@ mod tests {
         let out = include_str!("../fixtures/perftest_write_lat_8.txt");
         let v = perftest_lat(out).unwrap();
         assert!(close(v, first_data_column(out, 4)));
+        let out = include_str!("../fixtures/perftest_send_lat_8.txt");
+        assert!(close(perftest_lat(out).unwrap(), first_data_column(out, 4)));
+        let out = include_str!("../fixtures/perftest_read_lat_8.txt");
+        assert!(close(perftest_lat(out).unwrap(), first_data_column(out, 4)));
+        // duration mode (-D) prints only t_avg
         let out = " #bytes        #iterations       t_avg[usec]    tps average\n 8             1353210          1.10           904455.93\n";
         assert!(close(perftest_lat(out).unwrap(), 1.10));
     }
