@@ -172,16 +172,17 @@ pub struct Lengths {
     pub secs: f64,
     /// Iterations of each latency ping-pong (perftest, UCX, libfabric).
     pub lat_iters: u64,
-    /// Bytes a UCX put_bw run moves (iterations = bytes / size).
+    /// Bytes a UCX put_bw run moves (iterations = bytes / size; 2 GiB gives
+    /// BENCHMARKS.md's 2000-odd iterations at 1 MiB).
     pub ucx_bytes: u64,
 }
 
 impl Lengths {
     pub fn normal() -> Self {
-        Lengths { secs: 3.0, lat_iters: 20_000, ucx_bytes: 6_000_000_000 }
+        Lengths { secs: 3.0, lat_iters: 20_000, ucx_bytes: 2 << 30 }
     }
     pub fn quick() -> Self {
-        Lengths { secs: 1.0, lat_iters: 5_000, ucx_bytes: 1_000_000_000 }
+        Lengths { secs: 1.0, lat_iters: 5_000, ucx_bytes: 512 << 20 }
     }
 }
 
@@ -282,7 +283,9 @@ impl Probe {
                         .args(extra.iter().copied())
                         .args(["-s", &size, "-n", &iters.to_string()]),
                     port: Some(port),
-                    timeout: if self.kind == Kind::UcxPutBw { bw_timeout } else { lat_timeout },
+                    // UCX's tcp put_bw stalls for milliseconds at a time on a busy
+                    // 2-vCPU machine: give it room rather than a timeout.
+                    timeout: if self.kind == Kind::UcxPutBw { Duration::from_secs(120) } else { lat_timeout },
                     audit_after: (self.kind == Kind::UcxPutBw)
                         .then(|| Duration::from_millis(300)),
                 }
@@ -355,7 +358,7 @@ mod tests {
     #[test]
     fn ucx_iterations_are_bounded() {
         let l = Lengths::normal();
-        assert_eq!(ucx_iters(&l, 1 << 20), 6_000_000_000 / (1 << 20));
+        assert_eq!(ucx_iters(&l, 1 << 20), 2048);
         assert_eq!(ucx_iters(&l, 2), 1_000_000);
         assert_eq!(ucx_iters(&l, 8 << 30), 1_000);
     }

@@ -140,7 +140,11 @@ pub fn markdown(meta: &Meta, rows: &[Row], results: &[ProbeResult], sweep: &[Swe
             uside,
             md_cell(&peer),
             md_cell(&c.peer.cell(c.scale)),
-            c.peer.probe.side(),
+            if c.scale == 2.0 && c.peer.probe.side().ends_with("half round trip") {
+                c.peer.probe.side().replace("half round trip", "2 × half round trip")
+            } else {
+                c.peer.probe.side().to_string()
+            },
             c.ratio.map_or("n/a".into(), |r| format!("{}×", fmt_num(r))),
             c.target.map_or("—".into(), |t| t.label()),
             c.verdict.label()
@@ -398,7 +402,7 @@ mod tests {
         let c = comparisons(&rows, &results);
         assert_eq!(c[0].ratio, Some(2.0));
         let md = markdown(&meta(), &rows, &results, &[]);
-        assert!(md.contains("TCP busy-poll ping-pong 8 B (tcpbench pp -b) ×2 | 5.00 µs |"), "{md}");
+        assert!(md.contains("TCP busy-poll ping-pong 8 B (tcpbench pp -b) ×2 | 5.00 µs | client, 2 × half round trip |"), "{md}");
     }
 
     #[test]

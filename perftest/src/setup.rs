@@ -79,9 +79,8 @@ pub fn on_path(prog: &str) -> Option<PathBuf> {
         }))
 }
 
+/// Effective uid 0, from /proc/self/status ("Uid: real effective saved fs").
 fn is_root() -> bool {
-    // The effective uid is the owner of a file we just created in /proc/self;
-    // simpler: /proc/self/status "Uid:" line, effective field.
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {

@@ -7,6 +7,8 @@ use crate::probes::size_label;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Series {
     pub name: String,
+    /// A second, smaller legend line (which side measures).
+    pub detail: String,
     /// (message size in bytes, value); non-positive sizes and values that
     /// a log axis cannot show are dropped.
     pub points: Vec<(f64, f64)>,
@@ -197,7 +199,7 @@ pub fn render(c: &Chart) -> String {
                 py(y)
             ));
         }
-        let ly = TOP + 10.0 + 20.0 * i as f64;
+        let ly = TOP + 10.0 + 34.0 * i as f64;
         let lx = LEFT + pw + 15.0;
         s.push_str(&format!(
             "<line x1=\"{lx:.1}\" y1=\"{ly:.1}\" x2=\"{:.1}\" y2=\"{ly:.1}\" stroke=\"{color}\" stroke-width=\"3\"/>\n",
@@ -210,6 +212,14 @@ pub fn render(c: &Chart) -> String {
             ly + 4.0,
             esc(&name)
         ));
+        if !ser.detail.is_empty() {
+            s.push_str(&format!(
+                "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\" fill=\"#555\">{}</text>\n",
+                lx + 26.0,
+                ly + 17.0,
+                esc(&ser.detail)
+            ));
+        }
     }
     s.push_str("</svg>\n");
     s
@@ -226,9 +236,9 @@ mod tests {
             y_label: "GB/s".into(),
             log_y,
             series: vec![
-                Series { name: "uiw & co".into(), points: vec![(2.0, 0.01), (1024.0, 1.0), (8388608.0, 4.2)] },
-                Series { name: "TCP".into(), points: vec![(8388608.0, 9.0), (2.0, 0.02)] },
-                Series { name: "UCX".into(), points: vec![] },
+                Series { name: "uiw & co".into(), detail: "requester".into(), points: vec![(2.0, 0.01), (1024.0, 1.0), (8388608.0, 4.2)] },
+                Series { name: "TCP".into(), detail: String::new(), points: vec![(8388608.0, 9.0), (2.0, 0.02)] },
+                Series { name: "UCX".into(), detail: String::new(), points: vec![] },
             ],
         }
     }
@@ -249,6 +259,7 @@ mod tests {
         assert!(s.contains("Bandwidth &lt;vs&gt; size"));
         assert!(s.contains(">uiw &amp; co<"));
         assert!(s.contains(">UCX (no data)<"));
+        assert!(s.contains(">requester</text>"));
         assert!(s.contains(">message size<") && s.contains(">GB/s<"));
         assert!(s.contains(">8 MiB<") && s.contains(">2 B<"));
     }

@@ -113,7 +113,7 @@ fn per_size(ctx: &Ctx, kind: Kind, len: &Lengths, name: &str) -> SweepSeries {
 /// Runs the whole sweep.
 pub fn run(ctx: &Ctx, quick: bool) -> Vec<SweepSeries> {
     let (bw_iters, lat_iters) = if quick { (200, 100) } else { (1000, 1000) };
-    let bw_len = Lengths { secs: if quick { 0.3 } else { 1.0 }, lat_iters: 1000, ucx_bytes: 1_000_000_000 };
+    let bw_len = Lengths { secs: if quick { 0.3 } else { 1.0 }, lat_iters: 1000, ucx_bytes: 256 << 20 };
     let pp_len = Lengths { secs: if quick { 0.2 } else { 0.5 }, ..bw_len };
     let mut v = vec![
         perftest_all(ctx, "ib_write_bw", bw_iters),
@@ -139,7 +139,8 @@ pub fn charts(series: &[SweepSeries], cc: &str) -> (Chart, Chart) {
             .iter()
             .filter(|s| s.metric == m)
             .map(|s| Series {
-                name: format!("{} ({})", s.name, s.side),
+                name: s.name.clone(),
+                detail: s.side.clone(),
                 points: s.points.iter().map(|&(x, y)| (x as f64, y)).collect(),
             })
             .collect()
@@ -196,7 +197,8 @@ mod tests {
         let b = SweepSeries::new("TCP busy-poll ping-pong", Metric::Latency, "client, half round trip");
         let (bw, lat) = charts(&[a.clone(), b], "cubic");
         assert_eq!(bw.series.len(), 1);
-        assert_eq!(bw.series[0].name, "uiw ib_write_bw (requester)");
+        assert_eq!(bw.series[0].name, "uiw ib_write_bw");
+        assert_eq!(bw.series[0].detail, "requester");
         assert_eq!(bw.series[0].points, vec![(2.0, 0.1), (4.0, 0.2)]);
         assert!(lat.log_y && !bw.log_y);
         assert!(bw.title.contains("cubic"));
