@@ -46,7 +46,12 @@ pub fn run_plan(ctx: &Ctx, plan: &Plan, log: &Path) -> RunOutput {
         None => None,
         Some(cmd) => match start(cmd, &log.with_file_name(format!("{}-server", name(log)))) {
             Ok(s) => Some(s),
-            Err(e) => return RunOutput { stdout: Err(e), cc_seen },
+            Err(e) => {
+                return RunOutput {
+                    stdout: Err(e),
+                    cc_seen,
+                }
+            }
         },
     };
     let mut server = server;
@@ -55,22 +60,34 @@ pub fn run_plan(ctx: &Ctx, plan: &Plan, log: &Path) -> RunOutput {
             let s = server.take().expect("server is Some");
             let o = s.finish(Instant::now() + SERVER_GRACE);
             let why = if o.timed_out {
-                format!("server not listening on port {port} after {} s", LISTEN_LIMIT.as_secs())
+                format!(
+                    "server not listening on port {port} after {} s",
+                    LISTEN_LIMIT.as_secs()
+                )
             } else {
                 failed("server", &o, SERVER_GRACE)
             };
-            return RunOutput { stdout: Err(why), cc_seen };
+            return RunOutput {
+                stdout: Err(why),
+                cc_seen,
+            };
         }
     }
     let start_t = Instant::now();
     let deadline = start_t + plan.timeout;
-    let mut client = match start(&plan.client, &log.with_file_name(format!("{}-client", name(log)))) {
+    let mut client = match start(
+        &plan.client,
+        &log.with_file_name(format!("{}-client", name(log))),
+    ) {
         Ok(c) => c,
         Err(e) => {
             if let Some(s) = server {
                 s.finish(Instant::now());
             }
-            return RunOutput { stdout: Err(e), cc_seen };
+            return RunOutput {
+                stdout: Err(e),
+                cc_seen,
+            };
         }
     };
     if let Some(after) = plan.audit_after {
@@ -95,7 +112,9 @@ pub fn run_plan(ctx: &Ctx, plan: &Plan, log: &Path) -> RunOutput {
 }
 
 fn name(log: &Path) -> String {
-    log.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+    log.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 /// One repetition's figure (or failure) of a probe.
@@ -119,19 +138,31 @@ pub struct ProbeResult {
 
 impl ProbeResult {
     pub fn new(probe: Probe) -> Self {
-        ProbeResult { probe, unavailable: None, samples: Vec::new(), cc_seen: Vec::new(), commands: Vec::new() }
+        ProbeResult {
+            probe,
+            unavailable: None,
+            samples: Vec::new(),
+            cc_seen: Vec::new(),
+            commands: Vec::new(),
+        }
     }
 
     pub fn summary(&self) -> Option<Summary> {
         if self.unavailable.is_some() {
             return None;
         }
-        let ok: Vec<f64> = self.samples.iter().filter_map(|s| s.value.as_ref().ok().copied()).collect();
+        let ok: Vec<f64> = self
+            .samples
+            .iter()
+            .filter_map(|s| s.value.as_ref().ok().copied())
+            .collect();
         summarize(&ok)
     }
 
     fn first_failure(&self) -> Option<&str> {
-        self.samples.iter().find_map(|s| s.value.as_ref().err().map(String::as_str))
+        self.samples
+            .iter()
+            .find_map(|s| s.value.as_ref().err().map(String::as_str))
     }
 
     /// The table cell: `3.41 GB/s (3.30–3.52)`, with failures said.
@@ -184,7 +215,12 @@ pub fn fmt_num(x: f64) -> String {
 
 /// Runs `probes` `reps` times, interleaved: rep 1 runs every probe once in
 /// order, then rep 2, …, so slow drifts of a noisy machine hit all alike.
-pub fn run_interleaved(ctx: &Ctx, probes: &[Probe], reps: usize, len: &Lengths) -> Vec<ProbeResult> {
+pub fn run_interleaved(
+    ctx: &Ctx,
+    probes: &[Probe],
+    reps: usize,
+    len: &Lengths,
+) -> Vec<ProbeResult> {
     let mut results: Vec<ProbeResult> = probes.iter().cloned().map(ProbeResult::new).collect();
     for r in results.iter_mut() {
         if let Err(e) = ctx.available(r.probe.tool()) {
@@ -205,11 +241,21 @@ pub fn run_interleaved(ctx: &Ctx, probes: &[Probe], reps: usize, len: &Lengths) 
     results
 }
 
-fn run_probe_once(ctx: &Ctx, r: &mut ProbeResult, rep: usize, len: &Lengths) -> Result<f64, String> {
+fn run_probe_once(
+    ctx: &Ctx,
+    r: &mut ProbeResult,
+    rep: usize,
+    len: &Lengths,
+) -> Result<f64, String> {
     let port = free_port()?;
     let plan = r.probe.plan(ctx, len, port)?;
     if r.commands.is_empty() {
-        r.commands = plan.server.iter().chain([&plan.client]).map(Cmd::display).collect();
+        r.commands = plan
+            .server
+            .iter()
+            .chain([&plan.client])
+            .map(Cmd::display)
+            .collect();
     }
     let log = ctx.logs.join(format!("{}-rep{}", r.probe.id(), rep + 1));
     let out = run_plan(ctx, &plan, &log);
@@ -219,7 +265,9 @@ fn run_probe_once(ctx: &Ctx, r: &mut ProbeResult, rep: usize, len: &Lengths) -> 
         }
     }
     let stdout = out.stdout?;
-    r.probe.parse(&stdout).map_err(|e| format!("{e} (log: {}-client.out)", log.display()))
+    r.probe
+        .parse(&stdout)
+        .map_err(|e| format!("{e} (log: {}-client.out)", log.display()))
 }
 
 #[cfg(test)]
@@ -232,20 +280,29 @@ mod tests {
         r.samples = values
             .iter()
             .enumerate()
-            .map(|(rep, v)| Sample { rep, value: v.map_err(|e| e.to_string()) })
+            .map(|(rep, v)| Sample {
+                rep,
+                value: v.map_err(|e| e.to_string()),
+            })
             .collect();
         r
     }
 
     #[test]
     fn cells() {
-        assert_eq!(res(&[Ok(3.3), Ok(3.5), Ok(3.41)]).cell(1.0), "3.41 GB/s (3.30–3.50)");
+        assert_eq!(
+            res(&[Ok(3.3), Ok(3.5), Ok(3.41)]).cell(1.0),
+            "3.41 GB/s (3.30–3.50)"
+        );
         assert_eq!(res(&[Ok(12.34)]).cell(1.0), "12.3 GB/s");
         assert_eq!(
             res(&[Ok(1.0), Err("exit status 1: boom")]).cell(1.0),
             "1.00 GB/s [1 of 2 runs failed: exit status 1: boom]"
         );
-        assert_eq!(res(&[Err("timed out after 33 s")]).cell(1.0), "failed: timed out after 33 s");
+        assert_eq!(
+            res(&[Err("timed out after 33 s")]).cell(1.0),
+            "failed: timed out after 33 s"
+        );
         let mut u = res(&[]);
         u.unavailable = Some("fi_rma_bw not installed".into());
         assert_eq!(u.cell(1.0), "unavailable: fi_rma_bw not installed");

@@ -180,7 +180,12 @@ pub fn parse(args: &[String]) -> Result<Options, String> {
             "--cc" => o.cc = Some(value("--cc")?),
             "--only" => {
                 let v = value("--only")?;
-                o.only.extend(v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from));
+                o.only.extend(
+                    v.split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(String::from),
+                );
             }
             "--uiw" => o.uiw = Some(PathBuf::from(value("--uiw")?)),
             "--device" => o.device = value("--device")?,
@@ -207,7 +212,17 @@ mod tests {
     #[test]
     fn defaults_and_flags() {
         assert_eq!(p(&[]).unwrap(), Options::default());
-        let o = p(&["--quick", "--out", "/tmp/x", "--cc=reno", "--only", "write_lat,send_lat", "--only", "sweep"]).unwrap();
+        let o = p(&[
+            "--quick",
+            "--out",
+            "/tmp/x",
+            "--cc=reno",
+            "--only",
+            "write_lat,send_lat",
+            "--only",
+            "sweep",
+        ])
+        .unwrap();
         assert_eq!(o.reps, 1);
         assert_eq!(o.out, PathBuf::from("/tmp/x"));
         assert_eq!(o.cc.as_deref(), Some("reno"));
@@ -227,7 +242,18 @@ mod tests {
 
     #[test]
     fn help_names_every_option() {
-        for f in ["--quick", "--reps", "--out", "--cc", "--only", "--no-sweep", "--no-install", "--uiw", "--device", "--list"] {
+        for f in [
+            "--quick",
+            "--reps",
+            "--out",
+            "--cc",
+            "--only",
+            "--no-sweep",
+            "--no-install",
+            "--uiw",
+            "--device",
+            "--list",
+        ] {
             assert!(HELP.contains(f), "{f} undocumented");
         }
         for r in crate::rows::all() {

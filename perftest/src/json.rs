@@ -22,7 +22,7 @@ impl Json {
     }
 
     pub fn write(&self, out: &mut String, indent: usize) {
-        let pad = |out: &mut String, n: usize| out.extend(std::iter::repeat(' ').take(n));
+        let pad = |out: &mut String, n: usize| out.push_str(&" ".repeat(n));
         match self {
             Json::Null => out.push_str("null"),
             Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
@@ -88,7 +88,10 @@ mod tests {
     fn writes_nested_values() {
         let j = Json::obj([
             ("a", Json::Num(1.5)),
-            ("b", Json::Arr(vec![Json::Null, Json::Bool(true), Json::Num(f64::NAN)])),
+            (
+                "b",
+                Json::Arr(vec![Json::Null, Json::Bool(true), Json::Num(f64::NAN)]),
+            ),
             ("s", Json::str("q\"\\\n\u{1}µ")),
             ("e", Json::Arr(vec![])),
         ]);

@@ -41,7 +41,8 @@ fn main() {
 }
 
 fn write(path: &Path, text: &str) -> Result<(), Fail> {
-    std::fs::write(path, text).map_err(|e| Fail::Setup(format!("cannot write {}: {e}", path.display())))
+    std::fs::write(path, text)
+        .map_err(|e| Fail::Setup(format!("cannot write {}: {e}", path.display())))
 }
 
 fn uiw_commit() -> String {
@@ -94,7 +95,9 @@ fn run() -> Result<(), Fail> {
     let _ = std::fs::remove_dir_all(&logs);
     std::fs::create_dir_all(&logs)
         .map_err(|e| Fail::Setup(format!("cannot create {}: {e}", logs.display())))?;
-    let logs = logs.canonicalize().map_err(|e| Fail::Setup(format!("{}: {e}", logs.display())))?;
+    let logs = logs
+        .canonicalize()
+        .map_err(|e| Fail::Setup(format!("{}: {e}", logs.display())))?;
     let bin = out.join("bin");
     let (tcpbench, preload, cc_check) = setup::build_helpers(&bin, &logs).map_err(Fail::Setup)?;
     let (tcpbench, preload, cc_check) = (
@@ -110,7 +113,8 @@ fn run() -> Result<(), Fail> {
         notes.extend(setup::install_missing(&logs));
     }
     let tools = setup::check_tools(&tcpbench);
-    let uiw = setup::find_uiw(opts.uiw.as_deref()).and_then(|u| setup::uiw_up(&u, &logs).map(|()| u));
+    let uiw =
+        setup::find_uiw(opts.uiw.as_deref()).and_then(|u| setup::uiw_up(&u, &logs).map(|()| u));
     let mut ctx = setup::Ctx {
         cc: cc.clone(),
         known_cc,
@@ -122,10 +126,18 @@ fn run() -> Result<(), Fail> {
         logs,
     };
     let check = ctx.cmd(&cc_check.display().to_string());
-    setup::verify_cc(&check, &cc, "cc_preload.so", &ctx.logs.join("cc_check")).map_err(Fail::Setup)?;
+    setup::verify_cc(&check, &cc, "cc_preload.so", &ctx.logs.join("cc_check"))
+        .map_err(Fail::Setup)?;
     if ctx.uiw.is_ok() {
-        let under_uiw = ctx.uiw_cmd(&cc_check.display().to_string(), &[]).expect("uiw is Ok");
-        if let Err(e) = setup::verify_cc(&under_uiw, &cc, "under `uiw run`", &ctx.logs.join("cc_check-uiw")) {
+        let under_uiw = ctx
+            .uiw_cmd(&cc_check.display().to_string(), &[])
+            .expect("uiw is Ok");
+        if let Err(e) = setup::verify_cc(
+            &under_uiw,
+            &cc,
+            "under `uiw run`",
+            &ctx.logs.join("cc_check-uiw"),
+        ) {
             ctx.uiw = Err(e);
         }
     }
@@ -147,7 +159,11 @@ fn run() -> Result<(), Fail> {
         uiw_commit: uiw_commit(),
         notes,
     };
-    let len = if opts.quick { Lengths::quick() } else { Lengths::normal() };
+    let len = if opts.quick {
+        Lengths::quick()
+    } else {
+        Lengths::normal()
+    };
     eprintln!(
         "uiw-bench: {} rows, {} repetition(s), cc {cc}, results in {}",
         rows.len(),
@@ -156,7 +172,11 @@ fn run() -> Result<(), Fail> {
     );
     let results = bench::run_interleaved(&ctx, &rows::probe_order(&rows), opts.reps, &len);
 
-    let sweep = if opts.sweep { sweep::run(&ctx, opts.quick) } else { Vec::new() };
+    let sweep = if opts.sweep {
+        sweep::run(&ctx, opts.quick)
+    } else {
+        Vec::new()
+    };
     if !sweep.is_empty() {
         write(&out.join("sweep.csv"), &sweep::csv(&sweep))?;
         let (bw, lat) = sweep::charts(&sweep, &cc);
@@ -165,9 +185,16 @@ fn run() -> Result<(), Fail> {
             write(&svg, &svg::render(&chart))?;
             if setup::on_path("rsvg-convert").is_some() {
                 let png = out.join(format!("{name}.png"));
-                let cmd = proc::Cmd::new("rsvg-convert")
-                    .args(["-o", &png.display().to_string(), &svg.display().to_string()]);
-                match proc::run_capture(&cmd, Duration::from_secs(60), &ctx.logs.join(format!("rsvg-{name}"))) {
+                let cmd = proc::Cmd::new("rsvg-convert").args([
+                    "-o",
+                    &png.display().to_string(),
+                    &svg.display().to_string(),
+                ]);
+                match proc::run_capture(
+                    &cmd,
+                    Duration::from_secs(60),
+                    &ctx.logs.join(format!("rsvg-{name}")),
+                ) {
                     Ok(o) if o.success() => {}
                     Ok(o) => eprintln!("uiw-bench: rsvg-convert {name}: {}", o.stderr.trim()),
                     Err(e) => eprintln!("uiw-bench: {e}"),
@@ -179,7 +206,10 @@ fn run() -> Result<(), Fail> {
     let md = report::markdown(&meta, &rows, &results, &sweep);
     write(&out.join("results.md"), &md)?;
     write(&out.join("results.csv"), &report::csv(&results))?;
-    write(&out.join("results.json"), &report::json(&meta, &rows, &results, &sweep).to_pretty())?;
+    write(
+        &out.join("results.json"),
+        &report::json(&meta, &rows, &results, &sweep).to_pretty(),
+    )?;
     println!("{md}");
     eprintln!("uiw-bench: wrote {}/results.{{md,csv,json}}", out.display());
     Ok(())

@@ -169,7 +169,10 @@ fn ucx_final(out: &str) -> Result<(f64, f64), String> {
     // iterations, lat typical, lat average, lat overall, bw average,
     // bw overall, msgrate average, msgrate overall
     if f.len() < 8 {
-        return Err(format!("ucx_perftest Final line has {} numbers, want 8", f.len()));
+        return Err(format!(
+            "ucx_perftest Final line has {} numbers, want 8",
+            f.len()
+        ));
     }
     Ok((f[1], f[5] * MIB / GB))
 }
@@ -198,13 +201,23 @@ fn fabtests_line(out: &str) -> Result<Vec<String>, String> {
     let header = header.ok_or("no fabtests result header (bytes ... usec/xfer) in the output")?;
     let data = lines
         .map(str::trim)
-        .find(|l| l.split_whitespace().next().is_some_and(|w| w.parse::<u64>().is_ok()))
+        .find(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|w| w.parse::<u64>().is_ok())
+        })
         .ok_or("fabtests header without a result line")?;
     let fields: Vec<String> = data.split_whitespace().map(String::from).collect();
     if fields.len() != header.len() {
-        return Err(format!("fabtests result line {data:?} does not match its header"));
+        return Err(format!(
+            "fabtests result line {data:?} does not match its header"
+        ));
     }
-    Ok(header.into_iter().zip(fields).map(|(h, f)| format!("{h}={f}")).collect())
+    Ok(header
+        .into_iter()
+        .zip(fields)
+        .map(|(h, f)| format!("{h}={f}"))
+        .collect())
 }
 
 fn fabtests_field(out: &str, col: &str) -> Result<f64, String> {
@@ -276,16 +289,25 @@ pub fn ss_congestion(out: &str, pid: u32, known: &[String]) -> Vec<String> {
 pub fn failure_reason(stderr: &str, stdout: &str) -> Option<String> {
     let bad = |l: &&str| {
         let l = l.to_ascii_lowercase();
-        ["couldn't", "could not", "failed", "error", "unable", "not supported", "refused", "cannot"]
-            .iter()
-            .any(|w| l.contains(w))
+        [
+            "couldn't",
+            "could not",
+            "failed",
+            "error",
+            "unable",
+            "not supported",
+            "refused",
+            "cannot",
+        ]
+        .iter()
+        .any(|w| l.contains(w))
     };
     let pick = stderr
         .lines()
         .chain(stdout.lines())
         .map(str::trim)
         .find(bad)
-        .or_else(|| stderr.lines().map(str::trim).filter(|l| !l.is_empty()).last())?;
+        .or_else(|| stderr.lines().map(str::trim).rfind(|l| !l.is_empty()))?;
     let mut s: String = pick.chars().take(120).collect();
     if pick.chars().count() > 120 {
         s.push('…');
@@ -306,7 +328,13 @@ mod tests {
         let h = " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]";
         assert_eq!(
             perftest_columns(h.trim()),
-            ["#bytes", "#iterations", "BW peak[MB/sec]", "BW average[MB/sec]", "MsgRate[Mpps]"]
+            [
+                "#bytes",
+                "#iterations",
+                "BW peak[MB/sec]",
+                "BW average[MB/sec]",
+                "MsgRate[Mpps]"
+            ]
         );
         let h = "#bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] ";
         let c = perftest_columns(h);
@@ -324,7 +352,10 @@ mod tests {
         let mb = rows[0].bw_avg_gbps.unwrap() * GB / MIB;
         let want_mib = first_data_column(out, 3);
         assert!(close(mb, want_mib), "{mb} vs {want_mib}");
-        assert!(close(perftest_bw(out).unwrap(), want_mib * 1_048_576.0 / 1e9));
+        assert!(close(
+            perftest_bw(out).unwrap(),
+            want_mib * 1_048_576.0 / 1e9
+        ));
     }
 
     /// The `col`th number of the first data line after the `#bytes` header,
@@ -356,7 +387,10 @@ mod tests {
             perftest_bw(out).unwrap_err(),
             "perftest printed its table header but no result line"
         );
-        assert_eq!(perftest_bw("").unwrap_err(), "no perftest result table in the output");
+        assert_eq!(
+            perftest_bw("").unwrap_err(),
+            "no perftest result table in the output"
+        );
     }
 
     #[test]
@@ -415,7 +449,10 @@ mod tests {
     fn fabtests_pingpong() {
         let out = include_str!("../fixtures/fi_pingpong_8.txt");
         assert_eq!(fabtests_lat(out).unwrap(), first_fabtests(out, 6));
-        assert!(close(fabtests_bw(out).unwrap(), first_fabtests(out, 5) * 1e6 / 1e9));
+        assert!(close(
+            fabtests_bw(out).unwrap(),
+            first_fabtests(out, 5) * 1e6 / 1e9
+        ));
         let err = include_str!("../fixtures/fi_pingpong_not_connected.txt");
         assert!(fabtests_lat(err).is_err());
         assert_eq!(
@@ -432,7 +469,10 @@ mod tests {
     #[test]
     fn iperf3_receiver() {
         let j = include_str!("../fixtures/iperf3_64k.json");
-        assert!(close(iperf3_json(j).unwrap(), 81262511501.401932 / 8.0 / 1e9));
+        assert!(close(
+            iperf3_json(j).unwrap(),
+            81_262_511_501.401_93 / 8.0 / 1e9
+        ));
         assert!(iperf3_json("{}").is_err());
     }
 
@@ -452,6 +492,9 @@ mod tests {
             "Couldn't post send: qp 0 scnt=0"
         );
         assert_eq!(failure_reason("", "").as_deref(), None);
-        assert_eq!(failure_reason("\nsomething odd\n\n", "").unwrap(), "something odd");
+        assert_eq!(
+            failure_reason("\nsomething odd\n\n", "").unwrap(),
+            "something odd"
+        );
     }
 }

@@ -28,7 +28,9 @@ impl Metric {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     /// perftest program (ib_write_bw, ib_send_lat, …) over uiw.
-    Perftest { prog: &'static str },
+    Perftest {
+        prog: &'static str,
+    },
     TcpBw,
     TcpPp,
     Iperf3,
@@ -47,9 +49,9 @@ pub struct Probe {
 
 /// `64 KiB`, `1 MiB`, `8 B`.
 pub fn size_label(n: u64) -> String {
-    if n >= 1 << 20 && n % (1 << 20) == 0 {
+    if n >= 1 << 20 && n & ((1 << 20) - 1) == 0 {
         format!("{} MiB", n >> 20)
-    } else if n >= 1 << 10 && n % (1 << 10) == 0 {
+    } else if n >= 1 << 10 && n & ((1 << 10) - 1) == 0 {
         format!("{} KiB", n >> 10)
     } else {
         format!("{n} B")
@@ -115,12 +117,18 @@ impl Probe {
     /// Which side's clock the figure comes from.
     pub fn side(&self) -> &'static str {
         match self.kind {
-            Kind::Perftest { prog: "ib_read_lat" } => "requester, full read round trip",
-            Kind::Perftest { .. } if self.metric() == Metric::Latency => "requester, half round trip",
+            Kind::Perftest {
+                prog: "ib_read_lat",
+            } => "requester, full read round trip",
+            Kind::Perftest { .. } if self.metric() == Metric::Latency => {
+                "requester, half round trip"
+            }
             Kind::Perftest { .. } => "requester",
             Kind::TcpBw | Kind::Iperf3 => "receiver",
             Kind::UcxPutBw | Kind::FiRmaBw => "initiator",
-            Kind::TcpPp | Kind::UcxAmLat | Kind::UcxTagLat | Kind::FiPingpong => "client, half round trip",
+            Kind::TcpPp | Kind::UcxAmLat | Kind::UcxTagLat | Kind::FiPingpong => {
+                "client, half round trip"
+            }
         }
     }
 
@@ -179,10 +187,18 @@ pub struct Lengths {
 
 impl Lengths {
     pub fn normal() -> Self {
-        Lengths { secs: 3.0, lat_iters: 20_000, ucx_bytes: 2 << 30 }
+        Lengths {
+            secs: 3.0,
+            lat_iters: 20_000,
+            ucx_bytes: 2 << 30,
+        }
     }
     pub fn quick() -> Self {
-        Lengths { secs: 1.0, lat_iters: 5_000, ucx_bytes: 512 << 20 }
+        Lengths {
+            secs: 1.0,
+            lat_iters: 5_000,
+            ucx_bytes: 512 << 20,
+        }
     }
 }
 
@@ -253,7 +269,10 @@ impl Probe {
                 }
             }
             Kind::Iperf3 => Plan {
-                server: Some(ctx.cmd("iperf3").args(["-s", "-B", "127.0.0.1", "-1", "-p", &p])),
+                server: Some(
+                    ctx.cmd("iperf3")
+                        .args(["-s", "-B", "127.0.0.1", "-1", "-p", &p]),
+                ),
                 client: ctx.cmd("iperf3").args([
                     "-c",
                     "127.0.0.1",
@@ -285,9 +304,12 @@ impl Probe {
                     port: Some(port),
                     // UCX's tcp put_bw stalls for milliseconds at a time on a busy
                     // 2-vCPU machine: give it room rather than a timeout.
-                    timeout: if self.kind == Kind::UcxPutBw { Duration::from_secs(120) } else { lat_timeout },
-                    audit_after: (self.kind == Kind::UcxPutBw)
-                        .then(|| Duration::from_millis(300)),
+                    timeout: if self.kind == Kind::UcxPutBw {
+                        Duration::from_secs(120)
+                    } else {
+                        lat_timeout
+                    },
+                    audit_after: (self.kind == Kind::UcxPutBw).then(|| Duration::from_millis(300)),
                 }
             }
             Kind::UcxTagLat => {
@@ -318,14 +340,27 @@ impl Probe {
                 };
                 let base = |c: Cmd| {
                     c.env("FI_TCP_NODELAY", "1")
-                        .args(["-p", "tcp", "-e", "msg", "-S", &size, "-I", &iters.to_string()])
+                        .args([
+                            "-p",
+                            "tcp",
+                            "-e",
+                            "msg",
+                            "-S",
+                            &size,
+                            "-I",
+                            &iters.to_string(),
+                        ])
                         .args(extra.iter().copied())
                 };
                 Plan {
                     server: Some(base(ctx.cmd(prog)).args(["-B", &p])),
                     client: base(ctx.cmd(prog)).args(["-P", &p, "127.0.0.1"]),
                     port: Some(port),
-                    timeout: if self.kind == Kind::FiPingpong { lat_timeout } else { bw_timeout },
+                    timeout: if self.kind == Kind::FiPingpong {
+                        lat_timeout
+                    } else {
+                        bw_timeout
+                    },
                     audit_after: None,
                 }
             }
@@ -344,11 +379,21 @@ mod tests {
         assert_eq!(size_label(1 << 20), "1 MiB");
         assert_eq!(size_label(8), "8 B");
         assert_eq!(size_label(1536), "1536 B");
-        let p = Probe::new(Kind::Perftest { prog: "ib_write_bw" }, 65536);
+        let p = Probe::new(
+            Kind::Perftest {
+                prog: "ib_write_bw",
+            },
+            65536,
+        );
         assert_eq!(p.id(), "uiw.ib_write_bw.65536");
         assert_eq!(p.metric(), Metric::Bandwidth);
         assert_eq!(p.side(), "requester");
-        let p = Probe::new(Kind::Perftest { prog: "ib_read_lat" }, 8);
+        let p = Probe::new(
+            Kind::Perftest {
+                prog: "ib_read_lat",
+            },
+            8,
+        );
         assert_eq!(p.metric(), Metric::Latency);
         assert_eq!(p.side(), "requester, full read round trip");
         assert_eq!(Probe::new(Kind::TcpBw, 8).side(), "receiver");

@@ -23,7 +23,11 @@ pub struct Cmd {
 
 impl Cmd {
     pub fn new(program: impl Into<String>) -> Self {
-        Cmd { program: program.into(), args: Vec::new(), env: Vec::new() }
+        Cmd {
+            program: program.into(),
+            args: Vec::new(),
+            env: Vec::new(),
+        }
     }
     pub fn arg(mut self, a: impl Into<String>) -> Self {
         self.args.push(a.into());
@@ -94,7 +98,8 @@ pub fn start(cmd: &Cmd, log: &Path) -> Result<Running, String> {
         PathBuf::from(s)
     };
     let (out, err) = (with(".out"), with(".err"));
-    let create = |p: &Path| File::create(p).map_err(|e| format!("cannot create {}: {e}", p.display()));
+    let create =
+        |p: &Path| File::create(p).map_err(|e| format!("cannot create {}: {e}", p.display()));
     let mut c = Command::new(&cmd.program);
     c.args(&cmd.args)
         .envs(cmd.env.iter().map(|(k, v)| (k, v)))
@@ -111,7 +116,13 @@ pub fn start(cmd: &Cmd, log: &Path) -> Result<Running, String> {
         let mut child = child;
         let _ = tx.send(child.wait());
     });
-    Ok(Running { pid, done: rx, out, err, status: None })
+    Ok(Running {
+        pid,
+        done: rx,
+        out,
+        err,
+        status: None,
+    })
 }
 
 /// Kills process group `pgid` (the program and whatever it forked).
@@ -175,13 +186,19 @@ impl Running {
             Some(Err(e)) => Err(format!("wait failed: {e}")),
             None => Err("did not die after SIGKILL".into()),
         };
-        Outcome { exit, timed_out, stdout: read_lossy(&self.out), stderr: read_lossy(&self.err) }
+        Outcome {
+            exit,
+            timed_out,
+            stdout: read_lossy(&self.out),
+            stderr: read_lossy(&self.err),
+        }
     }
 }
 
 /// A TCP port that nobody listens on right now (bound then released).
 pub fn free_port() -> Result<u16, String> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("cannot pick a free port: {e}"))?;
+    let l =
+        TcpListener::bind("127.0.0.1:0").map_err(|e| format!("cannot pick a free port: {e}"))?;
     l.local_addr()
         .map(|a| a.port())
         .map_err(|e| format!("cannot pick a free port: {e}"))
@@ -194,7 +211,10 @@ pub fn proc_net_tcp_listens(table: &str, port: u16) -> bool {
         let f: Vec<&str> = l.split_whitespace().collect();
         f.len() > 3
             && f[3] == "0A"
-            && f[1].rsplit(':').next().is_some_and(|p| p.eq_ignore_ascii_case(&want))
+            && f[1]
+                .rsplit(':')
+                .next()
+                .is_some_and(|p| p.eq_ignore_ascii_case(&want))
     })
 }
 
@@ -230,7 +250,10 @@ mod tests {
     fn listen_table() {
         let t = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   0: 0100007F:9C4F 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0000000000000000 100 0 0 10 0\n   1: 0100007F:9C50 0100007F:1F90 01 00000000:00000000 00:00000000 00000000     0        0 2 1 0000000000000000 100 0 0 10 0\n";
         assert!(proc_net_tcp_listens(t, 0x9C4F));
-        assert!(!proc_net_tcp_listens(t, 0x9C50), "ESTABLISHED is not LISTEN");
+        assert!(
+            !proc_net_tcp_listens(t, 0x9C50),
+            "ESTABLISHED is not LISTEN"
+        );
         assert!(!proc_net_tcp_listens(t, 80));
         let t6 = "  sl  local_address                         remote_address                        st\n   0: 00000000000000000000000000000000:4E20 00000000000000000000000000000000:0000 0A 0\n";
         assert!(proc_net_tcp_listens(t6, 20000));
@@ -251,7 +274,9 @@ mod tests {
 
     #[test]
     fn display_shows_env_then_argv() {
-        let c = Cmd::new("ib_write_bw").args(["-d", "uiw_lo"]).env("BENCH_TCPCC", "cubic");
+        let c = Cmd::new("ib_write_bw")
+            .args(["-d", "uiw_lo"])
+            .env("BENCH_TCPCC", "cubic");
         assert_eq!(c.display(), "BENCH_TCPCC=cubic ib_write_bw -d uiw_lo");
     }
 }

@@ -33,11 +33,19 @@ pub struct Comparison<'a> {
 }
 
 fn find<'a>(results: &'a [ProbeResult], p: &crate::probes::Probe) -> &'a ProbeResult {
-    results.iter().find(|r| &r.probe == p).expect("every row's probes were run")
+    results
+        .iter()
+        .find(|r| &r.probe == p)
+        .expect("every row's probes were run")
 }
 
 fn scaled(s: Summary, k: f64) -> Summary {
-    Summary { median: s.median * k, min: s.min * k, max: s.max * k, n: s.n }
+    Summary {
+        median: s.median * k,
+        min: s.min * k,
+        max: s.max * k,
+        n: s.n,
+    }
 }
 
 pub fn comparisons<'a>(rows: &'a [Row], results: &'a [ProbeResult]) -> Vec<Comparison<'a>> {
@@ -85,7 +93,12 @@ pub fn cc_seen(results: &[ProbeResult]) -> (Vec<String>, usize) {
     (seen, audited)
 }
 
-pub fn markdown(meta: &Meta, rows: &[Row], results: &[ProbeResult], sweep: &[SweepSeries]) -> String {
+pub fn markdown(
+    meta: &Meta,
+    rows: &[Row],
+    results: &[ProbeResult],
+    sweep: &[SweepSeries],
+) -> String {
     let mut s = String::new();
     s.push_str("# uiw-bench results\n\n");
     s.push_str(&format!("- **Date**: {}\n", meta.date));
@@ -95,9 +108,15 @@ pub fn markdown(meta: &Meta, rows: &[Row], results: &[ProbeResult], sweep: &[Swe
     let audit = if audited == 0 {
         "no bandwidth run lived long enough to be checked with `ss`".to_string()
     } else if seen == [meta.cc.clone()] {
-        format!("`ss` saw only `{}` on the sockets of {audited} bandwidth probes", meta.cc)
+        format!(
+            "`ss` saw only `{}` on the sockets of {audited} bandwidth probes",
+            meta.cc
+        )
     } else {
-        format!("**warning**: `ss` saw {} on the sockets of {audited} bandwidth probes", seen.join(", "))
+        format!(
+            "**warning**: `ss` saw {} on the sockets of {audited} bandwidth probes",
+            seen.join(", ")
+        )
     };
     s.push_str(&format!(
         "- **TCP congestion control: `{}` for every row** (forced on every program's sockets, uiw's \
@@ -105,16 +124,18 @@ pub fn markdown(meta: &Meta, rows: &[Row], results: &[ProbeResult], sweep: &[Swe
         meta.cc
     ));
     s.push_str(&format!(
-        "- **Repetitions**: {} {}, interleaved (each repetition runs every probe once, uiw and peers \
+        "- **Repetitions**: {}{}, interleaved (each repetition runs every probe once, uiw and peers \
          alternating); figures are medians (min–max)\n",
         meta.reps,
-        if meta.quick { "(--quick: short runs, smoke test only)" } else { "" }
+        if meta.quick { " (--quick: short runs, smoke test only)" } else { "" }
     ));
     s.push_str(
         "- **Units**: GB/s = 10^9 bytes/s (perftest's and UCX's MB/s are 2^20 B/s and were converted); \
          latency in µs, half round trip unless the side says otherwise\n",
     );
-    s.push_str("- **Ratio** = uiw median / peer median; the issue's targets are marked pass/miss on it\n");
+    s.push_str(
+        "- **Ratio** = uiw median / peer median; the issue's targets are marked pass/miss on it\n",
+    );
     for n in &meta.notes {
         s.push_str(&format!("- {}\n", md_cell(n)));
     }
@@ -125,7 +146,11 @@ pub fn markdown(meta: &Meta, rows: &[Row], results: &[ProbeResult], sweep: &[Swe
         let first = c.row.name != last_row;
         last_row = c.row.name.clone();
         let (name, uiw, uside) = if first {
-            (format!("**{}**", c.row.name), c.uiw.cell(1.0), c.uiw.probe.side().to_string())
+            (
+                format!("**{}**", c.row.name),
+                c.uiw.cell(1.0),
+                c.uiw.probe.side().to_string(),
+            )
         } else {
             (String::new(), "〃".into(), String::new())
         };
@@ -141,7 +166,10 @@ pub fn markdown(meta: &Meta, rows: &[Row], results: &[ProbeResult], sweep: &[Swe
             md_cell(&peer),
             md_cell(&c.peer.cell(c.scale)),
             if c.scale == 2.0 && c.peer.probe.side().ends_with("half round trip") {
-                c.peer.probe.side().replace("half round trip", "2 × half round trip")
+                c.peer
+                    .probe
+                    .side()
+                    .replace("half round trip", "2 × half round trip")
             } else {
                 c.peer.probe.side().to_string()
             },
@@ -157,7 +185,9 @@ pub fn markdown(meta: &Meta, rows: &[Row], results: &[ProbeResult], sweep: &[Swe
             let pts = ser.points.len();
             let mut line = format!("- {} ({}): {pts} sizes", ser.name, ser.side);
             if let Some((size, why)) = ser.failures.first() {
-                let at = size.map(|z| format!(" at {}", crate::probes::size_label(z))).unwrap_or_default();
+                let at = size
+                    .map(|z| format!(" at {}", crate::probes::size_label(z)))
+                    .unwrap_or_default();
                 line.push_str(&format!(
                     "; {} failure(s), first{at}: {}",
                     ser.failures.len(),
@@ -215,7 +245,11 @@ pub fn csv(results: &[ProbeResult]) -> String {
         for smp in &r.samples {
             match &smp.value {
                 Ok(v) => s.push_str(&format!("{head},{},{v},ok,\n", smp.rep + 1)),
-                Err(e) => s.push_str(&format!("{head},{},,failed,{}\n", smp.rep + 1, csv_field(e))),
+                Err(e) => s.push_str(&format!(
+                    "{head},{},,failed,{}\n",
+                    smp.rep + 1,
+                    csv_field(e)
+                )),
             }
         }
     }
@@ -245,14 +279,20 @@ pub fn json(meta: &Meta, rows: &[Row], results: &[ProbeResult], sweep: &[SweepSe
                 ("size_bytes", Json::Num(r.probe.size as f64)),
                 ("unit", Json::str(r.probe.metric().unit())),
                 ("side", Json::str(r.probe.side())),
-                ("unavailable", r.unavailable.clone().map_or(Json::Null, Json::Str)),
+                (
+                    "unavailable",
+                    r.unavailable.clone().map_or(Json::Null, Json::Str),
+                ),
                 (
                     "samples",
                     Json::Arr(
                         r.samples
                             .iter()
                             .map(|s| match &s.value {
-                                Ok(v) => Json::obj([("rep", Json::Num((s.rep + 1) as f64)), ("value", Json::Num(*v))]),
+                                Ok(v) => Json::obj([
+                                    ("rep", Json::Num((s.rep + 1) as f64)),
+                                    ("value", Json::Num(*v)),
+                                ]),
                                 Err(e) => Json::obj([
                                     ("rep", Json::Num((s.rep + 1) as f64)),
                                     ("failed", Json::str(e.clone())),
@@ -262,8 +302,14 @@ pub fn json(meta: &Meta, rows: &[Row], results: &[ProbeResult], sweep: &[SweepSe
                     ),
                 ),
                 ("summary", summary_json(r.summary())),
-                ("cc_seen_by_ss", Json::Arr(r.cc_seen.iter().cloned().map(Json::Str).collect())),
-                ("commands", Json::Arr(r.commands.iter().cloned().map(Json::Str).collect())),
+                (
+                    "cc_seen_by_ss",
+                    Json::Arr(r.cc_seen.iter().cloned().map(Json::Str).collect()),
+                ),
+                (
+                    "commands",
+                    Json::Arr(r.commands.iter().cloned().map(Json::Str).collect()),
+                ),
             ])
         })
         .collect();
@@ -276,7 +322,10 @@ pub fn json(meta: &Meta, rows: &[Row], results: &[ProbeResult], sweep: &[SweepSe
                 ("peer", Json::str(c.peer.probe.id())),
                 ("peer_scale", Json::Num(c.scale)),
                 ("ratio", Json::opt_num(c.ratio)),
-                ("target", c.target.map_or(Json::Null, |t| Json::str(t.label()))),
+                (
+                    "target",
+                    c.target.map_or(Json::Null, |t| Json::str(t.label())),
+                ),
                 ("verdict", Json::str(c.verdict.label().trim_matches('*'))),
             ])
         })
@@ -321,8 +370,17 @@ pub fn json(meta: &Meta, rows: &[Row], results: &[ProbeResult], sweep: &[SweepSe
         ("congestion_control", Json::str(meta.cc.clone())),
         ("repetitions", Json::Num(meta.reps as f64)),
         ("quick", Json::Bool(meta.quick)),
-        ("notes", Json::Arr(meta.notes.iter().cloned().map(Json::Str).collect())),
-        ("units", Json::obj([("bandwidth", Json::str("GB/s = 1e9 B/s")), ("latency", Json::str("µs"))])),
+        (
+            "notes",
+            Json::Arr(meta.notes.iter().cloned().map(Json::Str).collect()),
+        ),
+        (
+            "units",
+            Json::obj([
+                ("bandwidth", Json::str("GB/s = 1e9 B/s")),
+                ("latency", Json::str("µs")),
+            ]),
+        ),
         ("probes", Json::Arr(probes)),
         ("comparisons", Json::Arr(comps)),
         ("sweep", Json::Arr(sw)),
@@ -335,7 +393,10 @@ mod tests {
     use crate::bench::Sample;
     use crate::rows::select;
 
-    fn results_for(rows: &[Row], f: impl Fn(&crate::probes::Probe) -> Vec<Result<f64, String>>) -> Vec<ProbeResult> {
+    fn results_for(
+        rows: &[Row],
+        f: impl Fn(&crate::probes::Probe) -> Vec<Result<f64, String>>,
+    ) -> Vec<ProbeResult> {
         crate::rows::probe_order(rows)
             .into_iter()
             .map(|p| {
@@ -343,7 +404,11 @@ mod tests {
                 if p.tool() == "fi_rma_bw" {
                     r.unavailable = Some("not packaged".into());
                 }
-                r.samples = f(&p).into_iter().enumerate().map(|(rep, value)| Sample { rep, value }).collect();
+                r.samples = f(&p)
+                    .into_iter()
+                    .enumerate()
+                    .map(|(rep, value)| Sample { rep, value })
+                    .collect();
                 r
             })
             .collect()
@@ -386,7 +451,9 @@ mod tests {
         assert!(md.contains("| **write_lat** | failed: exit status 1: Couldn't post send |"));
         assert!(md.contains("`cubic` for every row"));
         let csv = csv(&results);
-        assert!(csv.contains("uiw.ib_write_bw.65536,uiw,uiw ib_write_bw 64 KiB,GB/s,requester,2,3.2,ok,\n"));
+        assert!(csv.contains(
+            "uiw.ib_write_bw.65536,uiw,uiw ib_write_bw 64 KiB,GB/s,requester,2,3.2,ok,\n"
+        ));
         assert!(csv.contains(",1,,failed,exit status 1: Couldn't post send\n"));
         let j = json(&meta(), &rows, &results, &[]).to_pretty();
         assert!(j.contains("\"verdict\": \"miss\""));
@@ -397,7 +464,11 @@ mod tests {
     fn read_lat_peers_are_doubled() {
         let rows = select(&["read_lat".into()]).unwrap();
         let results = results_for(&rows, |p| {
-            if p.stack() == "uiw" { vec![Ok(10.0)] } else { vec![Ok(2.5)] }
+            if p.stack() == "uiw" {
+                vec![Ok(10.0)]
+            } else {
+                vec![Ok(2.5)]
+            }
         });
         let c = comparisons(&rows, &results);
         assert_eq!(c[0].ratio, Some(2.0));

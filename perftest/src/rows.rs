@@ -35,7 +35,11 @@ const KIB64: u64 = 64 << 10;
 const MIB1: u64 = 1 << 20;
 
 fn peer(kind: Kind, size: u64, target: Option<Target>) -> Peer {
-    Peer { probe: Probe::new(kind, size), target, scale: 1.0 }
+    Peer {
+        probe: Probe::new(kind, size),
+        target,
+        scale: 1.0,
+    }
 }
 
 fn bw_row(prog: &'static str, size: u64, with_targets: bool) -> Row {
@@ -97,10 +101,16 @@ pub fn select(only: &[String]) -> Result<Vec<Row>, String> {
     let names: Vec<String> = rows.iter().map(|r| r.name.clone()).collect();
     for o in only {
         if o != "sweep" && !names.contains(o) {
-            return Err(format!("unknown row {o:?} for --only (rows: {}, sweep)", names.join(", ")));
+            return Err(format!(
+                "unknown row {o:?} for --only (rows: {}, sweep)",
+                names.join(", ")
+            ));
         }
     }
-    Ok(rows.into_iter().filter(|r| only.contains(&r.name)).collect())
+    Ok(rows
+        .into_iter()
+        .filter(|r| only.contains(&r.name))
+        .collect())
 }
 
 /// The distinct probes of `rows`, in first-use order: one repetition runs
@@ -128,8 +138,15 @@ mod tests {
         assert_eq!(
             names,
             [
-                "write_bw_64k", "write_bw_1m", "write_lat", "send_lat", "read_bw_64k",
-                "read_bw_1m", "send_bw_64k", "send_bw_1m", "read_lat"
+                "write_bw_64k",
+                "write_bw_1m",
+                "write_lat",
+                "send_lat",
+                "read_bw_64k",
+                "read_bw_1m",
+                "send_bw_64k",
+                "send_bw_1m",
+                "read_lat"
             ]
         );
         let w = &rows[0];
@@ -148,14 +165,20 @@ mod tests {
     fn selection_and_order() {
         let r = select(&["write_lat".into(), "sweep".into()]).unwrap();
         assert_eq!(r.len(), 1);
-        assert!(select(&["nope".into()]).unwrap_err().contains("write_bw_64k"));
+        assert!(select(&["nope".into()])
+            .unwrap_err()
+            .contains("write_bw_64k"));
         let order = probe_order(&select(&["write_lat".into(), "send_lat".into()]).unwrap());
         let ids: Vec<String> = order.iter().map(|p| p.id()).collect();
         assert_eq!(
             ids,
             [
-                "uiw.ib_write_lat.8", "tcp.pp_busy.8", "ucx.am_lat.8", "libfabric.fi_pingpong.8",
-                "ucx.tag_lat.8", "uiw.ib_send_lat.8"
+                "uiw.ib_write_lat.8",
+                "tcp.pp_busy.8",
+                "ucx.am_lat.8",
+                "libfabric.fi_pingpong.8",
+                "ucx.tag_lat.8",
+                "uiw.ib_send_lat.8"
             ]
         );
     }

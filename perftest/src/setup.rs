@@ -45,7 +45,9 @@ impl Ctx {
                 preload = format!("{preload}:{old}");
             }
         }
-        Cmd::new(program).env("LD_PRELOAD", preload).env("BENCH_TCPCC", self.cc.clone())
+        Cmd::new(program)
+            .env("LD_PRELOAD", preload)
+            .env("BENCH_TCPCC", self.cc.clone())
     }
 
     /// `uiw run -- prog args…` under the same preload (uiw appends its shim).
@@ -73,10 +75,13 @@ pub fn on_path(prog: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .map(|d| d.join(prog))
-        .find(|p| p.is_file() && p.metadata().is_ok_and(|m| {
-            use std::os::unix::fs::PermissionsExt;
-            m.permissions().mode() & 0o111 != 0
-        }))
+        .find(|p| {
+            p.is_file()
+                && p.metadata().is_ok_and(|m| {
+                    use std::os::unix::fs::PermissionsExt;
+                    m.permissions().mode() & 0o111 != 0
+                })
+        })
 }
 
 /// Effective uid 0, from /proc/self/status ("Uid: real effective saved fs").
@@ -94,11 +99,17 @@ fn is_root() -> bool {
 /// Compiles the embedded C helpers into `bin`.
 pub fn build_helpers(bin: &Path, logs: &Path) -> Result<(PathBuf, PathBuf, PathBuf), String> {
     std::fs::create_dir_all(bin).map_err(|e| format!("cannot create {}: {e}", bin.display()))?;
-    on_path("gcc").ok_or("gcc not found on PATH (apt-get install -y gcc): it builds tcpbench and cc_preload.so")?;
+    on_path("gcc").ok_or(
+        "gcc not found on PATH (apt-get install -y gcc): it builds tcpbench and cc_preload.so",
+    )?;
     let mut built = Vec::new();
     for (name, src, extra) in [
         ("tcpbench", TCPBENCH_C, &["-pthread"][..]),
-        ("cc_preload.so", CC_PRELOAD_C, &["-shared", "-fPIC", "-ldl"][..]),
+        (
+            "cc_preload.so",
+            CC_PRELOAD_C,
+            &["-shared", "-fPIC", "-ldl"][..],
+        ),
         ("cc_check", CC_CHECK_C, &[][..]),
     ] {
         let c = bin.join(format!("{}.c", name.trim_end_matches(".so")));
@@ -109,7 +120,11 @@ pub fn build_helpers(bin: &Path, logs: &Path) -> Result<(PathBuf, PathBuf, PathB
             .arg(out.display().to_string())
             .arg(c.display().to_string())
             .args(extra.iter().copied());
-        let o = run_capture(&cmd, Duration::from_secs(120), &logs.join(format!("gcc-{name}")))?;
+        let o = run_capture(
+            &cmd,
+            Duration::from_secs(120),
+            &logs.join(format!("gcc-{name}")),
+        )?;
         if !o.success() {
             return Err(format!("gcc failed to build {name}: {}", o.stderr.trim()));
         }
@@ -194,7 +209,11 @@ pub fn install_missing(logs: &Path) -> Option<String> {
         .args(["install", "-y", "-q"])
         .args(missing.iter().copied())
         .env("DEBIAN_FRONTEND", "noninteractive");
-    match run_capture(&cmd, Duration::from_secs(600), &logs.join("apt-get-install")) {
+    match run_capture(
+        &cmd,
+        Duration::from_secs(600),
+        &logs.join("apt-get-install"),
+    ) {
         Ok(o) if o.success() => Some(format!("installed {}", missing.join(" "))),
         Ok(o) => Some(format!(
             "apt-get install -y {} failed ({}; a fresh machine may need `apt-get update` first)",
@@ -209,9 +228,9 @@ pub fn install_missing(logs: &Path) -> Option<String> {
 pub fn check_tools(tcpbench: &Path) -> BTreeMap<String, Result<(), String>> {
     let mut m = BTreeMap::new();
     for prog in crate::rows::PERFTEST_PROGS {
-        let r = on_path(prog).map(|_| ()).ok_or_else(|| {
-            format!("{prog} not found (Debian package perftest)")
-        });
+        let r = on_path(prog)
+            .map(|_| ())
+            .ok_or_else(|| format!("{prog} not found (Debian package perftest)"));
         m.insert(prog.to_string(), r);
     }
     for (tool, pkg) in PACKAGES.iter().skip(1) {
@@ -222,15 +241,17 @@ pub fn check_tools(tcpbench: &Path) -> BTreeMap<String, Result<(), String>> {
     }
     m.insert(
         "fi_rma_bw".into(),
-        on_path("fi_rma_bw").map(|_| ()).ok_or_else(|| {
-            "fi_rma_bw not installed: Debian 12's libfabric-bin ships only fi_info, \
-             fi_pingpong and fi_strerror (fabtests is not packaged)"
-                .to_string()
-        }),
+        on_path("fi_rma_bw")
+            .map(|_| ())
+            .ok_or_else(|| "no fi_rma_bw (Debian 12 packages no fabtests)".to_string()),
     );
     m.insert(
         "tcpbench".into(),
-        if tcpbench.is_file() { Ok(()) } else { Err("tcpbench was not built".into()) },
+        if tcpbench.is_file() {
+            Ok(())
+        } else {
+            Err("tcpbench was not built".into())
+        },
     );
     m
 }
@@ -286,15 +307,19 @@ pub fn machine() -> String {
                 .map(|m| m.trim().to_string())
         })
         .unwrap_or_else(|| "unknown CPU".into());
-    let ncpu = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let ncpu = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|s| s.trim().to_string())
         .unwrap_or_default();
     let os = std::fs::read_to_string("/etc/os-release")
         .ok()
         .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("PRETTY_NAME=").map(|v| v.trim_matches('"').to_string()))
+            s.lines().find_map(|l| {
+                l.strip_prefix("PRETTY_NAME=")
+                    .map(|v| v.trim_matches('"').to_string())
+            })
         })
         .unwrap_or_default();
     let mtu = std::fs::read_to_string("/sys/class/net/lo/mtu")

@@ -127,7 +127,15 @@ mod tests {
     #[test]
     fn median_odd_even_and_spread() {
         let s = summarize(&[3.0, 1.0, 2.0]).unwrap();
-        assert_eq!(s, Summary { median: 2.0, min: 1.0, max: 3.0, n: 3 });
+        assert_eq!(
+            s,
+            Summary {
+                median: 2.0,
+                min: 1.0,
+                max: 3.0,
+                n: 3
+            }
+        );
         let s = summarize(&[4.0, 1.0, 3.0, 2.0]).unwrap();
         assert_eq!(s.median, 2.5);
         assert_eq!((s.min, s.max, s.n), (1.0, 4.0, 4));

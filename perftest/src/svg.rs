@@ -29,10 +29,15 @@ const LEFT: f64 = 80.0;
 const RIGHT: f64 = 250.0;
 const TOP: f64 = 50.0;
 const BOTTOM: f64 = 70.0;
-const COLORS: &[&str] = &["#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#17becf", "#7f7f7f"];
+const COLORS: &[&str] = &[
+    "#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#17becf", "#7f7f7f",
+];
 
 fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
 
 /// A "nice" tick step (1, 2 or 5 × 10^k) giving about `n` ticks over `span`.
@@ -70,10 +75,18 @@ fn fmt_tick(v: f64) -> String {
 pub fn render(c: &Chart) -> String {
     let pw = W - LEFT - RIGHT;
     let ph = H - TOP - BOTTOM;
-    let usable = |&(x, y): &(f64, f64)| x > 0.0 && y.is_finite() && (y > 0.0 || (!c.log_y && y >= 0.0));
-    let all: Vec<(f64, f64)> = c.series.iter().flat_map(|s| s.points.iter().copied()).filter(usable).collect();
+    let usable =
+        |&(x, y): &(f64, f64)| x > 0.0 && y.is_finite() && (y > 0.0 || (!c.log_y && y >= 0.0));
+    let all: Vec<(f64, f64)> = c
+        .series
+        .iter()
+        .flat_map(|s| s.points.iter().copied())
+        .filter(usable)
+        .collect();
     // x: log2, whole powers of two around the data (2 B … 8 MiB by default)
-    let (mut x0, mut x1) = all.iter().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
+    let (mut x0, mut x1) = all
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
     if all.is_empty() {
         x0 = 2.0;
         x1 = 8.0 * 1048576.0;
@@ -85,10 +98,22 @@ pub fn render(c: &Chart) -> String {
     let px = |x: f64| LEFT + (x.log2() - lx0) / (lx1 - lx0) * pw;
     // y
     let ymax_data = all.iter().map(|p| p.1).fold(0.0f64, f64::max);
-    let ymin_data = all.iter().map(|p| p.1).filter(|v| *v > 0.0).fold(f64::MAX, f64::min);
+    let ymin_data = all
+        .iter()
+        .map(|p| p.1)
+        .filter(|v| *v > 0.0)
+        .fold(f64::MAX, f64::min);
     let (ly0, ly1, lin_max, step) = if c.log_y {
-        let lo = if ymin_data == f64::MAX { 0.0 } else { ymin_data.log10().floor() };
-        let mut hi = if ymax_data > 0.0 { ymax_data.log10().ceil() } else { lo + 1.0 };
+        let lo = if ymin_data == f64::MAX {
+            0.0
+        } else {
+            ymin_data.log10().floor()
+        };
+        let mut hi = if ymax_data > 0.0 {
+            ymax_data.log10().ceil()
+        } else {
+            lo + 1.0
+        };
         if hi <= lo {
             hi = lo + 1.0;
         }
@@ -99,7 +124,11 @@ pub fn render(c: &Chart) -> String {
         (0.0, 0.0, top, step)
     };
     let py = |y: f64| {
-        let f = if c.log_y { (y.log10() - ly0) / (ly1 - ly0) } else { y / lin_max };
+        let f = if c.log_y {
+            (y.log10() - ly0) / (ly1 - ly0)
+        } else {
+            y / lin_max
+        };
         TOP + ph - f * ph
     };
 
@@ -107,7 +136,9 @@ pub fn render(c: &Chart) -> String {
     s.push_str(&format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" viewBox=\"0 0 {W} {H}\" font-family=\"sans-serif\" font-size=\"12\">\n"
     ));
-    s.push_str(&format!("<rect x=\"0\" y=\"0\" width=\"{W}\" height=\"{H}\" fill=\"white\"/>\n"));
+    s.push_str(&format!(
+        "<rect x=\"0\" y=\"0\" width=\"{W}\" height=\"{H}\" fill=\"white\"/>\n"
+    ));
     s.push_str(&format!(
         "<text x=\"{}\" y=\"28\" text-anchor=\"middle\" font-size=\"16\" font-weight=\"bold\">{}</text>\n",
         LEFT + pw / 2.0,
@@ -186,7 +217,10 @@ pub fn render(c: &Chart) -> String {
         let mut pts: Vec<(f64, f64)> = ser.points.iter().copied().filter(usable).collect();
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
         if pts.len() > 1 {
-            let path: Vec<String> = pts.iter().map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y))).collect();
+            let path: Vec<String> = pts
+                .iter()
+                .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y)))
+                .collect();
             s.push_str(&format!(
                 "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>\n",
                 path.join(" ")
@@ -205,7 +239,11 @@ pub fn render(c: &Chart) -> String {
             "<line x1=\"{lx:.1}\" y1=\"{ly:.1}\" x2=\"{:.1}\" y2=\"{ly:.1}\" stroke=\"{color}\" stroke-width=\"3\"/>\n",
             lx + 20.0
         ));
-        let name = if pts.is_empty() { format!("{} (no data)", ser.name) } else { ser.name.clone() };
+        let name = if pts.is_empty() {
+            format!("{} (no data)", ser.name)
+        } else {
+            ser.name.clone()
+        };
         s.push_str(&format!(
             "<text x=\"{:.1}\" y=\"{:.1}\">{}</text>\n",
             lx + 26.0,
@@ -236,9 +274,21 @@ mod tests {
             y_label: "GB/s".into(),
             log_y,
             series: vec![
-                Series { name: "uiw & co".into(), detail: "requester".into(), points: vec![(2.0, 0.01), (1024.0, 1.0), (8388608.0, 4.2)] },
-                Series { name: "TCP".into(), detail: String::new(), points: vec![(8388608.0, 9.0), (2.0, 0.02)] },
-                Series { name: "UCX".into(), detail: String::new(), points: vec![] },
+                Series {
+                    name: "uiw & co".into(),
+                    detail: "requester".into(),
+                    points: vec![(2.0, 0.01), (1024.0, 1.0), (8388608.0, 4.2)],
+                },
+                Series {
+                    name: "TCP".into(),
+                    detail: String::new(),
+                    points: vec![(8388608.0, 9.0), (2.0, 0.02)],
+                },
+                Series {
+                    name: "UCX".into(),
+                    detail: String::new(),
+                    points: vec![],
+                },
             ],
         }
     }
@@ -254,7 +304,11 @@ mod tests {
         let s = render(&chart(false));
         assert!(s.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
         assert!(s.trim_end().ends_with("</svg>"));
-        assert_eq!(s.matches("<polyline").count(), 2, "the empty series draws no line");
+        assert_eq!(
+            s.matches("<polyline").count(),
+            2,
+            "the empty series draws no line"
+        );
         assert_eq!(s.matches("<circle").count(), 5);
         assert!(s.contains("Bandwidth &lt;vs&gt; size"));
         assert!(s.contains(">uiw &amp; co<"));
@@ -267,7 +321,11 @@ mod tests {
     #[test]
     fn log_x_positions() {
         let s = render(&chart(false));
-        let circles: Vec<&str> = s.lines().filter(|l| l.starts_with("<circle")).take(3).collect();
+        let circles: Vec<&str> = s
+            .lines()
+            .filter(|l| l.starts_with("<circle"))
+            .take(3)
+            .collect();
         let xs: Vec<f64> = circles.iter().map(|c| attr(c, "cx")).collect();
         // 2 → 1024 is 9 octaves, 1024 → 8 MiB is 13: distances in that ratio
         let r = (xs[1] - xs[0]) / (xs[2] - xs[1]);

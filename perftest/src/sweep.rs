@@ -40,16 +40,30 @@ impl SweepSeries {
 }
 
 fn perftest_all(ctx: &Ctx, prog: &'static str, iters: u64) -> SweepSeries {
-    let metric = if prog.ends_with("_lat") { Metric::Latency } else { Metric::Bandwidth };
+    let metric = if prog.ends_with("_lat") {
+        Metric::Latency
+    } else {
+        Metric::Bandwidth
+    };
     let side = Probe::new(Kind::Perftest { prog }, 8).side();
     let mut s = SweepSeries::new(&format!("uiw {prog}"), metric, side);
     let plan = (|| -> Result<Plan, String> {
         ctx.available(prog)?;
         let port = free_port()?;
-        let mut args: Vec<String> = ["-d", &ctx.device, "-x", "0", "-p", &port.to_string(), "-a", "-F", "-n"]
-            .iter()
-            .map(|a| a.to_string())
-            .collect();
+        let mut args: Vec<String> = [
+            "-d",
+            &ctx.device,
+            "-x",
+            "0",
+            "-p",
+            &port.to_string(),
+            "-a",
+            "-F",
+            "-n",
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
         args.push(iters.to_string());
         let server = ctx.uiw_cmd(prog, &args)?;
         args.push("127.0.0.1".into());
@@ -68,13 +82,22 @@ fn perftest_all(ctx: &Ctx, prog: &'static str, iters: u64) -> SweepSeries {
             return s;
         }
     };
-    s.commands = plan.server.iter().chain([&plan.client]).map(Cmd::display).collect();
+    s.commands = plan
+        .server
+        .iter()
+        .chain([&plan.client])
+        .map(Cmd::display)
+        .collect();
     eprintln!("uiw-bench: sweep {prog} -a …");
     let out = run_plan(ctx, &plan, &ctx.logs.join(format!("sweep-{prog}")));
     match out.stdout.and_then(|o| parse::perftest(&o)) {
         Ok(rows) => {
             for r in rows {
-                let v = if metric == Metric::Bandwidth { r.bw_avg_gbps } else { r.t_typical_us.or(r.t_avg_us) };
+                let v = if metric == Metric::Bandwidth {
+                    r.bw_avg_gbps
+                } else {
+                    r.t_typical_us.or(r.t_avg_us)
+                };
                 if let Some(v) = v {
                     s.points.push((r.bytes, v));
                 }
@@ -95,13 +118,20 @@ fn per_size(ctx: &Ctx, kind: Kind, len: &Lengths, name: &str) -> SweepSeries {
     eprintln!("uiw-bench: sweep {name} …");
     for size in sizes() {
         let probe = Probe::new(kind, size);
-        let r = free_port().and_then(|port| probe.plan(ctx, len, port)).and_then(|plan| {
-            if s.commands.is_empty() {
-                s.commands = plan.server.iter().chain([&plan.client]).map(Cmd::display).collect();
-            }
-            let out = run_plan(ctx, &plan, &ctx.logs.join(format!("sweep-{}", probe.id())));
-            probe.parse(&out.stdout?)
-        });
+        let r = free_port()
+            .and_then(|port| probe.plan(ctx, len, port))
+            .and_then(|plan| {
+                if s.commands.is_empty() {
+                    s.commands = plan
+                        .server
+                        .iter()
+                        .chain([&plan.client])
+                        .map(Cmd::display)
+                        .collect();
+                }
+                let out = run_plan(ctx, &plan, &ctx.logs.join(format!("sweep-{}", probe.id())));
+                probe.parse(&out.stdout?)
+            });
         match r {
             Ok(v) => s.points.push((size, v)),
             Err(e) => s.failures.push((Some(size), e)),
@@ -113,8 +143,15 @@ fn per_size(ctx: &Ctx, kind: Kind, len: &Lengths, name: &str) -> SweepSeries {
 /// Runs the whole sweep.
 pub fn run(ctx: &Ctx, quick: bool) -> Vec<SweepSeries> {
     let (bw_iters, lat_iters) = if quick { (200, 100) } else { (1000, 1000) };
-    let bw_len = Lengths { secs: if quick { 0.3 } else { 1.0 }, lat_iters: 1000, ucx_bytes: 256 << 20 };
-    let pp_len = Lengths { secs: if quick { 0.2 } else { 0.5 }, ..bw_len };
+    let bw_len = Lengths {
+        secs: if quick { 0.3 } else { 1.0 },
+        lat_iters: 1000,
+        ucx_bytes: 256 << 20,
+    };
+    let pp_len = Lengths {
+        secs: if quick { 0.2 } else { 0.5 },
+        ..bw_len
+    };
     let mut v = vec![
         perftest_all(ctx, "ib_write_bw", bw_iters),
         per_size(ctx, Kind::TcpBw, &bw_len, "TCP tcpbench bw"),
@@ -124,9 +161,17 @@ pub fn run(ctx: &Ctx, quick: bool) -> Vec<SweepSeries> {
     }
     v.push(perftest_all(ctx, "ib_write_lat", lat_iters));
     v.push(perftest_all(ctx, "ib_send_lat", lat_iters));
-    v.push(per_size(ctx, Kind::TcpPp, &pp_len, "TCP busy-poll ping-pong"));
+    v.push(per_size(
+        ctx,
+        Kind::TcpPp,
+        &pp_len,
+        "TCP busy-poll ping-pong",
+    ));
     if !quick {
-        let lat_len = Lengths { lat_iters: 1000, ..bw_len };
+        let lat_len = Lengths {
+            lat_iters: 1000,
+            ..bw_len
+        };
         v.push(per_size(ctx, Kind::UcxTagLat, &lat_len, "UCX tag_lat"));
     }
     v
@@ -194,7 +239,11 @@ mod tests {
     fn charts_split_by_metric() {
         let mut a = SweepSeries::new("uiw ib_write_bw", Metric::Bandwidth, "requester");
         a.points = vec![(2, 0.1), (4, 0.2)];
-        let b = SweepSeries::new("TCP busy-poll ping-pong", Metric::Latency, "client, half round trip");
+        let b = SweepSeries::new(
+            "TCP busy-poll ping-pong",
+            Metric::Latency,
+            "client, half round trip",
+        );
         let (bw, lat) = charts(&[a.clone(), b], "cubic");
         assert_eq!(bw.series.len(), 1);
         assert_eq!(bw.series[0].name, "uiw ib_write_bw");
