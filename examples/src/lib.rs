@@ -21,6 +21,8 @@ use std::process::{Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+pub mod pair;
+
 /// File names of the artifacts the tests need, relative to the profile dir.
 pub const UIW_BIN: &str = "uiw";
 /// The provider cdylib as cargo names it (published as `libuiw-rdmav34.so`).
