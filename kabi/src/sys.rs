@@ -56,9 +56,7 @@ pub fn rename_exchange(a: &Path, b: &Path) -> io::Result<()> {
     let (ca, cb) = (cpath(a)?, cpath(b)?);
     const RENAME_EXCHANGE: libc::c_uint = 2;
     // SAFETY: both are valid NUL-terminated paths that outlive the call.
-    check(unsafe {
-        libc::syscall(libc::SYS_renameat2, libc::AT_FDCWD, ca.as_ptr(), libc::AT_FDCWD, cb.as_ptr(), RENAME_EXCHANGE)
-    })
+    check(unsafe { libc::syscall(libc::SYS_renameat2, libc::AT_FDCWD, ca.as_ptr(), libc::AT_FDCWD, cb.as_ptr(), RENAME_EXCHANGE) })
 }
 
 /// IPv4 addresses of netdev `name` (and of its alias labels `name:*`), via getifaddrs(3), in
@@ -122,4 +120,119 @@ mod tests {
         assert!(is_writable(&d));
         std::fs::remove_dir_all(&d).unwrap();
     }
+}
+
+/// An epoll instance (`epoll_create1(EPOLL_CLOEXEC)`), for the provider's progress thread.
+#[derive(Debug)]
+pub struct Epoll {
+    fd: std::os::fd::OwnedFd,
+}
+
+/// `EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET`: every readiness change of a socket, once.
+pub const EPOLL_SOCKET_EDGE: u32 = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32;
+/// `EPOLLIN` (level-triggered), for listening sockets.
+pub const EPOLL_IN: u32 = libc::EPOLLIN as u32;
+
+impl Epoll {
+    pub fn new() -> io::Result<Epoll> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: epoll_create1 has no memory preconditions; a non-negative result is a new fd
+        // that we own from here on.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd was just created and is owned by nobody else.
+        Ok(Epoll { fd: unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) } })
+    }
+
+    fn ctl(&self, op: libc::c_int, fd: i32, token: u64, events: u32) -> io::Result<()> {
+        let mut ev = libc::epoll_event { events, u64: token };
+        // SAFETY: ev is a valid epoll_event for the duration of the call.
+        check(unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), op, fd, &mut ev) }.into())
+    }
+
+    /// Watches `fd` for `events`, reporting `token`.
+    pub fn add(&self, fd: i32, token: u64, events: u32) -> io::Result<()> {
+        self.ctl(libc::EPOLL_CTL_ADD, fd, token, events)
+    }
+
+    /// Changes the token/events of a watched fd.
+    pub fn modify(&self, fd: i32, token: u64, events: u32) -> io::Result<()> {
+        self.ctl(libc::EPOLL_CTL_MOD, fd, token, events)
+    }
+
+    pub fn delete(&self, fd: i32) -> io::Result<()> {
+        self.ctl(libc::EPOLL_CTL_DEL, fd, 0, 0)
+    }
+
+    /// Waits up to `timeout_ms` (-1: forever) and appends `(token, events)` pairs to `out`.
+    pub fn wait(&self, out: &mut Vec<(u64, u32)>, timeout_ms: i32) -> io::Result<usize> {
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 64];
+        // SAFETY: evs has room for the 64 entries we pass as maxevents.
+        let n = unsafe { libc::epoll_wait(self.fd.as_raw_fd(), evs.as_mut_ptr(), evs.len() as i32, timeout_ms) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::Interrupted { Ok(0) } else { Err(e) };
+        }
+        out.extend(evs[..n as usize].iter().map(|e| (e.u64, e.events)));
+        Ok(n as usize)
+    }
+}
+
+/// `getsockopt(fd, IPPROTO_TCP, TCP_MAXSEG)`: the connection's MSS (MPA sizes FPDUs by it).
+pub fn tcp_maxseg(s: &impl AsRawFd) -> io::Result<u32> {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: v and len are valid out-parameters of the sizes given.
+    let r =
+        unsafe { libc::getsockopt(s.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_MAXSEG, &mut v as *mut _ as *mut libc::c_void, &mut len) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(v as u32)
+}
+
+#[cfg(test)]
+mod epoll_tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn epoll_reports_readiness_with_the_token() {
+        let (mut a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let ep = Epoll::new().unwrap();
+        ep.add(b.as_raw_fd(), 42, EPOLL_IN).unwrap();
+        let mut out = Vec::new();
+        assert_eq!(ep.wait(&mut out, 0).unwrap(), 0);
+        a.write_all(b"x").unwrap();
+        ep.wait(&mut out, 1000).unwrap();
+        assert_eq!(out[0].0, 42);
+        ep.modify(b.as_raw_fd(), 7, EPOLL_IN).unwrap();
+        out.clear();
+        ep.wait(&mut out, 1000).unwrap();
+        assert_eq!(out[0].0, 7);
+        ep.delete(b.as_raw_fd()).unwrap();
+        out.clear();
+        assert_eq!(ep.wait(&mut out, 0).unwrap(), 0);
+    }
+
+    #[test]
+    fn maxseg_of_a_loopback_stream() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        assert!(tcp_maxseg(&c).unwrap() >= 536);
+    }
+}
+
+/// `recv(fd, buf, MSG_DONTWAIT)` on a socket, whatever the socket's blocking mode (which its
+/// other descriptors may share): `Ok(0)` when nothing is queued or the peer closed.
+pub fn recv_dontwait(s: &impl AsRawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: buf is a valid writable buffer of the length given.
+    let n = unsafe { libc::recv(s.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len(), libc::MSG_DONTWAIT) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::WouldBlock { Ok(0) } else { Err(e) };
+    }
+    Ok(n as usize)
 }

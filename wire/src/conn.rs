@@ -98,6 +98,10 @@ use crate::segment::{
     self, Deframer, FrameError, HeaderBuf, RxEvent, RxSegment, Segmenter, Target, Trailer,
 };
 
+/// Upper word of an Immediate Data message that announces a Send with
+/// Immediate (uiw peers only; see [`Connection::post_send_imm`]): "uiw\x01".
+pub const SEND_IMM_TAG: u32 = 0x7569_7701;
+
 /// Which end of the TCP connection this is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -353,6 +357,14 @@ impl TxSegment {
     pub fn trailer(&self, payload: &[&[u8]]) -> Trailer {
         segment::trailer(self.crc, self.header.as_slice(), payload)
     }
+
+    /// Pad and (zero) CRC field of a segment on a connection without CRC:
+    /// needs only the payload length, so the engine can send the payload
+    /// straight from application memory without looking at it.
+    pub fn trailer_no_crc(&self) -> Trailer {
+        debug_assert!(!self.crc);
+        segment::trailer_for_len(self.header.as_slice(), self.payload_len as usize)
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -368,6 +380,7 @@ enum SqWr {
         wr_id: u64,
         flags: SendFlags,
         len: u32,
+        imm: Option<u32>,
     },
     Write {
         wr_id: u64,
@@ -433,6 +446,8 @@ struct OutMsg {
     seg: Segmenter,
     source: Source,
     on_done: Option<(u64, Completion)>,
+    /// Control FPDU to send right before (Send with Immediate).
+    pre: Option<Vec<u8>>,
     /// Control FPDU to send right after (Write with Immediate).
     then: Option<Vec<u8>>,
     /// Read Response: counts against IRD until fully sent.
@@ -536,6 +551,8 @@ pub struct Connection {
     rx_msn: [u32; 5],
     recvq: VecDeque<RecvWr>,
     recv_cur: Option<RecvWr>,
+    /// Immediate data announced for the next Send (`post_send_imm`).
+    rx_send_imm: Option<u32>,
     /// Expected next (STag, TO) of an in-progress inbound Write.
     write_cont: Option<(u32, u64)>,
     terminate_sent: bool,
@@ -588,6 +605,7 @@ impl Connection {
             rx_msn: [1; 5],
             recvq: VecDeque::new(),
             recv_cur: None,
+            rx_send_imm: None,
             write_cont: None,
             terminate_sent: false,
             pending_req: None,
@@ -712,10 +730,46 @@ impl Connection {
         Ok(())
     }
 
+    /// Receives posted and not yet used.
+    pub fn recv_posted(&self) -> usize {
+        self.recvq.len()
+    }
+
     /// Post a Send of `len` bytes taken from the work request's gather list.
     pub fn post_send(&mut self, wr_id: u64, flags: SendFlags, len: u32) -> Result<(), PostError> {
         self.can_post()?;
-        self.push_sq(SqWr::Send { wr_id, flags, len });
+        self.push_sq(SqWr::Send {
+            wr_id,
+            flags,
+            len,
+            imm: None,
+        });
+        Ok(())
+    }
+
+    /// Post a Send with Immediate Data (`IBV_WR_SEND_WITH_IMM`), uiw peers
+    /// only. RFC 7306 has no such message, so it goes out as an Immediate
+    /// Data message whose upper word is [`SEND_IMM_TAG`] followed by the
+    /// Send: a uiw receiver consumes one receive for the pair and reports one
+    /// completion carrying `imm`. Both are ordinary RFC 7306 / RFC 5040
+    /// messages on the wire.
+    pub fn post_send_imm(
+        &mut self,
+        wr_id: u64,
+        flags: SendFlags,
+        len: u32,
+        imm: u32,
+    ) -> Result<(), PostError> {
+        self.can_post()?;
+        if !self.ext_ok() {
+            return Err(PostError::NotSupported);
+        }
+        self.push_sq(SqWr::Send {
+            wr_id,
+            flags,
+            len,
+            imm: Some(imm),
+        });
         Ok(())
     }
 
@@ -910,6 +964,9 @@ impl Connection {
             _ => return None,
         }
         if let Some(m) = &mut self.cur_tx {
+            if let Some(p) = m.pre.take() {
+                return Some(Tx::Bytes(p));
+            }
             if let Some(plan) = m.seg.next() {
                 let seg = TxSegment {
                     header: plan.header,
@@ -996,7 +1053,25 @@ impl Connection {
         let wc = p.wr.wc_opcode();
         let seq = p.seq;
         match p.wr {
-            SqWr::Send { wr_id, flags, len } => {
+            SqWr::Send {
+                wr_id,
+                flags,
+                len,
+                imm,
+            } => {
+                let pre = imm.map(|v| {
+                    let msn = self.next_msn(qn::SEND);
+                    let d = DdpHeader::untagged(
+                        qn::SEND,
+                        msn,
+                        0,
+                        0,
+                        true,
+                        RdmapCtrl::new(Opcode::ImmediateData),
+                    );
+                    let word = (u64::from(SEND_IMM_TAG) << 32) | u64::from(v);
+                    self.control_fpdu(&d, &[], &word.to_be_bytes())
+                });
                 let op = match (flags.solicited, flags.invalidate.is_some()) {
                     (false, false) => Opcode::Send,
                     (false, true) => Opcode::SendInv,
@@ -1013,6 +1088,7 @@ impl Connection {
                     seg: Segmenter::new(op, target, len, self.mulpdu),
                     source: Source::Wr { wr_id, offset: 0 },
                     on_done: Some((seq, Completion::new(wr_id, wc, WcStatus::Success, len))),
+                    pre,
                     then: None,
                     is_read_resp: false,
                 });
@@ -1045,6 +1121,7 @@ impl Connection {
                     ),
                     source: Source::Wr { wr_id, offset: 0 },
                     on_done: Some((seq, Completion::new(wr_id, wc, WcStatus::Success, len))),
+                    pre: None,
                     then,
                     is_read_resp: false,
                 });
@@ -1245,6 +1322,31 @@ impl Connection {
             return placed.len();
         }
         self.rx_stream(placed, mem)
+    }
+
+    /// Zero-copy API on a connection without CRC: `n` payload bytes were
+    /// written at the placement returned by `rx_want`, and the engine need
+    /// not show them (nothing but a CRC would look at them). Returns bytes
+    /// accounted. With CRC on, use [`Connection::rx_placed`].
+    pub fn rx_placed_len(&mut self, n: usize, mem: &mut impl Memory) -> usize {
+        static ZEROS: [u8; 4096] = [0; 4096];
+        debug_assert!(!self.crc);
+        let mut done = 0;
+        while done < n {
+            let k = (n - done).min(ZEROS.len());
+            let used = self.rx_placed(&ZEROS[..k], mem);
+            done += used;
+            if used < k {
+                break;
+            }
+        }
+        done
+    }
+
+    /// Whether MPA CRC32c is in use on this connection (known once
+    /// established).
+    pub fn crc(&self) -> bool {
+        self.crc
     }
 
     fn rx_stream(&mut self, data: &[u8], mem: &mut impl Memory) -> usize {
@@ -1800,6 +1902,7 @@ impl Connection {
                     },
                     on_done: None,
                     then: None,
+                    pre: None,
                     is_read_resp: true,
                 }));
             }
@@ -1824,6 +1927,14 @@ impl Connection {
             Opcode::ImmediateData | Opcode::ImmediateDataSe => {
                 if body.len() != IMMEDIATE_LEN {
                     return Err(Fault::echo(TermCode::DDP_U_INVALID_MO));
+                }
+                let word = u64::from_be_bytes(body[..8].try_into().unwrap());
+                if word >> 32 == u64::from(SEND_IMM_TAG) && op == Opcode::ImmediateData {
+                    // The first half of a Send with Immediate (see
+                    // `post_send_imm`): the Send that follows carries it.
+                    self.rx_msn[qn::SEND as usize] += 1;
+                    self.rx_send_imm = Some(word as u32);
+                    return Ok(());
                 }
                 let r = match self.recvq.pop_front() {
                     Some(r) => r,
@@ -1927,6 +2038,7 @@ impl Connection {
                     self.rx_msn[qn::SEND as usize] += 1;
                     let mut c = Completion::new(r.wr_id, WcOpcode::Recv, WcStatus::Success, r.done);
                     c.solicited = matches!(op, Opcode::SendSe | Opcode::SendSeInv);
+                    c.imm = self.rx_send_imm.take().map(u64::from);
                     if let BufferModel::Untagged { rsvd_ulp, .. } = d.model {
                         if matches!(op, Opcode::SendInv | Opcode::SendSeInv) {
                             if mem.invalidate(rsvd_ulp).is_err() {

@@ -95,6 +95,16 @@ pub fn trailer(crc_on: bool, header: &[u8], payload: &[&[u8]]) -> Trailer {
     trailer_with_pad(crc_on, header, payload, &[0u8; 3])
 }
 
+/// The trailer of an FPDU without CRC (pad bytes and a zero CRC field):
+/// only the payload length matters.
+pub fn trailer_for_len(header: &[u8], payload_len: usize) -> Trailer {
+    let pad = pad_len(header.len() - LEN_FIELD + payload_len);
+    let mut t = Trailer::new();
+    t.push(&[0u8; 3][..pad]);
+    t.push(&[0u8; 4]);
+    t
+}
+
 /// Like [`trailer`] but with given pad byte values (only the first
 /// `pad_len` bytes of `pad_bytes` are used). RFC 5044 leaves pad contents
 /// to the sender and siw does not zero them; this lets a received FPDU be
@@ -528,6 +538,19 @@ mod tests {
     use super::*;
     use crate::ddp::BufferModel;
     use crate::mpa::mulpdu;
+
+    #[test]
+    fn trailer_for_len_matches_trailer_without_crc() {
+        let header = [0u8; 2 + TAGGED_HDR_LEN];
+        for len in [0usize, 1, 2, 3, 4, 5, 1436, 65000] {
+            let payload = vec![0xa5u8; len];
+            assert_eq!(
+                trailer_for_len(&header, len).as_slice(),
+                trailer(false, &header, &[&payload]).as_slice(),
+                "payload {len}"
+            );
+        }
+    }
 
     // siw-write-p2p frame 8: zero-length Write RTR FPDU.
     const RTR: [u8; 20] = [

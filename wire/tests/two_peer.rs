@@ -655,6 +655,31 @@ fn extensions_between_uiw_peers() {
         (5, WcOpcode::RecvRdmaWithImm, Some(0x1122334455667788))
     );
     assert_eq!(&b.m.bytes(0xb00)[0x10..0x24], &pattern(20, 1)[..]);
+    // Send with Immediate: one receive consumed, one completion with the
+    // payload and the 32-bit immediate; a plain Send after it carries none.
+    b.post_recv(7, 64);
+    b.post_recv(8, 64);
+    a.m.sends.insert(9, pattern(33, 2));
+    a.c.post_send_imm(9, SendFlags::default(), 33, 0xdead_beef)
+        .unwrap();
+    a.post_send(10, &pattern(5, 3), SendFlags::default());
+    pump(&mut a, &mut b);
+    let ca = a.completions();
+    assert_eq!(
+        ca.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        vec![(9, WcStatus::Success), (10, WcStatus::Success)]
+    );
+    let cb = b.completions();
+    assert_eq!(
+        cb.iter()
+            .map(|c| (c.wr_id, c.opcode, c.byte_len, c.imm))
+            .collect::<Vec<_>>(),
+        vec![
+            (7, WcOpcode::Recv, 33, Some(0xdead_beef)),
+            (8, WcOpcode::Recv, 5, None)
+        ]
+    );
+    assert_eq!(&b.m.recvs[&7][..33], &pattern(33, 2)[..]);
     // Atomic to a bad STag: remote protection error at the requester.
     a.c.post_atomic(6, AtomicOp::FetchAdd, (0xa00, 0), 0xbad, 0, 1, 0)
         .unwrap();

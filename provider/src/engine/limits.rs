@@ -176,11 +176,12 @@ pub const PAGE_SIZE_CAP: u64 = 4096;
 /// fails with `EOPNOTSUPP`.
 pub const MAX_MW: u32 = 0;
 
-/// Atomic capability reported today: [`IBV_ATOMIC_NONE`].  iWARP has no
-/// atomics until RFC 7306 is implemented; siw reports 0 for the same reason
-/// ("Revisit atomic caps if RFC 7306 gets supported").  Kept as a field of
-/// [`DeviceLimits`] so flipping to [`IBV_ATOMIC_HCA`] later is one change.
-pub const ATOMIC_CAP: u32 = IBV_ATOMIC_NONE;
+/// Atomic capability: [`IBV_ATOMIC_HCA`]. RFC 7306 atomics work between uiw
+/// peers (negotiated in MPA); they are performed by the target's engine with
+/// CPU atomics, so they are atomic among RDMA atomics of any QP of the host.
+/// Towards a peer without RFC 7306 (siw reports `IBV_ATOMIC_NONE`) an atomic
+/// WR completes locally with `IBV_WC_LOC_QP_OP_ERR`.
+pub const ATOMIC_CAP: u32 = IBV_ATOMIC_HCA;
 
 /// `device_cap_flags`: none of the optional IB device capabilities
 /// (`IBV_DEVICE_RESIZE_MAX_WR`, `_SRQ_RESIZE`, `_MEM_WINDOW`, APM, port
@@ -492,7 +493,7 @@ mod tests {
         assert!(l.max_qp_rd_atom >= 16 && l.max_qp_init_rd_atom >= 16);
         assert!(l.max_inline_data >= 64);
         assert_eq!(l.max_mw, 0);
-        assert_eq!(l.atomic_cap, IBV_ATOMIC_NONE);
+        assert_eq!(l.atomic_cap, IBV_ATOMIC_HCA, "RFC 7306 atomics between uiw peers");
         assert_eq!(l.port_max_mtu, IBV_MTU_4096);
         assert_eq!(l.port_max_mtu, 5);
         assert_eq!(l.pkey_tbl_len, 1);

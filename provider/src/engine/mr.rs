@@ -5,7 +5,7 @@
 //! uiw uses one STag as both lkey and rkey, shaped like siw's: a 24-bit index and an 8-bit key
 //! (`0xIIIIIIKK`), so that a stale STag of a re-used index does not match.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
@@ -88,13 +88,16 @@ impl RegError {
 #[derive(Debug)]
 pub struct MrTable {
     regions: RwLock<HashMap<u32, Arc<Mr>>>,
+    /// STags invalidated by a peer's Send with Invalidate (RFC 5040 §5.2): no longer valid for
+    /// remote access until deregistered.
+    invalidated: RwLock<HashSet<u32>>,
     next_index: AtomicU32,
     max: usize,
 }
 
 impl MrTable {
     pub fn new(max: usize) -> MrTable {
-        MrTable { regions: RwLock::new(HashMap::new()), next_index: AtomicU32::new(1), max }
+        MrTable { regions: RwLock::new(HashMap::new()), invalidated: RwLock::new(HashSet::new()), next_index: AtomicU32::new(1), max }
     }
 
     /// Registers `[addr, addr+length)`, seen by peers at `iova`.
@@ -130,11 +133,41 @@ impl MrTable {
     }
 
     pub fn deregister(&self, stag: u32) -> Option<Arc<Mr>> {
+        self.invalidated.write().remove(&stag);
         self.regions.write().remove(&stag)
+    }
+
+    /// The region a peer may address with `stag` (not invalidated).
+    pub fn lookup_remote(&self, stag: u32) -> Option<Arc<Mr>> {
+        if self.invalidated.read().contains(&stag) {
+            return None;
+        }
+        self.lookup(stag)
+    }
+
+    /// Send with Invalidate: `stag` of protection domain `pd` stops being valid for remote
+    /// access. False if no such region exists there.
+    pub fn invalidate(&self, stag: u32, pd: u32) -> bool {
+        match self.lookup(stag) {
+            Some(mr) if mr.pd == pd => self.invalidated.write().insert(stag) || true,
+            _ => false,
+        }
     }
 
     pub fn lookup(&self, stag: u32) -> Option<Arc<Mr>> {
         self.regions.read().get(&stag).cloned()
+    }
+
+    /// Deregisters every region of `pd`; returns how many there were.
+    pub fn deregister_pd(&self, pd: u32) -> usize {
+        let mut regions = self.regions.write();
+        let stags: Vec<u32> = regions.values().filter(|m| m.pd == pd).map(|m| m.stag).collect();
+        let mut invalidated = self.invalidated.write();
+        for s in &stags {
+            regions.remove(s);
+            invalidated.remove(s);
+        }
+        stags.len()
     }
 
     /// Regions still registered under `pd` (a PD cannot be freed while any exist: EBUSY).
@@ -172,6 +205,20 @@ mod tests {
         assert!(t.lookup(a.stag).is_none());
         assert!(t.deregister(a.stag).is_none());
         assert_eq!(t.count_in_pd(1), 1);
+    }
+
+    #[test]
+    fn deregister_pd_takes_only_that_pds_regions_and_invalidation_is_remote_only() {
+        let t = MrTable::new(8);
+        let a = t.register(1, 0x1000, 64, 0x1000, LOCAL_WRITE | REMOTE_WRITE).unwrap();
+        let b = t.register(2, 0x1000, 64, 0x1000, 0).unwrap();
+        assert!(!t.invalidate(a.stag, 2), "another PD cannot invalidate it");
+        assert!(t.invalidate(a.stag, 1));
+        assert!(t.lookup_remote(a.stag).is_none());
+        assert!(t.lookup(a.stag).is_some(), "still usable locally");
+        assert_eq!(t.deregister_pd(1), 1);
+        assert!(t.lookup(a.stag).is_none());
+        assert!(t.lookup(b.stag).is_some());
     }
 
     #[test]

@@ -42,6 +42,11 @@ impl Srq {
         Some((w, fired))
     }
 
+    /// A WR a QP took and did not use (the QP failed first): back to the front of the queue.
+    pub fn give_back(&mut self, wqe: RecvWqe) {
+        self.queue.push_front(wqe);
+    }
+
     pub fn len(&self) -> usize {
         self.queue.len()
     }

@@ -115,7 +115,12 @@ fn new_cq(ctx: *mut ibv_context, cqe: c_int, channel: *mut ibv_comp_channel, com
     b
 }
 
-pub(super) unsafe extern "C" fn create_cq(ctx: *mut ibv_context, cqe: c_int, channel: *mut ibv_comp_channel, comp_vector: c_int) -> *mut ibv_cq {
+pub(super) unsafe extern "C" fn create_cq(
+    ctx: *mut ibv_context,
+    cqe: c_int,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> *mut ibv_cq {
     guard(ptr::null_mut(), || new_cq(ctx, cqe, channel, comp_vector, None) as *mut ibv_cq)
 }
 
@@ -145,8 +150,8 @@ pub(super) unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
         // every event reported for it (ibv_ack_cq_events / ibv_ack_async_event).
         unsafe {
             let c = &mut *cq;
-            wait_for_acks(&mut c.mutex, &mut c.cond, &c.comp_events_completed, obj.comp_events_reported.load(Ordering::Acquire));
-            wait_for_acks(&mut c.mutex, &mut c.cond, &c.async_events_completed, obj.async_events_reported.load(Ordering::Acquire));
+            wait_for_acks(&mut c.mutex, &mut c.cond, &c.comp_events_completed, obj.comp_events_to_ack());
+            wait_for_acks(&mut c.mutex, &mut c.cond, &c.async_events_completed, obj.async_events_to_ack());
             drop(Box::from_raw(cq as *mut UiwCq));
         }
         0
@@ -174,6 +179,9 @@ pub(super) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
         }
         // SAFETY: cq is one of ours.
         let obj = unsafe { cq_obj(cq) };
+        if obj.q.lock().is_empty() {
+            obj.drive();
+        }
         let mut q = obj.q.lock();
         let mut got = 0;
         while got < n {
@@ -217,7 +225,9 @@ pub(super) unsafe extern "C" fn resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int 
 
 unsafe fn advance(cq: *mut ibv_cq_ex) -> c_int {
     let u = uiw_cq(cq);
-    let Some(c) = u.obj.q.lock().pop() else { return libc::ENOENT };
+    let Some(c) = u.obj.q.lock().pop() else {
+        return libc::ENOENT;
+    };
     (*cq).wr_id = c.wr_id;
     (*cq).status = c.status;
     *u.current.lock() = c;

@@ -7,7 +7,6 @@
 use core::ffi::{c_char, c_int, c_void, CStr};
 use core::mem::offset_of;
 use core::ptr;
-use std::fs::File;
 use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -20,10 +19,11 @@ use uiw_kabi::version;
 
 use crate::engine::context::Context;
 use crate::engine::device::DeviceInfo;
-use crate::engine::events::ChannelSink;
+use crate::engine::events::EventQueue;
 use crate::engine::limits::DeviceLimits;
 
 mod cq;
+mod dma;
 mod objects;
 mod qp;
 mod query;
@@ -94,16 +94,19 @@ pub(crate) fn guard<T>(on_panic: T, f: impl FnOnce() -> T) -> T {
     })
 }
 
-/// A pipe whose read end is never fd 0, 1 or 2 (an application that closed stdin must not get
-/// its async or channel fd there). Both ends are close-on-exec.
-pub(crate) fn pipe_above_stdio() -> std::io::Result<(OwnedFd, File)> {
-    let (r, w) = std::io::pipe()?;
-    let mut r = OwnedFd::from(r);
-    if r.as_raw_fd() <= 2 {
+/// An event queue for libibverbs to read (`async_fd`, a completion channel's fd): the
+/// application's end is never fd 0, 1 or 2 (an application that closed stdin must not get its
+/// events there) and is close-on-exec; the engine keeps its own end and a second descriptor of
+/// the application's (see `EventQueue`).
+fn event_queue(record: usize) -> std::io::Result<(OwnedFd, EventQueue)> {
+    let (app, ours) = std::os::unix::net::UnixStream::pair()?;
+    let mut app = OwnedFd::from(app);
+    if app.as_raw_fd() <= 2 {
         // try_clone is fcntl(F_DUPFD_CLOEXEC, 3): the copy is at 3 or above.
-        r = r.try_clone()?;
+        app = app.try_clone()?;
     }
-    Ok((r, File::from(OwnedFd::from(w))))
+    let unread = std::os::unix::net::UnixStream::from(app.try_clone()?);
+    Ok((app, EventQueue::new(ours, unread, record)))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -222,7 +225,7 @@ unsafe extern "C" fn alloc_context(ibdev: *mut ibv_device, cmd_fd: c_int, _priva
                 set_errno(e);
                 ptr::null_mut()
             };
-            let (async_r, async_w) = match pipe_above_stdio() {
+            let (async_r, sink) = match event_queue(16) {
                 Ok(p) => p,
                 Err(e) => return fail(e.raw_os_error().unwrap_or(libc::EMFILE)),
             };
@@ -231,7 +234,7 @@ unsafe extern "C" fn alloc_context(ibdev: *mut ibv_device, cmd_fd: c_int, _priva
             ctx.async_fd = async_r.into_raw_fd();
             ctx.num_comp_vectors = 1;
             let info = (*(ibdev as *mut UiwDevice)).info.clone();
-            let engine = Box::new(Context::new(info, DeviceLimits::UIW, async_w));
+            let engine = Box::new(Context::new(info, DeviceLimits::UIW, sink, &dma::USER_MEMORY));
             (*raw).engine = Box::into_raw(engine);
             (*raw).shim = serve_cmd_fd(ctx.cmd_fd, (*raw).engine);
             &mut (*raw).vctx
@@ -318,7 +321,7 @@ unsafe extern "C" fn serve_cmd(engine: *mut c_void, _fd: c_int, buf: *const c_vo
             set_errno(libc::EINVAL);
             return -1;
         }
-        let (r, w) = match pipe_above_stdio() {
+        let (r, w) = match event_queue(8) {
             Ok(p) => p,
             Err(e) => {
                 set_errno(e.raw_os_error().unwrap_or(libc::EMFILE));
@@ -326,7 +329,7 @@ unsafe extern "C" fn serve_cmd(engine: *mut c_void, _fd: c_int, buf: *const c_vo
             }
         };
         let fd = r.into_raw_fd();
-        engine.add_channel(fd, ChannelSink::new(w));
+        engine.add_channel(fd, w);
         // SAFETY: `response` points at libibverbs' `struct ib_uverbs_create_comp_channel_resp`
         // (out_words ≥ 1 checked above), exactly where a kernel would write.
         unsafe { ptr::write_unaligned(cmd.response as *mut u32, fd as u32) };

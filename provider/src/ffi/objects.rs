@@ -192,7 +192,7 @@ pub(super) unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
         // SAFETY: srq is ours; the application acknowledges events through these fields.
         unsafe {
             let s = &mut *srq;
-            wait_for_acks(&mut s.mutex, &mut s.cond, &s.events_completed, obj.async_events_reported.load(Ordering::Acquire));
+            wait_for_acks(&mut s.mutex, &mut s.cond, &s.events_completed, obj.async_events_to_ack());
             libc::pthread_mutex_destroy(&mut s.mutex as *mut _ as *mut libc::pthread_mutex_t);
             libc::pthread_cond_destroy(&mut s.cond as *mut _ as *mut libc::pthread_cond_t);
             drop(Box::from_raw(srq as *mut UiwSrq));

@@ -416,7 +416,7 @@ pub(super) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
         // SAFETY: qp is ours; wait for the application to acknowledge its async events.
         unsafe {
             let q = &mut *qp;
-            wait_for_acks(&mut q.mutex, &mut q.cond, &q.events_completed, obj.async_events_reported.load(Ordering::Acquire));
+            wait_for_acks(&mut q.mutex, &mut q.cond, &q.events_completed, obj.async_events_to_ack());
             libc::pthread_mutex_destroy(&mut q.mutex as *mut _ as *mut libc::pthread_mutex_t);
             libc::pthread_cond_destroy(&mut q.cond as *mut _ as *mut libc::pthread_cond_t);
             drop(Box::from_raw(qp as *mut UiwQp));
@@ -429,7 +429,15 @@ pub(super) unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr,
     guard(libc::EFAULT, || {
         // SAFETY: qp is ours.
         let obj = &unsafe { uiw_qp(qp) }.obj;
-        post_chain(wr, bad, |w| send_wqe(w, obj.cap.max_inline_data).and_then(|s| obj.post_send(s)))
+        post_chain(wr, bad, |w| {
+            let r = send_wqe(w, obj.cap.max_inline_data).and_then(|s| obj.post_send(s));
+            if let Err(e) = r {
+                if std::env::var_os("UIW_DEBUG").is_some() {
+                    eprintln!("uiw: ibv_post_send(qp 0x{:06x}, opcode {}): {e:?} in {:?}", obj.qpn, w.opcode, obj.state());
+                }
+            }
+            r
+        })
     })
 }
 

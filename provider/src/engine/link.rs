@@ -1,0 +1,846 @@
+//! The data path of one QP: its posted work requests, and the TCP stream that carries them
+//! through the sans-IO protocol core (`uiw_wire::conn::Connection`).
+//!
+//! Transmit is zero-copy: FPDU headers and trailers are the engine's, payload goes to
+//! `sendmsg` straight from registered memory. Receive places payload straight into registered
+//! memory with `readv` (what follows the payload lands in a small staging buffer, so a stream of
+//! small messages costs one system call per batch). Completions follow the verbs rules: a send
+//! queue completion is released only once its last byte has been handed to TCP.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::io::{self, Read};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+
+use uiw_wire::conn::{Completion as WireCompletion, Connection, Event, Failure, RxWant, SendFlags, Tx, WcOpcode};
+use uiw_wire::placement::{Access, Memory, Placement, Source};
+use uiw_wire::rdmap::AtomicOp;
+use uiw_wire::{PostError as WirePostError, TaggedError, WcStatus};
+
+use super::access;
+use super::context::{CqObj, SrqObj};
+use super::cq::{wc_flags, wc_opcode, wc_status, Completion};
+use super::dma::{Dma, IoPart};
+use super::mr::{AccessError, MrTable};
+use super::wr::{opcode, send_flags, Payload, PostError, RecvWqe, SendWqe, Sge};
+
+/// A contiguous run of application memory: (address in this process, length).
+pub type Run = (u64, u32);
+
+/// STags of the engine's own Read/Atomic sinks (a Read's local SGE list, an atomic's result
+/// buffer): never valid for a peer, which only ever names registered regions.
+const SINK_TAG: u32 = 0xff00_0000;
+
+/// Below this, payload is staged and copied; above, it is received straight into place.
+const DIRECT_MIN: usize = 512;
+/// Size of the receive staging buffer.
+const STAGE: usize = 16 * 1024;
+/// Transmit backlog limits (pieces of one `sendmsg`, and bytes queued ahead of the socket).
+const TX_PIECES: usize = 48;
+const TX_BYTES: u64 = 1 << 20;
+/// Bytes one pump may receive before other QPs get their turn.
+pub const RX_BUDGET: usize = 4 << 20;
+
+/// A posted send-queue WR and where its bytes are.
+#[derive(Debug)]
+pub struct SendEntry {
+    pub wqe: SendWqe,
+    /// The gather list resolved to memory (Read: the sink; atomics: the result buffer).
+    pub runs: Vec<Run>,
+    /// Handed to the protocol core.
+    pub fed: bool,
+    /// The sink STag of a Read or atomic.
+    pub sink: Option<u32>,
+}
+
+/// A posted receive WR.
+#[derive(Debug)]
+pub struct RecvEntry {
+    pub wqe: RecvWqe,
+    pub runs: Vec<Run>,
+    pub fed: bool,
+    /// Taken from the QP's SRQ (given back, not flushed, if the QP fails before using it).
+    pub from_srq: bool,
+}
+
+/// What a QP's data path needs from its surroundings.
+pub struct Env<'a> {
+    pub qpn: u32,
+    pub pd: u32,
+    pub sq_sig_all: bool,
+    pub qp_access: u32,
+    pub mrs: &'a MrTable,
+    pub dma: &'a dyn Dma,
+    pub send_cq: &'a CqObj,
+    pub recv_cq: &'a CqObj,
+    pub srq: Option<&'a SrqObj>,
+}
+
+/// Why a QP's data path stopped: the QP goes to ERROR.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fatal {
+    /// A Terminate was sent or received.
+    Terminated,
+    /// The stream failed or the peer went away.
+    Lost,
+    /// The MPA Request was rejected.
+    Rejected,
+    /// A WR failed locally (bad lkey, operation the peer did not negotiate).
+    LocalError,
+}
+
+#[derive(Debug)]
+enum Piece {
+    Own(Vec<u8>),
+    Small([u8; 32], u8),
+    User(u64, u32),
+}
+
+impl Piece {
+    fn small(b: &[u8]) -> Piece {
+        let mut a = [0u8; 32];
+        a[..b.len()].copy_from_slice(b);
+        Piece::Small(a, b.len() as u8)
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Piece::Own(v) => v.len(),
+            Piece::Small(_, n) => *n as usize,
+            Piece::User(_, n) => *n as usize,
+        }
+    }
+
+    fn part(&self, skip: usize) -> IoPart<'_> {
+        match self {
+            Piece::Own(v) => IoPart::Bytes(&v[skip..]),
+            Piece::Small(a, n) => IoPart::Bytes(&a[skip..*n as usize]),
+            Piece::User(addr, n) => IoPart::User { addr: addr + skip as u64, len: *n as usize - skip },
+        }
+    }
+}
+
+/// One TCP stream carrying one QP's traffic.
+pub struct Link {
+    pub conn: Connection,
+    pub sock: TcpStream,
+    pub established: bool,
+    tx: VecDeque<Piece>,
+    /// Bytes of `tx.front()` already sent.
+    tx_skip: usize,
+    tx_queued: u64,
+    tx_sent: u64,
+    /// Send-queue completions waiting until `tx_sent` reaches their mark.
+    held: VecDeque<(u64, Completion)>,
+    stage: Box<[u8]>,
+    st_lo: usize,
+    st_hi: usize,
+    /// When the peer's FIN was read (engine clock, ms).
+    pub peer_closed: Option<u64>,
+}
+
+impl Link {
+    pub fn new(conn: Connection, sock: TcpStream) -> Link {
+        Link {
+            conn,
+            sock,
+            established: false,
+            tx: VecDeque::new(),
+            tx_skip: 0,
+            tx_queued: 0,
+            tx_sent: 0,
+            held: VecDeque::new(),
+            stage: vec![0u8; STAGE].into_boxed_slice(),
+            st_lo: 0,
+            st_hi: 0,
+            peer_closed: None,
+        }
+    }
+
+    fn push(&mut self, p: Piece) {
+        self.tx_queued += p.len() as u64;
+        if p.len() > 0 {
+            self.tx.push_back(p);
+        }
+    }
+
+    fn backlog(&self) -> u64 {
+        self.tx_queued - self.tx_sent
+    }
+}
+
+/// A QP's work requests and its stream.
+#[derive(Default)]
+pub struct DataPath {
+    pub sq: BTreeMap<u64, SendEntry>,
+    pub rq: BTreeMap<u64, RecvEntry>,
+    next_id: u64,
+    sinks: HashMap<u32, u64>,
+    pub link: Option<Link>,
+}
+
+impl std::fmt::Debug for DataPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DataPath").field("sq", &self.sq.len()).field("rq", &self.rq.len()).field("link", &self.link.is_some()).finish()
+    }
+}
+
+/// Resolves an SGE list against registered memory with the rights `needed` (local read is
+/// always granted). Zero-length SGEs are skipped, as the kernel's providers do.
+pub fn resolve(mrs: &MrTable, pd: u32, sges: &[Sge], needed: u32) -> Result<Vec<Run>, AccessError> {
+    let mut runs = Vec::with_capacity(sges.len());
+    for s in sges.iter().filter(|s| s.length > 0) {
+        let mr = mrs.lookup(s.lkey).ok_or(AccessError::InvalidStag)?;
+        let off = mr.check(pd, s.addr, u64::from(s.length), needed)?;
+        runs.push((mr.addr + off, s.length));
+    }
+    Ok(runs)
+}
+
+/// The contiguous run at byte `offset` of a gather/scatter list: (address, bytes available).
+fn run_at(runs: &[Run], mut offset: u64) -> Option<(u64, u64)> {
+    for &(addr, len) in runs {
+        if offset < u64::from(len) {
+            return Some((addr + offset, u64::from(len) - offset));
+        }
+        offset -= u64::from(len);
+    }
+    None
+}
+
+fn total(runs: &[Run]) -> u64 {
+    runs.iter().map(|r| u64::from(r.1)).sum()
+}
+
+/// The protocol core's view of this QP's memory.
+struct Mem<'a> {
+    mrs: &'a MrTable,
+    pd: u32,
+    qp_access: u32,
+    dma: &'a dyn Dma,
+    sinks: &'a HashMap<u32, u64>,
+    sq: &'a BTreeMap<u64, SendEntry>,
+}
+
+fn tagged_error(e: AccessError) -> TaggedError {
+    match e {
+        AccessError::InvalidStag => TaggedError::InvalidStag,
+        AccessError::PdMismatch => TaggedError::StagNotAssociated,
+        AccessError::BaseBounds => TaggedError::BaseBounds,
+        AccessError::AccessRights => TaggedError::AccessRights,
+    }
+}
+
+impl Memory for Mem<'_> {
+    /// RFC 5041 §7.2 / RFC 5040 §7.1: STag, protection domain, bounds, rights of the region and
+    /// of the QP (`qp_access_flags`), and 8-byte alignment for atomics (RFC 7306 §4.2).
+    fn check_tagged(&self, stag: u32, to: u64, len: u32, acc: Access) -> Result<(), TaggedError> {
+        let needed = match acc {
+            Access::LocalWrite => {
+                let id = self.sinks.get(&stag).ok_or(TaggedError::InvalidStag)?;
+                let e = self.sq.get(id).ok_or(TaggedError::InvalidStag)?;
+                let end = to.checked_add(u64::from(len)).ok_or(TaggedError::ToWrap)?;
+                return if end <= total(&e.runs) { Ok(()) } else { Err(TaggedError::BaseBounds) };
+            }
+            Access::RemoteWrite => access::REMOTE_WRITE,
+            Access::RemoteRead => access::REMOTE_READ,
+            Access::RemoteAtomic => access::REMOTE_ATOMIC,
+        };
+        let mr = self.mrs.lookup_remote(stag).ok_or(TaggedError::InvalidStag)?;
+        let off = mr.check(self.pd, to, u64::from(len), needed).map_err(tagged_error)?;
+        if self.qp_access & needed == 0 {
+            return Err(TaggedError::AccessRights);
+        }
+        if acc == Access::RemoteAtomic && (mr.addr + off) % 8 != 0 {
+            return Err(TaggedError::BaseBounds);
+        }
+        Ok(())
+    }
+
+    fn invalidate(&mut self, stag: u32) -> Result<(), TaggedError> {
+        if self.mrs.invalidate(stag, self.pd) {
+            Ok(())
+        } else {
+            Err(TaggedError::InvalidStag)
+        }
+    }
+
+    fn atomic(&mut self, stag: u32, to: u64, op: AtomicOp, add_swap: u64, compare: u64) -> u64 {
+        match self.mrs.lookup_remote(stag) {
+            Some(mr) => self.dma.atomic(mr.addr + (to - mr.iova), op, add_swap, compare),
+            None => 0,
+        }
+    }
+}
+
+/// Where received payload goes: (address, bytes available there), or `None` to drop it.
+fn place_at(
+    place: Placement,
+    mrs: &MrTable,
+    sinks: &HashMap<u32, u64>,
+    sq: &BTreeMap<u64, SendEntry>,
+    rq: &BTreeMap<u64, RecvEntry>,
+) -> Option<(u64, u64)> {
+    match place {
+        Placement::Tagged { stag, to } => {
+            if let Some(id) = sinks.get(&stag) {
+                return run_at(&sq.get(id)?.runs, to);
+            }
+            let mr = mrs.lookup(stag)?;
+            let off = to.checked_sub(mr.iova)?;
+            (off < mr.length).then(|| (mr.addr + off, mr.length - off))
+        }
+        Placement::Recv { wr_id, offset } => run_at(&rq.get(&wr_id)?.runs, u64::from(offset)),
+        Placement::Discard => None,
+    }
+}
+
+impl DataPath {
+    fn next_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    pub fn established(&self) -> bool {
+        self.link.as_ref().is_some_and(|l| l.established)
+    }
+
+    /// Queues a send WR (already checked against the QP caps). A WR whose local memory does not
+    /// check out completes with `IBV_WC_LOC_PROT_ERR` and fails the QP, as in the kernel.
+    pub fn post_send(&mut self, env: &Env, wqe: SendWqe, max_wr: u32) -> Result<Option<Fatal>, PostError> {
+        if self.sq.len() >= max_wr as usize {
+            return Err(PostError::QueueFull);
+        }
+        let (runs, sink) = match (wqe.opcode, &wqe.payload) {
+            (opcode::RDMA_READ, Payload::Sges(s)) => (resolve(env.mrs, env.pd, s, access::LOCAL_WRITE), true),
+            (opcode::RDMA_READ, Payload::Inline(_)) => return Err(PostError::BadState),
+            (opcode::ATOMIC_CMP_AND_SWP | opcode::ATOMIC_FETCH_AND_ADD, Payload::Sges(s)) => {
+                let r = resolve(env.mrs, env.pd, s, access::LOCAL_WRITE);
+                match &r {
+                    Ok(runs) if runs.len() != 1 || runs[0].1 < 8 => return Err(PostError::BadState),
+                    _ => {}
+                }
+                (r, true)
+            }
+            (opcode::ATOMIC_CMP_AND_SWP | opcode::ATOMIC_FETCH_AND_ADD, Payload::Inline(_)) => return Err(PostError::BadState),
+            (_, Payload::Sges(s)) => (resolve(env.mrs, env.pd, s, 0), false),
+            (_, Payload::Inline(_)) => (Ok(Vec::new()), false),
+        };
+        if wqe.payload.len() > u64::from(u32::MAX) {
+            return Err(PostError::TooManySges);
+        }
+        let id = self.next_id();
+        let Ok(runs) = runs else {
+            env.send_cq.push(Completion {
+                wr_id: wqe.wr_id,
+                status: wc_status::LOC_PROT_ERR,
+                opcode: wqe.wc_opcode(),
+                qp_num: env.qpn,
+                ..Default::default()
+            });
+            return Ok(Some(Fatal::LocalError));
+        };
+        let sink = sink.then(|| {
+            let s = SINK_TAG | (id as u32 & 0x00ff_ffff);
+            self.sinks.insert(s, id);
+            s
+        });
+        self.sq.insert(id, SendEntry { wqe, runs, fed: false, sink });
+        if !self.established() {
+            return Ok(None);
+        }
+        if let Some(f) = self.feed_send(env, id) {
+            return Ok(Some(f));
+        }
+        // Doorbell: send now unless the socket is already backed up (then the progress thread
+        // sends when it drains, and this WR rides along without a system call of its own).
+        let idle = self.link.as_ref().is_some_and(|l| l.backlog() == 0);
+        Ok(if idle { self.pump_tx(env) } else { None })
+    }
+
+    /// Queues a receive WR. Bad local memory: `IBV_WC_LOC_PROT_ERR` when it would be used; here,
+    /// at once (the QP fails).
+    pub fn post_recv(&mut self, env: &Env, wqe: RecvWqe, from_srq: bool) -> Option<Fatal> {
+        let id = self.next_id();
+        let runs = match resolve(env.mrs, env.pd, &wqe.sges, access::LOCAL_WRITE) {
+            Ok(r) => r,
+            Err(_) => {
+                env.recv_cq.push(Completion {
+                    wr_id: wqe.wr_id,
+                    status: wc_status::LOC_PROT_ERR,
+                    opcode: wc_opcode::RECV,
+                    qp_num: env.qpn,
+                    ..Default::default()
+                });
+                return Some(Fatal::LocalError);
+            }
+        };
+        let len = total(&runs).min(u64::from(u32::MAX)) as u32;
+        let mut e = RecvEntry { wqe, runs, fed: false, from_srq };
+        if let Some(l) = self.link.as_mut().filter(|l| l.established) {
+            e.fed = l.conn.post_recv(id, len).is_ok();
+        }
+        self.rq.insert(id, e);
+        None
+    }
+
+    /// After MPA: hands every waiting WR to the protocol core, receives first.
+    fn feed_all(&mut self, env: &Env) -> Option<Fatal> {
+        let l = self.link.as_mut()?;
+        for (id, e) in self.rq.iter_mut().filter(|(_, e)| !e.fed) {
+            e.fed = l.conn.post_recv(*id, total(&e.runs).min(u64::from(u32::MAX)) as u32).is_ok();
+        }
+        let ids: Vec<u64> = self.sq.iter().filter(|(_, e)| !e.fed).map(|(id, _)| *id).collect();
+        for id in ids {
+            if let Some(f) = self.feed_send(env, id) {
+                return Some(f);
+            }
+        }
+        None
+    }
+
+    fn feed_send(&mut self, env: &Env, id: u64) -> Option<Fatal> {
+        let l = self.link.as_mut()?;
+        let e = self.sq.get_mut(&id)?;
+        let w = &e.wqe;
+        let len = w.payload.len() as u32;
+        let c = &mut l.conn;
+        if w.flags & send_flags::FENCE != 0 {
+            let _ = c.post_fence();
+        }
+        let solicited = w.flags & send_flags::SOLICITED != 0;
+        let imm = u32::from_be(w.imm_or_inv);
+        let r = match w.opcode {
+            opcode::SEND => c.post_send(id, SendFlags { solicited, invalidate: None }, len),
+            opcode::SEND_WITH_INV => c.post_send(id, SendFlags { solicited, invalidate: Some(w.imm_or_inv) }, len),
+            opcode::SEND_WITH_IMM => c.post_send_imm(id, SendFlags { solicited, invalidate: None }, len, imm),
+            opcode::RDMA_WRITE => c.post_write(id, w.rkey, w.remote_addr, len, None),
+            opcode::RDMA_WRITE_WITH_IMM => c.post_write(id, w.rkey, w.remote_addr, len, Some(u64::from(imm))),
+            opcode::RDMA_READ => c.post_read(id, e.sink.unwrap_or(0), 0, w.rkey, w.remote_addr, len),
+            opcode::ATOMIC_FETCH_AND_ADD => {
+                c.post_atomic(id, AtomicOp::FetchAdd, (e.sink.unwrap_or(0), 0), w.rkey, w.remote_addr, w.compare_add, 0)
+            }
+            opcode::ATOMIC_CMP_AND_SWP => {
+                c.post_atomic(id, AtomicOp::CompareSwap, (e.sink.unwrap_or(0), 0), w.rkey, w.remote_addr, w.swap, w.compare_add)
+            }
+            _ => Err(WirePostError::NotSupported),
+        };
+        e.fed = true;
+        match r {
+            Ok(()) => None,
+            Err(_) => {
+                // The peer did not negotiate RFC 7306 (or the opcode has no iWARP message):
+                // complete in error here rather than draw a Terminate from the peer.
+                let e = self.sq.remove(&id)?;
+                if let Some(s) = e.sink {
+                    self.sinks.remove(&s);
+                }
+                env.send_cq.push(Completion {
+                    wr_id: e.wqe.wr_id,
+                    status: wc_status::LOC_QP_OP_ERR,
+                    opcode: e.wqe.wc_opcode(),
+                    qp_num: env.qpn,
+                    ..Default::default()
+                });
+                Some(Fatal::LocalError)
+            }
+        }
+    }
+
+    /// Receives and transmits what the socket allows now. Returns whether there is more to do
+    /// (the receive budget ran out) and whether the QP must fail.
+    pub fn pump(&mut self, env: &Env) -> (bool, Option<Fatal>) {
+        let (more, f) = self.pump_rx(env);
+        if f.is_some() {
+            return (false, f);
+        }
+        (more, self.pump_tx(env))
+    }
+
+    /// Gives the connection a receive from the SRQ when it has none (one at a time: a QP never
+    /// hoards the shared queue).
+    fn top_up_srq(&mut self, env: &Env) {
+        let Some(srq) = env.srq else { return };
+        let Some(l) = self.link.as_ref() else { return };
+        if l.conn.recv_posted() > 0 {
+            return;
+        }
+        if let Some(w) = srq.take() {
+            let _ = self.post_recv(env, w, true);
+        }
+    }
+
+    fn pump_rx(&mut self, env: &Env) -> (bool, Option<Fatal>) {
+        let mut budget = RX_BUDGET;
+        loop {
+            if budget == 0 {
+                return (true, self.drain_events(env));
+            }
+            let want = match self.link.as_ref() {
+                Some(l) if l.peer_closed.is_none() => l.conn.rx_want(),
+                _ => return (false, None),
+            };
+            if matches!(want, RxWant::Bytes(_)) && env.srq.is_some() {
+                self.top_up_srq(env);
+            }
+            let DataPath { sq, rq, sinks, link, .. } = self;
+            let l = link.as_mut().unwrap();
+            let mut mem = Mem { mrs: env.mrs, pd: env.pd, qp_access: env.qp_access, dma: env.dma, sinks, sq };
+            let step = match want {
+                RxWant::Wait => return (false, self.drain_events(env)),
+                RxWant::Bytes(_) | RxWant::Place { place: Placement::Discard, .. } | RxWant::Discard => {
+                    if l.st_lo < l.st_hi {
+                        let k = match want {
+                            RxWant::Discard => l.st_hi - l.st_lo,
+                            _ => l.conn.rx_bytes(&l.stage[l.st_lo..l.st_hi], &mut mem),
+                        };
+                        l.st_lo += k;
+                        Ok(k)
+                    } else {
+                        refill(l)
+                    }
+                }
+                RxWant::Place { len, place } => {
+                    let dst = place_at(place, env.mrs, mem.sinks, mem.sq, rq);
+                    let staged = l.st_hi - l.st_lo;
+                    match dst {
+                        Some((addr, avail)) => {
+                            let want = (len as u64).min(avail) as usize;
+                            if staged > 0 {
+                                let k = want.min(staged);
+                                let chunk = &l.stage[l.st_lo..l.st_lo + k];
+                                env.dma.write(addr, chunk);
+                                l.conn.rx_placed(chunk, &mut mem);
+                                l.st_lo += k;
+                                Ok(k)
+                            } else if want >= DIRECT_MIN && !l.conn.crc() {
+                                match env.dma.recv(l.sock.as_raw_fd(), addr, want, &mut l.stage) {
+                                    Ok(0) => Ok(0),
+                                    Ok(n) => {
+                                        let placed = n.min(want);
+                                        l.conn.rx_placed_len(placed, &mut mem);
+                                        l.st_lo = 0;
+                                        l.st_hi = n - placed;
+                                        Ok(n)
+                                    }
+                                    Err(e) => Err(e),
+                                }
+                            } else {
+                                refill(l)
+                            }
+                        }
+                        // Checked placement that no longer resolves (region deregistered
+                        // meanwhile): the bytes are dropped, never written elsewhere.
+                        None => {
+                            if staged > 0 {
+                                let k = (len as usize).min(staged);
+                                let chunk = &l.stage[l.st_lo..l.st_lo + k];
+                                l.conn.rx_placed(chunk, &mut mem);
+                                l.st_lo += k;
+                                Ok(k)
+                            } else {
+                                refill(l)
+                            }
+                        }
+                    }
+                }
+            };
+            match step {
+                Ok(0) if l.st_lo >= l.st_hi => {
+                    // EOF: the peer closed its side. What arrived before the FIN has been
+                    // delivered; the QP fails a moment later (`peer_closed`), so that an
+                    // application finishing its last completions sees them before the flushes
+                    // (siw, too, handles a peer close from a work queue).
+                    l.peer_closed.get_or_insert(super::net::now_ms());
+                    return (false, self.drain_events(env));
+                }
+                // Staged bytes the core did not take: wait for the next event instead of
+                // spinning.
+                Ok(0) => return (false, self.drain_events(env)),
+                Ok(n) => budget = budget.saturating_sub(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return (false, self.drain_events(env)),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    l.conn.handle_eof();
+                    let f = self.drain_events(env);
+                    return (false, f.or(Some(Fatal::Lost)));
+                }
+            }
+            if let Some(f) = self.drain_events(env) {
+                return (false, Some(f));
+            }
+        }
+    }
+
+    /// Moves transmit units from the protocol core to the socket until it would block.
+    pub fn pump_tx(&mut self, env: &Env) -> Option<Fatal> {
+        loop {
+            // Fill the backlog.
+            loop {
+                let Some(l) = self.link.as_mut() else {
+                    return None;
+                };
+                if l.tx.len() >= TX_PIECES || l.backlog() >= TX_BYTES {
+                    break;
+                }
+                let Some(tx) = l.conn.next_tx() else { break };
+                match tx {
+                    Tx::Bytes(b) => l.push(Piece::Own(b)),
+                    Tx::Segment(s) => {
+                        let n = s.payload_len as usize;
+                        if l.conn.crc() {
+                            let mut buf = vec![0u8; n];
+                            gather(&self.sq, env, s.source, &mut buf);
+                            let t = s.trailer(&[&buf]);
+                            l.push(Piece::small(s.header.as_slice()));
+                            l.push(Piece::Own(buf));
+                            l.push(Piece::small(t.as_slice()));
+                        } else {
+                            l.push(Piece::small(s.header.as_slice()));
+                            let mut pieces = Vec::new();
+                            source_pieces(&self.sq, env, s.source, n, &mut pieces);
+                            for p in pieces {
+                                l.push(p);
+                            }
+                            l.push(Piece::small(s.trailer_no_crc().as_slice()));
+                        }
+                    }
+                }
+                if let Some(f) = self.drain_events(env) {
+                    return Some(f);
+                }
+            }
+            let l = self.link.as_mut()?;
+            if l.tx.is_empty() {
+                release_held(l, env);
+                return None;
+            }
+            let parts: Vec<IoPart<'_>> =
+                l.tx.iter().take(64).enumerate().map(|(i, p)| p.part(if i == 0 { l.tx_skip } else { 0 })).collect();
+            match env.dma.send(l.sock.as_raw_fd(), &parts) {
+                Ok(mut n) => {
+                    drop(parts);
+                    l.tx_sent += n as u64;
+                    while n > 0 {
+                        let left = l.tx.front().map(|p| p.len() - l.tx_skip).unwrap_or(0);
+                        if n >= left {
+                            n -= left;
+                            l.tx.pop_front();
+                            l.tx_skip = 0;
+                        } else {
+                            l.tx_skip += n;
+                            n = 0;
+                        }
+                    }
+                    release_held(l, env);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    drop(parts);
+                    l.conn.handle_eof();
+                    return self.drain_events(env).or(Some(Fatal::Lost));
+                }
+            }
+        }
+    }
+
+    /// Turns protocol events into completions and state changes.
+    pub fn drain_events(&mut self, env: &Env) -> Option<Fatal> {
+        let mut fatal = None;
+        loop {
+            let Some(l) = self.link.as_mut() else {
+                return fatal;
+            };
+            let Some(ev) = l.conn.poll_event() else {
+                return fatal;
+            };
+            match ev {
+                Event::Established(_) => {
+                    l.established = true;
+                    if let Some(f) = self.feed_all(env) {
+                        fatal = fatal.or(Some(f));
+                    }
+                }
+                Event::Completion(c) => self.complete(env, c),
+                Event::Terminated { .. } => fatal = fatal.or(Some(Fatal::Terminated)),
+                Event::Failed(Failure::PeerClosed) => fatal = fatal.or(Some(Fatal::Lost)),
+                Event::Failed(_) => fatal = fatal.or(Some(Fatal::Lost)),
+                Event::Rejected { .. } => fatal = fatal.or(Some(Fatal::Rejected)),
+                Event::Closed => {}
+                Event::ConnectRequest(_) => {}
+            }
+        }
+    }
+
+    fn complete(&mut self, env: &Env, c: WireCompletion) {
+        if c.is_recv() {
+            let Some(e) = self.rq.remove(&c.wr_id) else {
+                return;
+            };
+            let mut out = Completion {
+                wr_id: e.wqe.wr_id,
+                status: c.status.as_u32(),
+                opcode: if c.opcode == WcOpcode::RecvRdmaWithImm { wc_opcode::RECV_RDMA_WITH_IMM } else { wc_opcode::RECV },
+                byte_len: c.byte_len,
+                qp_num: env.qpn,
+                solicited: c.solicited,
+                ..Default::default()
+            };
+            if let Some(imm) = c.imm {
+                out.wc_flags |= wc_flags::WITH_IMM;
+                out.imm_or_inv = (imm as u32).to_be();
+            } else if let Some(stag) = c.invalidated {
+                out.wc_flags |= wc_flags::WITH_INV;
+                out.imm_or_inv = stag;
+            }
+            env.recv_cq.push(out);
+            return;
+        }
+        let Some(e) = self.sq.remove(&c.wr_id) else {
+            return;
+        };
+        if let Some(s) = e.sink {
+            self.sinks.remove(&s);
+        }
+        if let (Some(v), Some(&(addr, _))) = (c.atomic_result, e.runs.first()) {
+            if c.status == WcStatus::Success {
+                env.dma.write(addr, &v.to_ne_bytes());
+            }
+        }
+        let signaled = env.sq_sig_all || e.wqe.flags & send_flags::SIGNALED != 0;
+        if c.status == WcStatus::Success && !signaled {
+            return;
+        }
+        let out = Completion {
+            wr_id: e.wqe.wr_id,
+            status: c.status.as_u32(),
+            opcode: e.wqe.wc_opcode(),
+            byte_len: c.byte_len,
+            qp_num: env.qpn,
+            ..Default::default()
+        };
+        match self.link.as_mut() {
+            Some(l) if l.backlog() > 0 => l.held.push_back((l.tx_queued, out)),
+            _ => env.send_cq.push(out),
+        }
+    }
+
+    /// The QP is going to ERROR (or being destroyed): closes the stream and completes every
+    /// outstanding WR — held send completions whose bytes never left become flushes — in
+    /// posting order. Receives taken from an SRQ and never used go back to it.
+    pub fn shutdown(&mut self, env: &Env, deliver: bool) {
+        if let Some(l) = self.link.as_mut() {
+            l.conn.close();
+        }
+        let _ = self.drain_events(env);
+        if let Some(mut l) = self.link.take() {
+            let _ = l.sock.shutdown(std::net::Shutdown::Both);
+            for (_, mut c) in l.held.drain(..) {
+                if c.status == wc_status::SUCCESS {
+                    c.status = wc_status::WR_FLUSH_ERR;
+                }
+                if deliver {
+                    env.send_cq.push(c);
+                }
+            }
+        }
+        self.sinks.clear();
+        for (_, e) in std::mem::take(&mut self.sq) {
+            if deliver {
+                env.send_cq.push(e.wqe.flushed(env.qpn));
+            }
+        }
+        for (_, e) in std::mem::take(&mut self.rq) {
+            match (e.from_srq, env.srq) {
+                (true, Some(srq)) => srq.give_back(e.wqe),
+                _ if deliver => env.recv_cq.push(e.wqe.flushed(env.qpn)),
+                _ => {}
+            }
+        }
+    }
+
+    /// `ibv_modify_qp` to RESET: forget everything.
+    pub fn reset(&mut self) {
+        self.sq.clear();
+        self.rq.clear();
+        self.sinks.clear();
+        self.link = None;
+    }
+}
+
+/// Reads what the socket has into the staging buffer.
+fn refill(l: &mut Link) -> io::Result<usize> {
+    l.st_lo = 0;
+    l.st_hi = 0;
+    let n = (&l.sock).read(&mut l.stage)?;
+    l.st_hi = n;
+    Ok(n)
+}
+
+fn release_held(l: &mut Link, env: &Env) {
+    while let Some(&(mark, c)) = l.held.front() {
+        if mark > l.tx_sent {
+            break;
+        }
+        l.held.pop_front();
+        env.send_cq.push(c);
+    }
+}
+
+/// The pieces of `len` payload bytes at `src`.
+fn source_pieces(sq: &BTreeMap<u64, SendEntry>, env: &Env, src: Source, len: usize, out: &mut Vec<Piece>) {
+    match src {
+        Source::Wr { wr_id, offset } => {
+            let Some(e) = sq.get(&wr_id) else {
+                out.push(Piece::Own(vec![0; len]));
+                return;
+            };
+            match &e.wqe.payload {
+                Payload::Inline(b) => {
+                    let o = offset as usize;
+                    out.push(Piece::Own(b[o.min(b.len())..(o + len).min(b.len())].to_vec()));
+                }
+                Payload::Sges(_) => {
+                    let mut off = u64::from(offset);
+                    let mut left = len as u64;
+                    while left > 0 {
+                        let Some((addr, avail)) = run_at(&e.runs, off) else {
+                            out.push(Piece::Own(vec![0; left as usize]));
+                            return;
+                        };
+                        let k = avail.min(left);
+                        out.push(Piece::User(addr, k as u32));
+                        off += k;
+                        left -= k;
+                    }
+                }
+            }
+        }
+        Source::Tagged { stag, to } => match env.mrs.lookup(stag) {
+            Some(mr) if to >= mr.iova && to - mr.iova + len as u64 <= mr.length => {
+                out.push(Piece::User(mr.addr + (to - mr.iova), len as u32))
+            }
+            _ => out.push(Piece::Own(vec![0; len])),
+        },
+        Source::None => {}
+    }
+}
+
+/// With CRC: the payload copied into `buf` (the CRC must see the bytes).
+fn gather(sq: &BTreeMap<u64, SendEntry>, env: &Env, src: Source, buf: &mut [u8]) {
+    let mut pieces = Vec::new();
+    source_pieces(sq, env, src, buf.len(), &mut pieces);
+    let mut at = 0usize;
+    for p in pieces {
+        let k = p.len();
+        match p {
+            Piece::User(a, n) => {
+                env.dma.read(a, &mut buf[at..at + n as usize]);
+            }
+            Piece::Own(v) => buf[at..at + k].copy_from_slice(&v),
+            Piece::Small(s, n) => buf[at..at + n as usize].copy_from_slice(&s[..n as usize]),
+        }
+        at += k;
+    }
+}
