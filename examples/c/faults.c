@@ -50,6 +50,9 @@
  *   -s N      successful completions before "STREAMING" (default 200)
  *   -k N      peer: operations before the error/exit action (default 64)
  *   -e required|optional   survivor: the QP_FATAL event (default required)
+ *   -w        sleep on a completion channel (ibv_req_notify_cq, poll() on the
+ *             channel fd, ibv_get_cq_event) instead of busy-polling the CQ;
+ *             flushed WRs must then wake the process
  *   -t SEC    survivor: seconds to wait for the flush after the first error,
  *             and for the async event (default 8)
  *   -T SEC    give up if nothing goes wrong for this long (default 30)
@@ -166,6 +169,7 @@ struct config {
 	long streaming_after;
 	long act_after;
 	int event_required;
+	int use_events;
 	int flush_timeout_s;
 	int give_up_s;
 };
@@ -332,6 +336,7 @@ struct ctx {
 	struct ibv_context *ctx;
 	struct ibv_pd *pd;
 	struct ibv_mr *mr;
+	struct ibv_comp_channel *ch; /* -w: sleep on completion events */
 	struct ibv_cq *cq;
 	struct ibv_qp *qp;
 	char *buf;
@@ -378,7 +383,12 @@ static void open_device(struct ctx *c, const struct config *cfg)
 			   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
 	if (!c->mr)
 		die("ibv_reg_mr: %s", strerror(errno));
-	c->cq = ibv_create_cq(c->ctx, cqe, NULL, NULL, 0);
+	if (cfg->use_events) {
+		c->ch = ibv_create_comp_channel(c->ctx);
+		if (!c->ch)
+			die("ibv_create_comp_channel: %s (run under `uiw run`)", strerror(errno));
+	}
+	c->cq = ibv_create_cq(c->ctx, cqe, NULL, c->ch, 0);
 	if (!c->cq)
 		die("ibv_create_cq(%d): %s", cqe, strerror(errno));
 
@@ -507,6 +517,7 @@ struct stats {
 	struct wq sq, rq;
 	uint64_t t_start, t_streaming, t_detect, t_first_error, t_last_ok, t_last_completion;
 	uint64_t outstanding_at_detect;
+	uint64_t cq_events, cq_events_after_detect;
 	int first_error_status;
 	int post_errno;
 	int streaming_printed;
@@ -591,21 +602,65 @@ static int poll_some(struct ctx *c, struct stats *s, int *ok_recvs)
 	return n;
 }
 
+/* With -w, sleep on the completion channel until a completion arrives or
+ * `deadline` passes (0 completions then); else the same as poll_some. A
+ * provider that does not signal the channel for flushed WRs makes this time
+ * out, and the survivor fails instead of hanging. */
+static int wait_some(struct ctx *c, const struct config *cfg, struct stats *s, int *ok_recvs,
+		     uint64_t deadline)
+{
+	struct ibv_cq *ev_cq;
+	void *ev_ctx;
+	int n = poll_some(c, s, ok_recvs);
+
+	if (n || !cfg->use_events)
+		return n;
+	if (ibv_req_notify_cq(c->cq, 0))
+		die("ibv_req_notify_cq failed");
+	/* A completion may have arrived before the CQ was armed. */
+	n = poll_some(c, s, ok_recvs);
+	if (n)
+		return n;
+	for (;;) {
+		struct pollfd pfd = { .fd = c->ch->fd, .events = POLLIN };
+		int64_t left_ms = ((int64_t)deadline - (int64_t)now_ns()) / 1000000;
+		int r;
+
+		if (left_ms <= 0)
+			return 0;
+		r = poll(&pfd, 1, (int)left_ms);
+		if (r < 0 && errno != EINTR)
+			die("poll() on the completion channel: %s", strerror(errno));
+		if (r > 0)
+			break;
+	}
+	if (ibv_get_cq_event(c->ch, &ev_cq, &ev_ctx))
+		die("ibv_get_cq_event failed after poll() said readable");
+	if (ev_cq != c->cq)
+		die("completion event for an unknown CQ %p", (void *)ev_cq);
+	ibv_ack_cq_events(ev_cq, 1);
+	s->cq_events++;
+	if (s->t_detect)
+		s->cq_events_after_detect++;
+	return poll_some(c, s, ok_recvs);
+}
+
 static int all_completed(const struct stats *s)
 {
 	return s->sq.completed >= s->sq.posted && s->rq.completed >= s->rq.posted;
 }
 
 /* Wait (bounded) until every posted WR has completed. Returns 1 if so. */
-static int drain(struct ctx *c, struct stats *s, int timeout_s)
+static int drain(struct ctx *c, const struct config *cfg, struct stats *s, int timeout_s)
 {
 	uint64_t deadline = now_ns() + (uint64_t)timeout_s * 1000000000u;
 
 	while (!all_completed(s)) {
-		if (!poll_some(c, s, NULL)) {
+		if (!wait_some(c, cfg, s, NULL, deadline)) {
 			if (now_ns() > deadline)
 				return 0;
-			usleep(50);
+			if (!cfg->use_events)
+				usleep(50);
 		}
 	}
 	s->t_last_completion = now_ns();
@@ -649,7 +704,7 @@ static int run_traffic(struct ctx *c, const struct config *cfg, struct stats *s,
 				s->rq.posted++;
 			}
 		}
-		if (!poll_some(c, s, &ok_recvs) && now_ns() > deadline) {
+		if (!wait_some(c, cfg, s, &ok_recvs, deadline) && now_ns() >= deadline) {
 			say("GAVE_UP after %d s without an error", cfg->give_up_s);
 			return 0;
 		}
@@ -822,7 +877,7 @@ static void run_survivor(struct ctx *c, const struct config *cfg, int sock)
 		detected(&s);
 	say("DETECTED %" PRIu64 " WRs outstanding (%" PRIu64 " send, %" PRIu64 " receive)",
 	    s.outstanding_at_detect, s.sq.posted - s.sq.completed, s.rq.posted - s.rq.completed);
-	flushed_all = drain(c, &s, cfg->flush_timeout_s);
+	flushed_all = drain(c, cfg, &s, cfg->flush_timeout_s);
 	if (flushed_all)
 		say("LAST_COMPLETION");
 	else
@@ -860,6 +915,9 @@ static void run_survivor(struct ctx *c, const struct config *cfg, int sock)
 	say("RESULT detect_to_last_ms=%.3f last_ok_to_last_ms=%.3f streaming_to_detect_ms=%.3f",
 	    ms_between(s.t_detect, s.t_last_completion), ms_between(s.t_last_ok, s.t_last_completion),
 	    ms_between(s.t_streaming, s.t_detect));
+	if (cfg->use_events)
+		say("RESULT cq_events=%" PRIu64 " cq_events_after_detect=%" PRIu64, s.cq_events,
+		    s.cq_events_after_detect);
 
 	/* Tell a peer that is still alive (error action) that we are done. */
 	write_all(sock, "DONE\n", 5);
@@ -918,7 +976,7 @@ static void run_peer(struct ctx *c, const struct config *cfg, int sock)
 	if (cfg->action == ACT_EXIT) {
 		/* Stop posting, let what is outstanding finish, leave normally. */
 		if (cfg->mode == STREAM)
-			check(drain(c, &s, cfg->flush_timeout_s),
+			check(drain(c, cfg, &s, cfg->flush_timeout_s),
 			      "peer: outstanding sends completed before exit",
 			      "%" PRIu64 " missing", s.sq.posted - s.sq.completed);
 		say("PEER_EXITING");
@@ -931,7 +989,7 @@ static void run_peer(struct ctx *c, const struct config *cfg, int sock)
 		errno = ibv_modify_qp(c->qp, &a, IBV_QP_STATE);
 		check(!errno, "peer: modify own QP to IBV_QPS_ERR", "%s", strerror(errno));
 		say("PEER_QP_ERROR");
-		check(drain(c, &s, cfg->flush_timeout_s), "peer: own outstanding WRs flushed",
+		check(drain(c, cfg, &s, cfg->flush_timeout_s), "peer: own outstanding WRs flushed",
 		      "%" PRIu64 " missing", outstanding(&s));
 	}
 	/* Stay alive (connection state is the QP's business now) until the
@@ -949,7 +1007,7 @@ static void usage(void)
 	fprintf(stderr,
 		"usage: faults -r survivor -m stream|sink -p PORT [options]\n"
 		"       faults -r peer -m stream|sink -p PORT -a kill|error|exit [options] HOST\n"
-		"options: -d DEV -g GIDX -s N -k N -e required|optional -t SEC -T SEC\n");
+		"options: -d DEV -g GIDX -s N -k N -e required|optional -w -t SEC -T SEC\n");
 	exit(2);
 }
 
@@ -963,6 +1021,11 @@ static void destroy(struct ctx *c, int checked)
 	e = ibv_destroy_cq(c->cq);
 	if (checked)
 		check(!e, "ibv_destroy_cq", "%s", strerror(e));
+	if (c->ch) {
+		e = ibv_destroy_comp_channel(c->ch);
+		if (checked)
+			check(!e, "ibv_destroy_comp_channel", "%s", strerror(e ? errno : 0));
+	}
 	e = ibv_dereg_mr(c->mr);
 	if (checked)
 		check(!e, "ibv_dereg_mr", "%s", strerror(e));
@@ -993,7 +1056,7 @@ int main(int argc, char **argv)
 	struct ctx c;
 	int opt, sock, have_mode = 0, have_role = 0;
 
-	while ((opt = getopt(argc, argv, "r:m:a:d:p:g:s:k:e:t:T:")) != -1) {
+	while ((opt = getopt(argc, argv, "r:m:a:d:p:g:s:k:e:wt:T:")) != -1) {
 		switch (opt) {
 		case 'r':
 			have_role = 1;
@@ -1045,6 +1108,9 @@ int main(int argc, char **argv)
 				cfg.event_required = 0;
 			else
 				usage();
+			break;
+		case 'w':
+			cfg.use_events = 1;
 			break;
 		case 't':
 			cfg.flush_timeout_s = atoi(optarg);

@@ -56,7 +56,11 @@ pub struct Running {
 
 /// `uiw run -- PROGRAM ARGS...` with `dev`'s environment (a `Command` ready
 /// for [`Running::spawn`]).
-pub fn uiw_run<S: AsRef<OsStr>>(dev: &Published, program: impl AsRef<OsStr>, args: &[S]) -> Command {
+pub fn uiw_run<S: AsRef<OsStr>>(
+    dev: &Published,
+    program: impl AsRef<OsStr>,
+    args: &[S],
+) -> Command {
     let mut c = dev.command();
     c.arg("run").arg("--").arg(program).args(args);
     c
@@ -165,7 +169,11 @@ impl Running {
 
     /// A copy of the lines read so far.
     pub fn lines(&self) -> Vec<Line> {
-        self.out.lock().unwrap_or_else(|e| e.into_inner()).lines.clone()
+        self.out
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .lines
+            .clone()
     }
 
     /// The first stdout line containing `pat`, waiting for it until `timeout`
@@ -364,7 +372,10 @@ pub fn wait_listening(server: &mut Running, port: u16, timeout: Duration) -> Res
             return Ok(());
         }
         if let Some(s) = server.try_status() {
-            return Err(format!("{} ended ({s}) before listening on port {port}", server.name));
+            return Err(format!(
+                "{} ended ({s}) before listening on port {port}",
+                server.name
+            ));
         }
         if Instant::now() >= deadline {
             return Err(format!(
@@ -441,7 +452,8 @@ pub fn run_pair(server: Command, client: Command, port: u16, timeout: Duration) 
         if s.is_some() && c.is_some() {
             break;
         }
-        let failed = s.map(|s| !s.success()).unwrap_or(false) || c.map(|c| !c.success()).unwrap_or(false);
+        let failed =
+            s.map(|s| !s.success()).unwrap_or(false) || c.map(|c| !c.success()).unwrap_or(false);
         if failed && grace_deadline == deadline {
             grace_deadline = (Instant::now() + Duration::from_secs(5)).min(deadline);
         }
@@ -505,10 +517,20 @@ mod tests {
         client.arg("60");
         let t = Instant::now();
         let o = run_pair(server, client, port, Duration::from_secs(2));
-        assert!(t.elapsed() < Duration::from_secs(10), "took {:?}", t.elapsed());
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "took {:?}",
+            t.elapsed()
+        );
         assert!(!o.success());
         assert!(o.server.timed_out && o.client.timed_out, "{o}");
-        assert!(o.problem.as_deref().unwrap_or("").contains("did not finish"), "{o}");
+        assert!(
+            o.problem
+                .as_deref()
+                .unwrap_or("")
+                .contains("did not finish"),
+            "{o}"
+        );
         assert!(o.server.stdout.contains("up"), "{o}");
     }
 
@@ -533,7 +555,13 @@ mod tests {
         server.args(["-c", "echo cannot >&2; exit 1"]);
         let o = run_pair(server, Command::new("true"), port, Duration::from_secs(5));
         assert!(!o.success());
-        assert!(o.problem.as_deref().unwrap_or("").contains("before listening"), "{o}");
+        assert!(
+            o.problem
+                .as_deref()
+                .unwrap_or("")
+                .contains("before listening"),
+            "{o}"
+        );
         assert!(o.server.stderr.contains("cannot"), "{o}");
     }
 

@@ -19,7 +19,9 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use uiw_examples::pair::{free_port, uiw_run, Finished, Running};
-use uiw_examples::{build_c_example, device_lock, failures, is_root, parse_summary, skip, Artifacts, Published};
+use uiw_examples::{
+    build_c_example, device_lock, failures, is_root, parse_summary, skip, Artifacts, Published,
+};
 
 /// Longest a survivor may take from the peer's death (or the start of its
 /// close) to its exit before the test calls it a hang.
@@ -86,7 +88,16 @@ fn result_u64(stdout: &str, key: &str, all: &str) -> u64 {
         .unwrap_or_else(|| panic!("no RESULT {key}=N from the survivor\n{all}"))
 }
 
-fn run_fault(test: &str, mode: SurvivorMode, end: PeerEnd) {
+/// How the survivor waits for completions.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Wait {
+    /// Busy-polls the CQ.
+    Poll,
+    /// Sleeps on a completion channel (`faults -w`): the flushes must wake it.
+    Events,
+}
+
+fn run_fault(test: &str, mode: SurvivorMode, end: PeerEnd, wait: Wait) {
     let Some((artifacts, exe)) = prepare(test) else {
         return;
     };
@@ -107,11 +118,24 @@ fn run_fault(test: &str, mode: SurvivorMode, end: PeerEnd) {
         SurvivorMode::Stream => "200",
         SurvivorMode::Sink => "50",
     };
-    let mut scmd = uiw_run(
-        &dev,
-        &exe,
-        &["-r", "survivor", "-m", smode, "-p", &port, "-s", streaming_after, "-e", event, "-t", "8"],
-    );
+    let mut sargs = vec![
+        "-r",
+        "survivor",
+        "-m",
+        smode,
+        "-p",
+        &port,
+        "-s",
+        streaming_after,
+        "-e",
+        event,
+        "-t",
+        "8",
+    ];
+    if wait == Wait::Events {
+        sargs.push("-w");
+    }
+    let mut scmd = uiw_run(&dev, &exe, &sargs);
     scmd.stdin(Stdio::null());
     let mut survivor = Running::spawn("survivor", scmd);
     let all = |s: &Finished, p: &Finished| format!("{s}{p}");
@@ -125,7 +149,19 @@ fn run_fault(test: &str, mode: SurvivorMode, end: PeerEnd) {
         uiw_run(
             &dev,
             &exe,
-            &["-r", "peer", "-m", pmode, "-a", action, "-k", "64", "-p", &port, "127.0.0.1"],
+            &[
+                "-r",
+                "peer",
+                "-m",
+                pmode,
+                "-a",
+                action,
+                "-k",
+                "64",
+                "-p",
+                &port,
+                "127.0.0.1",
+            ],
         ),
     );
 
@@ -148,7 +184,11 @@ fn run_fault(test: &str, mode: SurvivorMode, end: PeerEnd) {
             peer.kill()
         }
         PeerEnd::QpToError | PeerEnd::Exits => {
-            let pat = if end == PeerEnd::Exits { "PEER_EXITING" } else { "PEER_QP_ERROR" };
+            let pat = if end == PeerEnd::Exits {
+                "PEER_EXITING"
+            } else {
+                "PEER_QP_ERROR"
+            };
             match peer.wait_for_line(pat, SETUP_TIMEOUT) {
                 Ok(l) => l.at,
                 Err(e) => {
@@ -197,21 +237,45 @@ fn run_fault(test: &str, mode: SurvivorMode, end: PeerEnd) {
     // The survivor's own counts, re-checked here: outstanding WRs existed,
     // every posted WR completed, and the outstanding ones did so in error.
     let n = |k: &str| result_u64(&s.stdout, k, &out);
-    assert!(n("outstanding_at_detect") > 0, "{test}: nothing was outstanding\n{out}");
-    assert_eq!(n("sq_posted"), n("sq_ok") + n("sq_err"), "{test}: send WRs lost\n{out}");
-    assert_eq!(n("rq_posted"), n("rq_ok") + n("rq_err"), "{test}: receive WRs lost\n{out}");
-    assert!(n("rq_err") > 0, "{test}: no receive WR completed in error\n{out}");
+    assert!(
+        n("outstanding_at_detect") > 0,
+        "{test}: nothing was outstanding\n{out}"
+    );
+    assert_eq!(
+        n("sq_posted"),
+        n("sq_ok") + n("sq_err"),
+        "{test}: send WRs lost\n{out}"
+    );
+    assert_eq!(
+        n("rq_posted"),
+        n("rq_ok") + n("rq_err"),
+        "{test}: receive WRs lost\n{out}"
+    );
+    assert!(
+        n("rq_err") > 0,
+        "{test}: no receive WR completed in error\n{out}"
+    );
     if mode == SurvivorMode::Stream {
-        assert!(n("sq_err") > 0, "{test}: no send WR completed in error\n{out}");
+        assert!(
+            n("sq_err") > 0,
+            "{test}: no send WR completed in error\n{out}"
+        );
     }
+    // With Wait::Events a survivor whose flushes raise no completion event
+    // sleeps until the hang guard kills it (asserted above); whether an event
+    // or a poll before arming delivered them is timing, and not asserted.
     match end {
         PeerEnd::Killed => {
             assert!(
-                s.line("ASYNC_EVENT IBV_EVENT_QP_FATAL (1) for this QP").is_some(),
+                s.line("ASYNC_EVENT IBV_EVENT_QP_FATAL (1) for this QP")
+                    .is_some(),
                 "{test}: no IBV_EVENT_QP_FATAL for the survivor's QP\n{out}"
             );
             // The peer died of our SIGKILL, not by itself.
-            assert!(p.killed_at.is_some(), "{test}: the peer was not killed\n{out}");
+            assert!(
+                p.killed_at.is_some(),
+                "{test}: the peer was not killed\n{out}"
+            );
         }
         PeerEnd::QpToError | PeerEnd::Exits => {
             assert!(
@@ -237,13 +301,21 @@ fn run_fault(test: &str, mode: SurvivorMode, end: PeerEnd) {
         field("outstanding_at_detect"),
         s.line("ASYNC_EVENT").map(|l| l.text.as_str()).unwrap_or("no ASYNC_EVENT line"),
     );
+    if let Some(l) = s.line("RESULT cq_events=") {
+        println!("### {test}: {}", l.text);
+    }
 }
 
 /// The survivor streams Writes + Sends (full send queue, receives posted);
 /// the sink peer is SIGKILLed mid-transfer.
 #[test]
 fn peer_killed_while_survivor_streams() {
-    run_fault("peer_killed_while_survivor_streams", SurvivorMode::Stream, PeerEnd::Killed);
+    run_fault(
+        "peer_killed_while_survivor_streams",
+        SurvivorMode::Stream,
+        PeerEnd::Killed,
+        Wait::Poll,
+    );
 }
 
 /// The survivor only has receives posted; the streaming peer is SIGKILLed.
@@ -253,19 +325,30 @@ fn streaming_peer_killed_while_survivor_receives() {
         "streaming_peer_killed_while_survivor_receives",
         SurvivorMode::Sink,
         PeerEnd::Killed,
+        Wait::Poll,
     );
 }
 
 /// Clean close: the sink peer moves its own QP to IBV_QPS_ERR (and stays alive).
 #[test]
 fn peer_moves_its_qp_to_error() {
-    run_fault("peer_moves_its_qp_to_error", SurvivorMode::Stream, PeerEnd::QpToError);
+    run_fault(
+        "peer_moves_its_qp_to_error",
+        SurvivorMode::Stream,
+        PeerEnd::QpToError,
+        Wait::Poll,
+    );
 }
 
 /// Clean close: the sink peer destroys its QP and exits normally.
 #[test]
 fn peer_exits_normally() {
-    run_fault("peer_exits_normally", SurvivorMode::Stream, PeerEnd::Exits);
+    run_fault(
+        "peer_exits_normally",
+        SurvivorMode::Stream,
+        PeerEnd::Exits,
+        Wait::Poll,
+    );
 }
 
 /// Clean close seen by a receiver: the streaming peer stops, waits for its
@@ -276,6 +359,31 @@ fn streaming_peer_exits_while_survivor_receives() {
         "streaming_peer_exits_while_survivor_receives",
         SurvivorMode::Sink,
         PeerEnd::Exits,
+        Wait::Poll,
+    );
+}
+
+/// As `peer_killed_while_survivor_streams`, but the survivor sleeps on a
+/// completion channel: the flushed WRs must generate completion events.
+#[test]
+fn peer_killed_while_survivor_streams_on_events() {
+    run_fault(
+        "peer_killed_while_survivor_streams_on_events",
+        SurvivorMode::Stream,
+        PeerEnd::Killed,
+        Wait::Events,
+    );
+}
+
+/// A receive-only survivor asleep in poll()/ibv_get_cq_event when its
+/// streaming peer is killed: only the flush can wake it.
+#[test]
+fn streaming_peer_killed_while_survivor_sleeps_on_events() {
+    run_fault(
+        "streaming_peer_killed_while_survivor_sleeps_on_events",
+        SurvivorMode::Sink,
+        PeerEnd::Killed,
+        Wait::Events,
     );
 }
 
@@ -288,7 +396,8 @@ fn faults_builds() {
 
 #[test]
 fn result_fields_are_parsed() {
-    let out = "ok - x\nRESULT sq_posted=10 sq_ok=3 first_error_status=5\nRESULT detect_to_last_ms=1.5\n";
+    let out =
+        "ok - x\nRESULT sq_posted=10 sq_ok=3 first_error_status=5\nRESULT detect_to_last_ms=1.5\n";
     assert_eq!(result_field(out, "sq_posted"), Some("10"));
     assert_eq!(result_field(out, "sq_ok"), Some("3"));
     assert_eq!(result_field(out, "detect_to_last_ms"), Some("1.5"));
