@@ -553,6 +553,8 @@ pub struct Connection {
     recv_cur: Option<RecvWr>,
     /// Immediate data announced for the next Send (`post_send_imm`).
     rx_send_imm: Option<u32>,
+    /// Bytes of the last inbound RDMA Write (byte_len of a Write with Immediate).
+    rx_write_len: u32,
     /// Expected next (STag, TO) of an in-progress inbound Write.
     write_cont: Option<(u32, u64)>,
     terminate_sent: bool,
@@ -606,6 +608,7 @@ impl Connection {
             recvq: VecDeque::new(),
             recv_cur: None,
             rx_send_imm: None,
+            rx_write_len: 0,
             write_cont: None,
             terminate_sent: false,
             pending_req: None,
@@ -1043,6 +1046,14 @@ impl Connection {
         v
     }
 
+    /// One untagged single-FPDU message on queue `q` (the next MSN of that queue): Read and
+    /// Atomic Requests/Responses, Immediate Data, Terminate, the Send RTR.
+    fn control_message(&mut self, q: u32, op: Opcode, body: &[u8], payload: &[u8]) -> Vec<u8> {
+        let msn = self.next_msn(q);
+        let d = DdpHeader::untagged(q, msn, 0, 0, true, RdmapCtrl::new(op));
+        self.control_fpdu(&d, body, payload)
+    }
+
     fn next_msn(&mut self, q: u32) -> u32 {
         let m = self.tx_msn[q as usize];
         self.tx_msn[q as usize] = m.wrapping_add(1);
@@ -1060,17 +1071,8 @@ impl Connection {
                 imm,
             } => {
                 let pre = imm.map(|v| {
-                    let msn = self.next_msn(qn::SEND);
-                    let d = DdpHeader::untagged(
-                        qn::SEND,
-                        msn,
-                        0,
-                        0,
-                        true,
-                        RdmapCtrl::new(Opcode::ImmediateData),
-                    );
                     let word = (u64::from(SEND_IMM_TAG) << 32) | u64::from(v);
-                    self.control_fpdu(&d, &[], &word.to_be_bytes())
+                    self.control_message(qn::SEND, Opcode::ImmediateData, &[], &word.to_be_bytes())
                 });
                 let op = match (flags.solicited, flags.invalidate.is_some()) {
                     (false, false) => Opcode::Send,
@@ -1101,16 +1103,7 @@ impl Connection {
                 imm,
             } => {
                 let then = imm.map(|v| {
-                    let msn = self.next_msn(qn::SEND);
-                    let d = DdpHeader::untagged(
-                        qn::SEND,
-                        msn,
-                        0,
-                        0,
-                        true,
-                        RdmapCtrl::new(Opcode::ImmediateData),
-                    );
-                    self.control_fpdu(&d, &[], &v.to_be_bytes())
+                    self.control_message(qn::SEND, Opcode::ImmediateData, &[], &v.to_be_bytes())
                 });
                 self.cur_tx = Some(OutMsg {
                     seg: Segmenter::new(
@@ -1147,7 +1140,6 @@ impl Connection {
             } => {
                 let req_id = self.next_atomic_id;
                 self.next_atomic_id = self.next_atomic_id.wrapping_add(1);
-                let msn = self.next_msn(qn::ATOMIC_REQUEST);
                 let body = AtomicRequest {
                     op_word: op as u32,
                     req_id,
@@ -1160,15 +1152,8 @@ impl Connection {
                 };
                 let mut b = [0u8; crate::rdmap::ATOMIC_REQ_LEN];
                 body.encode(&mut b);
-                let d = DdpHeader::untagged(
-                    qn::ATOMIC_REQUEST,
-                    msn,
-                    0,
-                    0,
-                    true,
-                    RdmapCtrl::new(Opcode::AtomicRequest),
-                );
-                let bytes = self.control_fpdu(&d, &b, &[]);
+                let bytes =
+                    self.control_message(qn::ATOMIC_REQUEST, Opcode::AtomicRequest, &b, &[]);
                 self.atomics.push_back(AtomicWr {
                     seq,
                     wr_id,
@@ -1184,14 +1169,12 @@ impl Connection {
                 imm,
                 solicited,
             } => {
-                let msn = self.next_msn(qn::SEND);
                 let op = if solicited {
                     Opcode::ImmediateDataSe
                 } else {
                     Opcode::ImmediateData
                 };
-                let d = DdpHeader::untagged(qn::SEND, msn, 0, 0, true, RdmapCtrl::new(op));
-                let bytes = self.control_fpdu(&d, &[], &imm.to_be_bytes());
+                let bytes = self.control_message(qn::SEND, op, &[], &imm.to_be_bytes());
                 self.sq_complete(seq, Completion::new(wr_id, wc, WcStatus::Success, 0));
                 self.tx_follow.push_back(bytes);
             }
@@ -1210,7 +1193,6 @@ impl Connection {
         len: u32,
         rtr: bool,
     ) {
-        let msn = self.next_msn(qn::READ_REQUEST);
         let rr = ReadRequest {
             sink_stag: local_stag,
             sink_to: local_to,
@@ -1220,15 +1202,7 @@ impl Connection {
         };
         let mut b = [0u8; crate::rdmap::READ_REQ_LEN];
         rr.encode(&mut b);
-        let d = DdpHeader::untagged(
-            qn::READ_REQUEST,
-            msn,
-            0,
-            0,
-            true,
-            RdmapCtrl::new(Opcode::ReadRequest),
-        );
-        let bytes = self.control_fpdu(&d, &b, &[]);
+        let bytes = self.control_message(qn::READ_REQUEST, Opcode::ReadRequest, &b, &[]);
         self.orq.push_back(ReadWr {
             seq,
             wr_id,
@@ -1670,10 +1644,7 @@ impl Connection {
                 self.send_read_request(u64::MAX, u64::MAX, 1, 0, 1, 0, 0, true);
             }
             Some(RtrKind::Send) => {
-                let msn = self.next_msn(qn::SEND);
-                let d =
-                    DdpHeader::untagged(qn::SEND, msn, 0, 0, true, RdmapCtrl::new(Opcode::Send));
-                let b = self.control_fpdu(&d, &[], &[]);
+                let b = self.control_message(qn::SEND, Opcode::Send, &[], &[]);
                 self.tx_follow.push_back(b);
             }
             None => {}
@@ -1726,6 +1697,10 @@ impl Connection {
                         mem.check_tagged(stag, to, len, Access::RemoteWrite)
                             .map_err(|e| Fault::echo(e.ddp_code()))?;
                     }
+                    if self.write_cont.is_none() {
+                        self.rx_write_len = 0;
+                    }
+                    self.rx_write_len = self.rx_write_len.wrapping_add(len);
                     self.write_cont = if d.last {
                         None
                     } else {
@@ -1941,8 +1916,14 @@ impl Connection {
                     None => return Err(Fault::echo(TermCode::DDP_U_NO_BUFFER)),
                 };
                 self.rx_msn[qn::SEND as usize] += 1;
-                let mut c =
-                    Completion::new(r.wr_id, WcOpcode::RecvRdmaWithImm, WcStatus::Success, 0);
+                // byte_len of a Write with Immediate is the length the Write placed
+                // (ibv_poll_cq(3); the Immediate Data follows its Write on the stream).
+                let mut c = Completion::new(
+                    r.wr_id,
+                    WcOpcode::RecvRdmaWithImm,
+                    WcStatus::Success,
+                    std::mem::take(&mut self.rx_write_len),
+                );
                 c.imm = Some(u64::from_be_bytes(body[..8].try_into().unwrap()));
                 c.solicited = op == Opcode::ImmediateDataSe;
                 self.events.push_back(Event::Completion(c));
@@ -1963,16 +1944,8 @@ impl Connection {
                 };
                 let mut b = [0u8; crate::rdmap::ATOMIC_RESP_LEN];
                 resp.encode(&mut b);
-                let msn = self.next_msn(qn::ATOMIC_RESPONSE);
-                let d = DdpHeader::untagged(
-                    qn::ATOMIC_RESPONSE,
-                    msn,
-                    0,
-                    0,
-                    true,
-                    RdmapCtrl::new(Opcode::AtomicResponse),
-                );
-                let bytes = self.control_fpdu(&d, &b, &[]);
+                let bytes =
+                    self.control_message(qn::ATOMIC_RESPONSE, Opcode::AtomicResponse, &b, &[]);
                 self.rsp.push_back(TxItem::Control {
                     bytes,
                     on_done: None,
@@ -2080,18 +2053,9 @@ impl Connection {
                 }
             }
         }
-        let msn = self.next_msn(qn::TERMINATE);
-        let d = DdpHeader::untagged(
-            qn::TERMINATE,
-            msn,
-            0,
-            0,
-            true,
-            RdmapCtrl::new(Opcode::Terminate),
-        );
         let mut body = [0u8; 64];
         let n = t.encode(&mut body);
-        let bytes = self.control_fpdu(&d, &[], &body[..n]);
+        let bytes = self.control_message(qn::TERMINATE, Opcode::Terminate, &[], &body[..n]);
         self.state = State::Error;
         self.rx_cur = None;
         self.cur_tx = None;

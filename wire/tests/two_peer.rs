@@ -654,6 +654,10 @@ fn extensions_between_uiw_peers() {
         (cb[0].wr_id, cb[0].opcode, cb[0].imm),
         (5, WcOpcode::RecvRdmaWithImm, Some(0x1122334455667788))
     );
+    assert_eq!(
+        cb[0].byte_len, 20,
+        "byte_len of a Write with Immediate: the Write's length"
+    );
     assert_eq!(&b.m.bytes(0xb00)[0x10..0x24], &pattern(20, 1)[..]);
     // Send with Immediate: one receive consumed, one completion with the
     // payload and the 32-bit immediate; a plain Send after it carries none.

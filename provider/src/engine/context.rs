@@ -15,7 +15,8 @@ use super::device::{gid_ipv4, DeviceInfo};
 use super::dma::Dma;
 use super::events::{event_type, AsyncSink, ChannelSink};
 use super::limits::DeviceLimits;
-use super::link::{DataPath, Env, Fatal, Link};
+use super::cm::CmConn;
+use super::link::{DataPath, Env, Fatal, Link, Notice};
 use super::mr::MrTable;
 use super::net::{self, Net, Pending, QpHello};
 use super::qp_state::{self, QpAttrs, QpState};
@@ -79,6 +80,13 @@ impl Context {
         })?;
         *n = Some(net.clone());
         Ok(net)
+    }
+
+    /// `uiw_cm_passive_v1`: a stream the librdmacm drop-in accepted; its MPA Request is
+    /// reported through `cm`.
+    pub fn cm_passive(&self, sock: TcpStream, cm: Arc<CmConn>) -> Result<(), i32> {
+        let net = self.net()?;
+        net.cm_passive(sock, cm).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
     }
 
     // ---- protection domains ----
@@ -230,7 +238,7 @@ impl Context {
             net: net.clone(),
             destroyed: AtomicBool::new(false),
             polled_ms: AtomicU64::new(0),
-            inner: Mutex::new(QpInner { attrs: qp_state::init_attrs_from_create(&cap), dp: DataPath::default(), parked: None }),
+            inner: Mutex::new(QpInner { attrs: qp_state::init_attrs_from_create(&cap), dp: DataPath::default(), parked: None, cm: None }),
         });
         qp.send_cq.qps.lock().push(Arc::downgrade(&qp));
         if !Arc::ptr_eq(&qp.send_cq, &qp.recv_cq) {
@@ -378,6 +386,8 @@ pub struct QpInner {
     pub dp: DataPath,
     /// A stream that arrived for this QP before it reached RTR.
     parked: Option<Pending>,
+    /// rdma_cm connection this QP belongs to (the librdmacm drop-in).
+    cm: Option<Arc<CmConn>>,
 }
 
 impl std::fmt::Debug for Pending {
@@ -614,10 +624,33 @@ impl Qp {
             return Some((false, Some(Fatal::Lost)));
         }
         let env = self.env(inner.attrs.qp_access_flags);
-        Some(inner.dp.pump(&env))
+        let r = inner.dp.pump(&env);
+        self.after(inner);
+        Some(r)
     }
 
-    /// MPA negotiation deadlines, and the QP of a peer that closed its stream.
+    /// Reports what negotiation produced to connection management (rdma_cm): ESTABLISHED
+    /// (the QP moves to RTS, as iw_cm moves it) or REJECTED.
+    fn after(&self, inner: &mut QpInner) {
+        if inner.dp.notices.is_empty() {
+            return;
+        }
+        for n in std::mem::take(&mut inner.dp.notices) {
+            let Some(cm) = inner.cm.clone() else { continue };
+            match n {
+                Notice::Established(neg) => {
+                    if inner.attrs.qp_state == QpState::Rtr {
+                        inner.attrs.qp_state = QpState::Rts;
+                    }
+                    cm.established(&neg.private_data, neg.ird, neg.ord);
+                }
+                Notice::Rejected(pd) => cm.rejected(&pd),
+            }
+        }
+    }
+
+    /// MPA negotiation deadlines, the QP of a peer that closed its stream, and a periodic look
+    /// at the stream (every 100 ms, from the progress thread's sweep).
     pub fn handle_timeout(&self, now: u64) {
         let Some(mut inner) = self.inner.try_lock() else {
             return;
@@ -637,6 +670,15 @@ impl Qp {
                 drop(env);
                 self.fail_locked(inner, f);
             }
+            return;
+        }
+        // A pump stops reading at a short read; an end of stream that came with the last
+        // bytes raises no new event. Look once in a while, unless an application thread is
+        // polling this QP anyway.
+        if now.saturating_sub(self.polled_ms.load(Ordering::Relaxed)) >= POLLER_GRACE_MS {
+            if let Some((_, Some(f))) = self.pump_locked(&mut inner) {
+                self.fail_locked(inner, f);
+            }
         }
     }
 
@@ -649,11 +691,92 @@ impl Qp {
         if std::env::var_os("UIW_DEBUG").is_some() {
             eprintln!("uiw: QP 0x{:06x} to ERROR: {why:?}", self.qpn);
         }
+        self.after(&mut inner);
         inner.attrs.qp_state = QpState::Err;
         self.stop_locked(&mut inner);
+        let cm = inner.cm.clone();
         drop(inner);
+        if let Some(cm) = &cm {
+            // rdma_cm reports the end of the connection; a lost or refused stream is not a QP
+            // error of its own (iw_cm raises no async event for it), a Terminate is.
+            cm.ended(match why {
+                Fatal::Rejected => libc::ECONNREFUSED,
+                Fatal::LocalError => libc::EIO,
+                _ => libc::ECONNRESET,
+            });
+            if !matches!(why, Fatal::Terminated | Fatal::LocalError) {
+                return;
+            }
+        }
         if !self.destroyed.load(Ordering::Acquire) {
             self.async_sink.raise(self.handle.load(Ordering::Acquire), event_type::QP_FATAL, &self.async_events_reported);
+        }
+    }
+
+    // ---- connection management (the librdmacm drop-in, uiw_cm.h) ----
+
+    /// `rdma_accept`: the stream of a CONNECT_REQUEST becomes this QP's (INIT or RTR); the MPA
+    /// Reply carries `private_data` and our IRD/ORD; the QP moves to RTS.
+    pub fn cm_accept(self: &Arc<Self>, cm: &Arc<CmConn>, private_data: &[u8], ird: u16, ord: u16) -> Result<(), i32> {
+        let mut inner = self.inner.lock();
+        if inner.dp.link.is_some() || !matches!(inner.attrs.qp_state, QpState::Init | QpState::Rtr) {
+            return Err(libc::EINVAL);
+        }
+        let mut p = cm.pending.lock().take().ok_or(libc::EINVAL)?;
+        inner.attrs.max_dest_rd_atomic = ird.min(255) as u8;
+        inner.attrs.max_rd_atomic = ord.min(255) as u8;
+        if p.conn.accept(ird.max(1), ord.max(1), private_data, net::now_ms()).is_err() {
+            return Err(libc::EINVAL);
+        }
+        self.net.watch(&p.sock, self.qpn).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        inner.cm = Some(cm.clone());
+        *cm.qp.lock() = Arc::downgrade(self);
+        inner.attrs.qp_state = QpState::Rtr;
+        inner.dp.link = Some(Link::new(p.conn, p.sock));
+        self.kick(inner);
+        Ok(())
+    }
+
+    /// `rdma_connect`: MPA Request with `private_data` and our IRD/ORD on `sock` (connected or
+    /// connecting); the QP (INIT or RTR) moves to RTS when the Reply accepts.
+    pub fn cm_connect(self: &Arc<Self>, cm: &Arc<CmConn>, sock: TcpStream, private_data: &[u8], ird: u16, ord: u16) -> Result<(), i32> {
+        let mut inner = self.inner.lock();
+        if inner.dp.link.is_some() || !matches!(inner.attrs.qp_state, QpState::Init | QpState::Rtr) {
+            return Err(libc::EINVAL);
+        }
+        let mss = net::prepare(&sock).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        inner.attrs.max_dest_rd_atomic = ird.min(255) as u8;
+        inner.attrs.max_rd_atomic = ord.min(255) as u8;
+        let cfg = net::config(Role::Initiator, ird.max(1), ord.max(1), private_data.to_vec(), mss);
+        let link = Link::new(Connection::new(cfg, net::now_ms()), sock);
+        self.net.watch(&link.sock, self.qpn).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        inner.cm = Some(cm.clone());
+        *cm.qp.lock() = Arc::downgrade(self);
+        inner.attrs.qp_state = QpState::Rtr;
+        inner.dp.link = Some(link);
+        self.kick(inner);
+        Ok(())
+    }
+
+    /// `rdma_disconnect`: the QP goes to ERROR (WRs flushed), the stream closes, and
+    /// DISCONNECTED is reported.
+    pub fn cm_disconnect(&self) {
+        let mut inner = self.inner.lock();
+        if inner.attrs.qp_state != QpState::Err {
+            inner.attrs.qp_state = QpState::Err;
+            self.stop_locked(&mut inner);
+        }
+        let cm = inner.cm.clone();
+        drop(inner);
+        if let Some(cm) = cm {
+            cm.ended(0);
+        }
+    }
+
+    /// Serves the stream now (after attaching it), failing the QP if that fails.
+    fn kick(&self, mut inner: parking_lot::MutexGuard<'_, QpInner>) {
+        if let Some((_, Some(f))) = self.pump_locked(&mut inner) {
+            self.fail_locked(inner, f);
         }
     }
 

@@ -137,6 +137,9 @@ pub struct Link {
     st_hi: usize,
     /// When the peer's FIN was read (engine clock, ms).
     pub peer_closed: Option<u64>,
+    /// This pump's last read came back short: the socket is empty, and any later arrival
+    /// raises a new (edge-triggered) event — no read that would only say EAGAIN.
+    drained: bool,
 }
 
 impl Link {
@@ -154,6 +157,7 @@ impl Link {
             st_lo: 0,
             st_hi: 0,
             peer_closed: None,
+            drained: false,
         }
     }
 
@@ -177,6 +181,15 @@ pub struct DataPath {
     next_id: u64,
     sinks: HashMap<u32, u64>,
     pub link: Option<Link>,
+    /// Connection-level news for connection management (rdma_cm).
+    pub notices: Vec<Notice>,
+}
+
+/// What the stream's negotiation produced, for rdma_cm.
+#[derive(Debug)]
+pub enum Notice {
+    Established(uiw_wire::conn::Negotiated),
+    Rejected(Vec<u8>),
 }
 
 impl std::fmt::Debug for DataPath {
@@ -472,6 +485,9 @@ impl DataPath {
 
     fn pump_rx(&mut self, env: &Env) -> (bool, Option<Fatal>) {
         let mut budget = RX_BUDGET;
+        if let Some(l) = self.link.as_mut() {
+            l.drained = false;
+        }
         loop {
             if budget == 0 {
                 return (true, self.drain_events(env));
@@ -513,10 +529,13 @@ impl DataPath {
                                 l.conn.rx_placed(chunk, &mut mem);
                                 l.st_lo += k;
                                 Ok(k)
+                            } else if l.drained {
+                                Err(io::ErrorKind::WouldBlock.into())
                             } else if want >= DIRECT_MIN && !l.conn.crc() {
                                 match env.dma.recv(l.sock.as_raw_fd(), addr, want, &mut l.stage) {
                                     Ok(0) => Ok(0),
                                     Ok(n) => {
+                                        l.drained = n < want + l.stage.len();
                                         let placed = n.min(want);
                                         l.conn.rx_placed_len(placed, &mut mem);
                                         l.st_lo = 0;
@@ -656,8 +675,9 @@ impl DataPath {
                 return fatal;
             };
             match ev {
-                Event::Established(_) => {
+                Event::Established(neg) => {
                     l.established = true;
+                    self.notices.push(Notice::Established(neg));
                     if let Some(f) = self.feed_all(env) {
                         fatal = fatal.or(Some(f));
                     }
@@ -666,7 +686,10 @@ impl DataPath {
                 Event::Terminated { .. } => fatal = fatal.or(Some(Fatal::Terminated)),
                 Event::Failed(Failure::PeerClosed) => fatal = fatal.or(Some(Fatal::Lost)),
                 Event::Failed(_) => fatal = fatal.or(Some(Fatal::Lost)),
-                Event::Rejected { .. } => fatal = fatal.or(Some(Fatal::Rejected)),
+                Event::Rejected { private_data, .. } => {
+                    self.notices.push(Notice::Rejected(private_data));
+                    fatal = fatal.or(Some(Fatal::Rejected));
+                }
                 Event::Closed => {}
                 Event::ConnectRequest(_) => {}
             }
@@ -771,10 +794,14 @@ impl DataPath {
 
 /// Reads what the socket has into the staging buffer.
 fn refill(l: &mut Link) -> io::Result<usize> {
+    if l.drained {
+        return Err(io::ErrorKind::WouldBlock.into());
+    }
     l.st_lo = 0;
     l.st_hi = 0;
     let n = (&l.sock).read(&mut l.stage)?;
     l.st_hi = n;
+    l.drained = n < l.stage.len();
     Ok(n)
 }
 

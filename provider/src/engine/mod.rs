@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod access;
+pub mod cm;
 pub mod context;
 pub mod cq;
 pub mod device;

@@ -21,10 +21,11 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 use uiw_kabi::sys::{Epoll, EPOLL_IN, EPOLL_SOCKET_EDGE};
-use uiw_wire::conn::{Config, Connection, Event, Role, RxWant};
+use uiw_wire::conn::{Config, ConnectRequest, Connection, Event, Role, RxWant};
 use uiw_wire::placement::{Access, Memory};
 use uiw_wire::TaggedError;
 
+use super::cm::CmConn;
 use super::context::{Progress, Qp};
 use super::dma::Dma;
 
@@ -112,16 +113,32 @@ pub struct Pending {
     pub conn: Connection,
     pub sock: TcpStream,
     stage: Vec<u8>,
+    /// Handed over by the librdmacm drop-in (else: our listener, an RTR connection).
+    cm: Option<Arc<CmConn>>,
 }
 
 impl Pending {
-    /// Reads the MPA Request; `Some(Ok(hello))` once it has arrived, `Some(Err(()))` if the
-    /// stream failed or is not for a QP.
-    fn read_request(&mut self) -> Option<Result<QpHello, ()>> {
+    /// Rejects the stream's Request (MPA Reply with R=1 and `private_data`, best effort) and
+    /// closes it (closing also takes it out of the progress thread's epoll set).
+    pub fn reject(mut self, private_data: &[u8]) {
+        let _ = self.conn.reject(private_data);
+        let mut out = Vec::new();
+        while let Some(uiw_wire::conn::Tx::Bytes(b)) = self.conn.next_tx() {
+            out.extend_from_slice(&b);
+        }
+        let _ = self.sock.set_nonblocking(false);
+        let _ = self.sock.set_write_timeout(Some(Duration::from_millis(200)));
+        let _ = self.sock.write_all(&out);
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+    }
+
+    /// Reads the MPA Request; `Some(Ok(request))` once it has arrived, `Some(Err(()))` if the
+    /// stream failed.
+    fn read_request(&mut self) -> Option<Result<ConnectRequest, ()>> {
         loop {
             while let Some(ev) = self.conn.poll_event() {
                 match ev {
-                    Event::ConnectRequest(r) => return Some(QpHello::parse(&r.private_data).ok_or(())),
+                    Event::ConnectRequest(r) => return Some(Ok(r)),
                     Event::Failed(_) | Event::Rejected { .. } | Event::Terminated { .. } | Event::Closed => return Some(Err(())),
                     _ => {}
                 }
@@ -320,7 +337,11 @@ impl Net {
                         self.accept_all();
                         false
                     }
-                    _ => false,
+                    _ => {
+                        let mut b = [0u8; 64];
+                        let _ = uiw_kabi::sys::recv_dontwait(&self.waker.1, &mut b);
+                        false
+                    }
                 };
                 if more {
                     ready.push_back(tok);
@@ -341,9 +362,19 @@ impl Net {
             if self.epoll.add(sock.as_raw_fd(), KIND_PENDING | id, EPOLL_SOCKET_EDGE).is_err() {
                 continue;
             }
-            self.pending.lock().insert(id, Pending { conn, sock, stage: Vec::new() });
+            self.pending.lock().insert(id, Pending { conn, sock, stage: Vec::new(), cm: None });
             self.serve_pending(id);
         }
+    }
+
+    /// A stream the librdmacm drop-in accepted: wait for its MPA Request, then report it.
+    pub fn cm_passive(&self, sock: TcpStream, cm: Arc<CmConn>) -> io::Result<()> {
+        let mss = prepare(&sock)?;
+        let conn = Connection::new(config(Role::Responder, 0, 0, Vec::new(), mss), now_ms());
+        let id = self.next_pending.fetch_add(1, Ordering::Relaxed);
+        self.epoll.add(sock.as_raw_fd(), KIND_PENDING | id, EPOLL_SOCKET_EDGE)?;
+        self.pending.lock().insert(id, Pending { conn, sock, stage: Vec::new(), cm: Some(cm) });
+        Ok(())
     }
 
     fn serve_pending(&self, id: u64) {
@@ -354,34 +385,33 @@ impl Net {
             None => {
                 self.pending.lock().insert(id, p);
             }
-            Some(Err(())) => self.unwatch(&p.sock),
-            Some(Ok(hello)) => match self.lookup(hello.to_qpn) {
-                Some(qp) => {
-                    if let Err(mut p) = qp.offer(self, hello, p) {
-                        let _ = p.conn.reject(&[]);
-                        self.send_all(&mut p);
+            Some(Err(())) => {
+                self.unwatch(&p.sock);
+                if let Some(cm) = &p.cm {
+                    cm.ended(libc::ECONNRESET);
+                }
+            }
+            Some(Ok(req)) if p.cm.is_some() => {
+                let cm = p.cm.clone().unwrap();
+                let (ird, ord) = req.ird_ord.map(|w| (w.ird, w.ord)).unwrap_or((1, 1));
+                *cm.pending.lock() = Some(p);
+                cm.connect_request(&req.private_data, ird, ord);
+            }
+            Some(Ok(req)) => match QpHello::parse(&req.private_data).and_then(|h| self.lookup(h.to_qpn).map(|q| (h, q))) {
+                Some((hello, qp)) => {
+                    if let Err(p) = qp.offer(self, hello, p) {
                         self.unwatch(&p.sock);
+                        p.reject(&[]);
                     }
                 }
                 None => {
-                    let _ = p.conn.reject(&[]);
-                    self.send_all(&mut p);
                     self.unwatch(&p.sock);
+                    p.reject(&[]);
                 }
             },
         }
     }
 
-    /// Best effort: what a rejected stream still owes the peer (the MPA Reply with R=1).
-    fn send_all(&self, p: &mut Pending) {
-        let mut out = Vec::new();
-        while let Some(uiw_wire::conn::Tx::Bytes(b)) = p.conn.next_tx() {
-            out.extend_from_slice(&b);
-        }
-        let _ = p.sock.set_nonblocking(false);
-        let _ = p.sock.set_write_timeout(Some(Duration::from_millis(200)));
-        let _ = p.sock.write_all(&out);
-    }
 
     /// MPA timeouts of streams still negotiating.
     fn sweep(&self, now: u64) {

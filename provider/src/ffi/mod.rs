@@ -22,6 +22,7 @@ use crate::engine::device::DeviceInfo;
 use crate::engine::events::EventQueue;
 use crate::engine::limits::DeviceLimits;
 
+mod cm;
 mod cq;
 mod dma;
 mod objects;

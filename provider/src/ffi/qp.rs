@@ -32,6 +32,14 @@ unsafe fn uiw_qp<'a>(qp: *mut ibv_qp) -> &'a UiwQp {
     &*(qp as *mut UiwQp)
 }
 
+/// The engine QP behind one of our QPs.
+///
+/// # Safety
+/// As [`uiw_qp`].
+pub(crate) unsafe fn qp_obj<'a>(qp: *mut ibv_qp) -> &'a Arc<Qp> {
+    &uiw_qp(qp).obj
+}
+
 /// Waits, as the kernel's destroy commands do, until the application has acknowledged as many
 /// events as were reported for an object (`events_completed` is advanced by libibverbs'
 /// `ibv_ack_*` under the object's mutex, which then signals its cond).
