@@ -27,8 +27,8 @@
 #                           if unset)
 set -euo pipefail
 
-# The data path is in progress: flip to 1 once RC Send/Recv works end to end.
-RUN_PINGPONG_DEFAULT=0
+# Step 4 runs by default (RUN_PINGPONG=0 skips it): the data path works.
+RUN_PINGPONG_DEFAULT=1
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$(pwd)
