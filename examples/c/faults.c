@@ -5,9 +5,10 @@
  * exchange QPN, GID, rkey and buffer address over a TCP socket and move their
  * QPs RESET -> INIT -> RTR (ah_attr.is_global = 1, grh.dgid = the peer's GID
  * at index 0, an IPv4-mapped address on iWARP; dest_qp_num = the peer's QPN)
- * -> RTS. Then one side streams RDMA Writes and Sends, keeping its send queue
- * full, and the other keeps receives posted. It links only against -libverbs
- * and runs unchanged on any RC device with a GID (siw, rxe, a RNIC, uiw).
+ * -> RTS. Then one side streams RDMA Writes and Sends (with -R also RDMA
+ * Reads), keeping its send queue full, and the other keeps receives posted.
+ * It links only against -libverbs and runs unchanged on any RC device with a
+ * GID (siw, rxe, a RNIC, uiw).
  *
  *   faults -r survivor -m stream|sink -p PORT [options]
  *   faults -r peer     -m stream|sink -p PORT -a kill|error|exit [options] HOST
@@ -50,6 +51,9 @@
  *   -s N      successful completions before "STREAMING" (default 200)
  *   -k N      peer: operations before the error/exit action (default 64)
  *   -e required|optional   survivor: the QP_FATAL event (default required)
+ *   -R        stream mode: one WR in 8 is an RDMA Read (16 KiB) from the peer,
+ *             so Reads are outstanding (awaiting their response) when the
+ *             peer goes away
  *   -w        sleep on a completion channel (ibv_req_notify_cq, poll() on the
  *             channel fd, ibv_get_cq_event) instead of busy-polling the CQ;
  *             flushed WRs must then wake the process
@@ -174,21 +178,30 @@ struct config {
 	int give_up_s;
 };
 
-/* Buffer layout (both sides): writes land in [0, WRITE_AREA), receives are
- * placed in RECV_SLOT-sized slots after it, sends come from RECV_AREA on. */
+/* Buffer layout (both sides): RDMA Writes land in (and RDMA Reads fetch
+ * from) [0, WRITE_AREA); receives are placed in MSG_SIZE slots after it;
+ * Sends come from SEND_AREA; RDMA Read responses land in READ_AREA. */
 #define BUF_SIZE (8u << 20)
 #define WRITE_SIZE (64u << 10)
 #define WRITE_AREA (2u << 20)
 #define MSG_SIZE 1024u
 #define RECV_SLOTS 2048u
 #define SEND_AREA (WRITE_AREA + RECV_SLOTS * MSG_SIZE)
-#define SEND_EVERY 8 /* one Send per SEND_EVERY WRs, the rest RDMA Writes */
+#define READ_AREA (SEND_AREA + (1u << 20))
+#define READ_SIZE (16u << 10)
+#define READ_SLOTS 64u
+/* Of every STREAM_CYCLE WRs of the stream, one is a Send, one an RDMA Read
+ * (with -R; else an RDMA Write) and the rest RDMA Writes. */
+#define STREAM_CYCLE 8
+#define SEND_AT 7
+#define READ_AT 3
+#define WANT_RD_ATOM 16
 
 #define WANT_SQ 512u
 #define WANT_RQ 1024u
 
 /* wr_id: kind in the top byte, per-queue sequence number below. */
-enum { KIND_WRITE = 1, KIND_SEND = 2, KIND_RECV = 3 };
+enum { KIND_WRITE = 1, KIND_SEND = 2, KIND_RECV = 3, KIND_READ = 4 };
 #define WRID(kind, seq) (((uint64_t)(kind) << 56) | (uint64_t)(seq))
 #define WRID_KIND(id) ((int)((id) >> 56))
 #define WRID_SEQ(id) ((id) & ((UINT64_C(1) << 56) - 1))
@@ -341,6 +354,8 @@ struct ctx {
 	struct ibv_qp *qp;
 	char *buf;
 	uint32_t sq_depth, rq_depth;
+	uint8_t ord, ird; /* RDMA Reads outstanding as initiator / responder */
+	int reads;        /* -R: the stream has RDMA Reads too */
 	struct dest local, remote;
 };
 
@@ -368,6 +383,11 @@ static void open_device(struct ctx *c, const struct config *cfg)
 		die("ibv_query_device: %s", strerror(errno));
 	c->sq_depth = (uint32_t)da.max_qp_wr < WANT_SQ ? (uint32_t)da.max_qp_wr : WANT_SQ;
 	c->rq_depth = (uint32_t)da.max_qp_wr < WANT_RQ ? (uint32_t)da.max_qp_wr : WANT_RQ;
+	c->ord = (uint8_t)(da.max_qp_init_rd_atom < WANT_RD_ATOM ? da.max_qp_init_rd_atom : WANT_RD_ATOM);
+	c->ird = (uint8_t)(da.max_qp_rd_atom < WANT_RD_ATOM ? da.max_qp_rd_atom : WANT_RD_ATOM);
+	if (!c->ord || !c->ird)
+		die("the device supports no RDMA Reads (max_qp_init_rd_atom %d, max_qp_rd_atom %d)",
+		    da.max_qp_init_rd_atom, da.max_qp_rd_atom);
 	cqe = (int)(c->sq_depth + c->rq_depth + 16);
 	if (cqe > da.max_cqe)
 		cqe = da.max_cqe;
@@ -433,7 +453,7 @@ static void connect_qp(struct ctx *c, const struct config *cfg)
 	a.path_mtu = IBV_MTU_1024;
 	a.dest_qp_num = c->remote.qpn;
 	a.rq_psn = c->remote.psn;
-	a.max_dest_rd_atomic = 1;
+	a.max_dest_rd_atomic = c->ird;
 	a.min_rnr_timer = 12;
 	a.ah_attr.is_global = 1;
 	a.ah_attr.port_num = 1;
@@ -452,7 +472,7 @@ static void connect_qp(struct ctx *c, const struct config *cfg)
 	a.retry_cnt = 7;
 	a.rnr_retry = 7;
 	a.sq_psn = c->local.psn;
-	a.max_rd_atomic = 1;
+	a.max_rd_atomic = c->ord;
 	errno = ibv_modify_qp(c->qp, &a,
 			      IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
 				      IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
@@ -473,17 +493,26 @@ static int post_recv(struct ctx *c, uint64_t seq)
 	return ibv_post_recv(c->qp, &wr, &bad);
 }
 
-/* WR number `seq` of the stream: a Send every SEND_EVERY, else an RDMA Write. */
+/* WR number `seq` of the stream: a Send, an RDMA Read (-R) or an RDMA Write. */
 static int post_stream(struct ctx *c, uint64_t seq)
 {
-	int send = seq % SEND_EVERY == SEND_EVERY - 1;
+	int at = (int)(seq % STREAM_CYCLE);
 	struct ibv_sge sge = { .lkey = c->mr->lkey };
 	struct ibv_send_wr wr, *bad;
 
 	memset(&wr, 0, sizeof wr);
 	wr.sg_list = &sge;
 	wr.num_sge = 1;
-	if (send) {
+	if (at == READ_AT && c->reads) {
+		uint64_t off = (seq / STREAM_CYCLE % READ_SLOTS) * READ_SIZE;
+
+		sge.addr = (uintptr_t)(c->buf + READ_AREA + off);
+		sge.length = READ_SIZE;
+		wr.opcode = IBV_WR_RDMA_READ;
+		wr.wr_id = WRID(KIND_READ, seq);
+		wr.wr.rdma.remote_addr = c->remote.addr + (seq * READ_SIZE) % WRITE_AREA;
+		wr.wr.rdma.rkey = c->remote.rkey;
+	} else if (at == SEND_AT) {
 		sge.addr = (uintptr_t)(c->buf + SEND_AREA);
 		sge.length = MSG_SIZE;
 		wr.opcode = IBV_WR_SEND;
@@ -510,6 +539,8 @@ struct wq {
 	uint64_t posted, completed, ok, errors, flushed;
 	uint64_t out_of_order, ok_after_error, foreign;
 	uint64_t first_bad_seq, first_bad_expected;
+	uint64_t first_error_seq, first_ok_after_error_seq, last_ok_after_error_seq;
+	int first_error_kind, first_ok_after_error_kind;
 	int first_error_status; /* -1: none yet */
 };
 
@@ -544,6 +575,17 @@ static void detected(struct stats *s)
 	}
 }
 
+static const char *kind_name(int kind)
+{
+	switch (kind) {
+	case KIND_WRITE: return "RDMA Write";
+	case KIND_SEND: return "Send";
+	case KIND_RECV: return "Receive";
+	case KIND_READ: return "RDMA Read";
+	default: return "?";
+	}
+}
+
 /* Account one completion; returns 1 if it was successful. */
 static int account(struct stats *s, const struct ibv_wc *wc)
 {
@@ -551,7 +593,7 @@ static int account(struct stats *s, const struct ibv_wc *wc)
 	uint64_t seq = WRID_SEQ(wc->wr_id);
 	struct wq *q = kind == KIND_RECV ? &s->rq : &s->sq;
 
-	if (kind != KIND_WRITE && kind != KIND_SEND && kind != KIND_RECV) {
+	if (kind < KIND_WRITE || kind > KIND_READ) {
 		s->sq.foreign++;
 		return 0;
 	}
@@ -565,16 +607,24 @@ static int account(struct stats *s, const struct ibv_wc *wc)
 	q->completed++;
 	if (wc->status == IBV_WC_SUCCESS) {
 		q->ok++;
-		if (q->errors)
-			q->ok_after_error++;
+		if (q->errors) {
+			if (!q->ok_after_error++) {
+				q->first_ok_after_error_seq = seq;
+				q->first_ok_after_error_kind = kind;
+			}
+			q->last_ok_after_error_seq = seq;
+		}
 		s->t_last_ok = now_ns();
 		return 1;
 	}
 	q->errors++;
 	if (wc->status == IBV_WC_WR_FLUSH_ERR)
 		q->flushed++;
-	if (q->first_error_status < 0)
+	if (q->first_error_status < 0) {
 		q->first_error_status = wc->status;
+		q->first_error_seq = seq;
+		q->first_error_kind = kind;
+	}
 	if (!s->t_first_error) {
 		s->t_first_error = now_ns();
 		s->first_error_status = wc->status;
@@ -667,10 +717,10 @@ static int drain(struct ctx *c, const struct config *cfg, struct stats *s, int t
 	return 1;
 }
 
-/* Keep the send queue full of Writes and Sends (and, for a sink, the receive
- * queue full) until the connection fails, `stop_after` successful operations
- * happened (0: no limit), or `give_up_s` seconds pass. Returns 1 if it ended
- * because of an error. */
+/* Keep the send queue full of the stream (a sink: its receive queue full)
+ * until the connection fails, `stop_after` successful operations happened
+ * (0: no limit), or `give_up_s` seconds pass. Returns 1 if it ended because
+ * of an error. */
 static int run_traffic(struct ctx *c, const struct config *cfg, struct stats *s,
 		       long stop_after)
 {
@@ -763,8 +813,12 @@ static void check_queue(const struct wq *q, int must_have_errors)
 	      q->out_of_order, q->first_bad_seq, q->first_bad_expected);
 	snprintf(name, sizeof name, "%s: no successful completion after the first error",
 		 q->name);
-	check(!q->ok_after_error, name, "%" PRIu64 " successful completions after an error",
-	      q->ok_after_error);
+	check(!q->ok_after_error, name,
+	      "%" PRIu64 " successful completions after the first error (%s seq %" PRIu64
+	      ", status %d): seq %" PRIu64 " (%s) to %" PRIu64,
+	      q->ok_after_error, kind_name(q->first_error_kind), q->first_error_seq,
+	      q->first_error_status, q->first_ok_after_error_seq,
+	      kind_name(q->first_ok_after_error_kind), q->last_ok_after_error_seq);
 	if (must_have_errors) {
 		snprintf(name, sizeof name, "%s: outstanding WRs completed in error", q->name);
 		check(q->errors > 0, name,
@@ -1007,7 +1061,7 @@ static void usage(void)
 	fprintf(stderr,
 		"usage: faults -r survivor -m stream|sink -p PORT [options]\n"
 		"       faults -r peer -m stream|sink -p PORT -a kill|error|exit [options] HOST\n"
-		"options: -d DEV -g GIDX -s N -k N -e required|optional -w -t SEC -T SEC\n");
+		"options: -d DEV -g GIDX -s N -k N -e required|optional -w -R -t SEC -T SEC\n");
 	exit(2);
 }
 
@@ -1056,7 +1110,8 @@ int main(int argc, char **argv)
 	struct ctx c;
 	int opt, sock, have_mode = 0, have_role = 0;
 
-	while ((opt = getopt(argc, argv, "r:m:a:d:p:g:s:k:e:wt:T:")) != -1) {
+	memset(&c, 0, sizeof c);
+	while ((opt = getopt(argc, argv, "r:m:a:d:p:g:s:k:e:wRt:T:")) != -1) {
 		switch (opt) {
 		case 'r':
 			have_role = 1;
@@ -1112,6 +1167,9 @@ int main(int argc, char **argv)
 		case 'w':
 			cfg.use_events = 1;
 			break;
+		case 'R':
+			c.reads = 1;
+			break;
 		case 't':
 			cfg.flush_timeout_s = atoi(optarg);
 			break;
@@ -1138,7 +1196,6 @@ int main(int argc, char **argv)
 	 * a dead peer's socket without MSG_NOSIGNAL kills the survivor, and the
 	 * test must see that. Our own socket writes use MSG_NOSIGNAL. */
 
-	memset(&c, 0, sizeof c);
 	if (cfg.role == SURVIVOR) {
 		int lfd = listen_on(cfg.port);
 

@@ -301,7 +301,7 @@ impl Finished {
 impl fmt::Display for Finished {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let status = match (self.timed_out, self.status) {
-            (true, _) => "HUNG: killed by the harness at its deadline".to_string(),
+            (true, _) => "still running at the harness's deadline: killed".to_string(),
             (false, Some(s)) => s.to_string(),
             (false, None) => "unknown exit status".to_string(),
         };

@@ -16,6 +16,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use uiw_examples::pair::{free_port, uiw_run, Finished, Running};
@@ -48,11 +49,19 @@ fn prepare(test: &str) -> Option<(Artifacts, PathBuf)> {
         );
         return None;
     }
-    let exe = build_c_example("faults", &out_dir());
-    Some((artifacts, exe))
+    Some((artifacts, faults_exe()))
 }
 
-/// Which side streams (Writes + Sends, a full send queue) and which only
+/// `faults`, built once per test run: the tests run in parallel threads, and
+/// rebuilding the executable while another test runs it fails that test
+/// (`uiw run: cannot execute ...: Permission denied`, or ETXTBSY for cc).
+fn faults_exe() -> PathBuf {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    EXE.get_or_init(|| build_c_example("faults", &out_dir()))
+        .clone()
+}
+
+/// Which side streams (Writes and Sends; a full send queue) and which only
 /// keeps receives posted.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum SurvivorMode {
@@ -97,7 +106,18 @@ enum Wait {
     Events,
 }
 
-fn run_fault(test: &str, mode: SurvivorMode, end: PeerEnd, wait: Wait) {
+/// What a streaming survivor's send queue holds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Ops {
+    /// RDMA Writes and Sends: done once their bytes are on the wire.
+    WritesSends,
+    /// One WR in 8 an RDMA Read (`faults -R`): outstanding until its
+    /// response arrives, so Reads (and the WRs behind them) are in flight
+    /// when the peer goes away.
+    WithReads,
+}
+
+fn run_fault(test: &str, mode: SurvivorMode, end: PeerEnd, wait: Wait, ops: Ops) {
     let Some((artifacts, exe)) = prepare(test) else {
         return;
     };
@@ -134,6 +154,9 @@ fn run_fault(test: &str, mode: SurvivorMode, end: PeerEnd, wait: Wait) {
     ];
     if wait == Wait::Events {
         sargs.push("-w");
+    }
+    if ops == Ops::WithReads {
+        sargs.push("-R");
     }
     let mut scmd = uiw_run(&dev, &exe, &sargs);
     scmd.stdin(Stdio::null());
@@ -306,7 +329,7 @@ fn run_fault(test: &str, mode: SurvivorMode, end: PeerEnd, wait: Wait) {
     }
 }
 
-/// The survivor streams Writes + Sends (full send queue, receives posted);
+/// The survivor streams Writes and Sends (full send queue, receives posted);
 /// the sink peer is SIGKILLed mid-transfer.
 #[test]
 fn peer_killed_while_survivor_streams() {
@@ -315,6 +338,7 @@ fn peer_killed_while_survivor_streams() {
         SurvivorMode::Stream,
         PeerEnd::Killed,
         Wait::Poll,
+        Ops::WritesSends,
     );
 }
 
@@ -326,6 +350,7 @@ fn streaming_peer_killed_while_survivor_receives() {
         SurvivorMode::Sink,
         PeerEnd::Killed,
         Wait::Poll,
+        Ops::WritesSends,
     );
 }
 
@@ -337,6 +362,7 @@ fn peer_moves_its_qp_to_error() {
         SurvivorMode::Stream,
         PeerEnd::QpToError,
         Wait::Poll,
+        Ops::WritesSends,
     );
 }
 
@@ -348,6 +374,7 @@ fn peer_exits_normally() {
         SurvivorMode::Stream,
         PeerEnd::Exits,
         Wait::Poll,
+        Ops::WritesSends,
     );
 }
 
@@ -360,6 +387,7 @@ fn streaming_peer_exits_while_survivor_receives() {
         SurvivorMode::Sink,
         PeerEnd::Exits,
         Wait::Poll,
+        Ops::WritesSends,
     );
 }
 
@@ -372,6 +400,7 @@ fn peer_killed_while_survivor_streams_on_events() {
         SurvivorMode::Stream,
         PeerEnd::Killed,
         Wait::Events,
+        Ops::WritesSends,
     );
 }
 
@@ -384,6 +413,23 @@ fn streaming_peer_killed_while_survivor_sleeps_on_events() {
         SurvivorMode::Sink,
         PeerEnd::Killed,
         Wait::Events,
+        Ops::WritesSends,
+    );
+}
+
+/// As `peer_killed_while_survivor_streams` with RDMA Reads in the stream: a
+/// Read awaiting its response when the peer dies completes in error, and so
+/// must every WR posted after it — the Writes behind it, whose bytes had
+/// already left, included (no successful completion after the first error
+/// on a queue).
+#[test]
+fn peer_killed_while_survivor_streams_with_reads() {
+    run_fault(
+        "peer_killed_while_survivor_streams_with_reads",
+        SurvivorMode::Stream,
+        PeerEnd::Killed,
+        Wait::Poll,
+        Ops::WithReads,
     );
 }
 
