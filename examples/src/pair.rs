@@ -180,25 +180,22 @@ impl Running {
     /// passes or the process ends without printing it.
     pub fn wait_for_line(&mut self, pat: &str, timeout: Duration) -> Result<Line, String> {
         let deadline = Instant::now() + timeout;
-        loop {
-            let found = self
-                .lines()
+        let find = |r: &Running| {
+            r.lines()
                 .into_iter()
-                .find(|l| l.stream == Stream::Stdout && l.text.contains(pat));
-            if let Some(l) = found {
+                .find(|l| l.stream == Stream::Stdout && l.text.contains(pat))
+        };
+        loop {
+            if let Some(l) = find(self) {
                 return Ok(l);
             }
             if let Some(s) = self.try_status() {
-                // Let the readers drain what the process printed last.
-                if self.readers_done(Duration::from_millis(500))
-                    && !self.lines().iter().any(|l| l.text.contains(pat))
-                {
-                    return Err(format!(
-                        "{} ended ({s}) without printing \"{pat}\"",
-                        self.name
-                    ));
+                // Let the readers take in what the process printed last.
+                if self.readers_done(Duration::from_millis(500)) {
+                    return find(self).ok_or_else(|| {
+                        format!("{} ended ({s}) without printing \"{pat}\"", self.name)
+                    });
                 }
-                continue;
             }
             if Instant::now() >= deadline {
                 return Err(format!(
@@ -419,6 +416,21 @@ impl fmt::Display for PairOutcome {
 /// If anything is still running `timeout` after the start, both are killed
 /// and the outcome says so.
 pub fn run_pair(server: Command, client: Command, port: u16, timeout: Duration) -> PairOutcome {
+    run_pair_with_grace(server, client, port, timeout, FAILURE_GRACE)
+}
+
+/// How long [`run_pair`] lets one side run on after the other failed (it
+/// may be blocked on the dead one) before killing it.
+pub const FAILURE_GRACE: Duration = Duration::from_secs(5);
+
+/// [`run_pair`] with another grace period after a failure.
+pub fn run_pair_with_grace(
+    server: Command,
+    client: Command,
+    port: u16,
+    timeout: Duration,
+    grace: Duration,
+) -> PairOutcome {
     let start = Instant::now();
     let deadline = start + timeout;
     let mut srv = Running::spawn("server", server);
@@ -455,7 +467,7 @@ pub fn run_pair(server: Command, client: Command, port: u16, timeout: Duration) 
         let failed =
             s.map(|s| !s.success()).unwrap_or(false) || c.map(|c| !c.success()).unwrap_or(false);
         if failed && grace_deadline == deadline {
-            grace_deadline = (Instant::now() + Duration::from_secs(5)).min(deadline);
+            grace_deadline = (Instant::now() + grace).min(deadline);
         }
         if Instant::now() >= grace_deadline {
             break;
@@ -540,8 +552,9 @@ mod tests {
         let (_l, server) = listening_server(port);
         let mut client = Command::new("sh");
         client.args(["-c", "echo bad >&2; exit 3"]);
-        let o = run_pair(server, client, port, Duration::from_secs(30));
-        assert!(o.elapsed < Duration::from_secs(15), "{:?}", o.elapsed);
+        let grace = Duration::from_millis(500);
+        let o = run_pair_with_grace(server, client, port, Duration::from_secs(30), grace);
+        assert!(o.elapsed < Duration::from_secs(10), "{:?}", o.elapsed);
         assert_eq!(o.client.status.and_then(|s| s.code()), Some(3), "{o}");
         assert!(o.client.stderr.contains("bad"), "{o}");
         assert!(o.server.timed_out, "{o}");

@@ -15,7 +15,6 @@
 //! (tests check behaviour, not speed) beyond the hang guard.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -158,9 +157,7 @@ fn run_fault(test: &str, mode: SurvivorMode, end: PeerEnd, wait: Wait, ops: Ops)
     if ops == Ops::WithReads {
         sargs.push("-R");
     }
-    let mut scmd = uiw_run(&dev, &exe, &sargs);
-    scmd.stdin(Stdio::null());
-    let mut survivor = Running::spawn("survivor", scmd);
+    let mut survivor = Running::spawn("survivor", uiw_run(&dev, &exe, &sargs));
     let all = |s: &Finished, p: &Finished| format!("{s}{p}");
 
     if let Err(e) = survivor.wait_for_line("LISTENING", SETUP_TIMEOUT) {
