@@ -51,7 +51,7 @@
  *   -s N      successful completions before "STREAMING" (default 200)
  *   -k N      peer: operations before the error/exit action (default 64)
  *   -e required|optional   survivor: the QP_FATAL event (default required)
- *   -R        stream mode: one WR in 8 is an RDMA Read (16 KiB) from the peer,
+ *   -R        stream mode: one WR in 8 is an RDMA Read (256 KiB) from the peer,
  *             so Reads are outstanding (awaiting their response) when the
  *             peer goes away
  *   -w        sleep on a completion channel (ibv_req_notify_cq, poll() on the
@@ -188,8 +188,8 @@ struct config {
 #define RECV_SLOTS 2048u
 #define SEND_AREA (WRITE_AREA + RECV_SLOTS * MSG_SIZE)
 #define READ_AREA (SEND_AREA + (1u << 20))
-#define READ_SIZE (16u << 10)
-#define READ_SLOTS 64u
+#define READ_SIZE (256u << 10)
+#define READ_SLOTS 4u
 /* Of every STREAM_CYCLE WRs of the stream, one is a Send, one an RDMA Read
  * (with -R; else an RDMA Write) and the rest RDMA Writes. */
 #define STREAM_CYCLE 8
