@@ -21,6 +21,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+pub mod pair;
 pub mod twoproc;
 
 /// File names of the artifacts the tests need, relative to the profile dir.
