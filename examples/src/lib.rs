@@ -144,10 +144,18 @@ pub fn build_c_example(name: &str, out_dir: &Path) -> PathBuf {
         .join(format!("{name}.c"));
     fs::create_dir_all(out_dir).expect("create the output directory");
     let exe = out_dir.join(name);
+    // Tests of one binary build the same program in parallel: each compiles to a file of its
+    // own and renames it into place, so no test ever runs a half-written executable.
+    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let tmp = out_dir.join(format!(
+        ".{name}.{}.{}",
+        std::process::id(),
+        SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
     let cc = env::var("CC").unwrap_or_else(|_| "cc".into());
     let out = Command::new(&cc)
         .args(["-O1", "-g", "-Wall", "-Werror", "-o"])
-        .arg(&exe)
+        .arg(&tmp)
         .arg(&src)
         .arg("-libverbs")
         .output()
@@ -161,6 +169,7 @@ pub fn build_c_example(name: &str, out_dir: &Path) -> PathBuf {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    fs::rename(&tmp, &exe).expect("move the built program into place");
     exe
 }
 
