@@ -173,6 +173,32 @@ pub fn build_c_example(name: &str, out_dir: &Path) -> PathBuf {
     exe
 }
 
+/// Where device tests build programs and keep state directories: `UIW_EXAMPLES_OUT_DIR`
+/// (ci/test.sh sets it when it runs the tests under sudo, so that no root-owned file lands in
+/// target/), else `uiw-examples` under the test's `CARGO_TARGET_TMPDIR` (pass
+/// `env!("CARGO_TARGET_TMPDIR")`).
+pub fn out_dir(target_tmpdir: &str) -> PathBuf {
+    match env::var_os("UIW_EXAMPLES_OUT_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => Path::new(target_tmpdir).join("uiw-examples"),
+    }
+}
+
+/// The check every device test starts with: the built artifacts, or `None` (reason printed;
+/// a failure under `UIW_TEST_REQUIRE_ALL=1`) when a device cannot be published here.
+pub fn device_test_artifacts(test: &str) -> Option<Artifacts> {
+    let artifacts = Artifacts::locate().unwrap_or_else(|e| panic!("{test}: {e}"));
+    if !is_root() && !Path::new("/dev/infiniband").exists() {
+        skip(
+            test,
+            "publishing a device creates /dev/infiniband/uverbsN and needs root; \
+             run `sudo ./ci/test.sh` (or this test as root)",
+        );
+        return None;
+    }
+    Some(artifacts)
+}
+
 /// Tests that publish a device share /dev/infiniband and the device name:
 /// one at a time within a test binary.
 pub fn device_lock() -> MutexGuard<'static, ()> {

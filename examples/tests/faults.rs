@@ -14,13 +14,14 @@
 //! printed (`cargo test --test faults -- --nocapture`); it is not asserted
 //! (tests check behaviour, not speed) beyond the hang guard.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use uiw_examples::pair::{free_port, uiw_run, Finished, Running};
 use uiw_examples::{
-    build_c_example, device_lock, failures, is_root, parse_summary, skip, Artifacts, Published,
+    build_c_example, device_lock, device_test_artifacts, failures, out_dir, parse_summary,
+    Artifacts, Published,
 };
 
 /// Longest a survivor may take from the peer's death (or the start of its
@@ -31,23 +32,8 @@ const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Every check the survivor makes when all goes well (fewer means it stopped early).
 const MIN_SURVIVOR_CHECKS: u32 = 20;
 
-fn out_dir() -> PathBuf {
-    match std::env::var_os("UIW_EXAMPLES_OUT_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => Path::new(env!("CARGO_TARGET_TMPDIR")).join("uiw-examples"),
-    }
-}
-
 fn prepare(test: &str) -> Option<(Artifacts, PathBuf)> {
-    let artifacts = Artifacts::locate().unwrap_or_else(|e| panic!("{test}: {e}"));
-    if !is_root() && !Path::new("/dev/infiniband").exists() {
-        skip(
-            test,
-            "publishing a device creates /dev/infiniband/uverbsN and needs root; \
-             run `sudo ./ci/test.sh` (or this test as root)",
-        );
-        return None;
-    }
+    let artifacts = device_test_artifacts(test)?;
     Some((artifacts, faults_exe()))
 }
 
@@ -56,7 +42,7 @@ fn prepare(test: &str) -> Option<(Artifacts, PathBuf)> {
 /// (`uiw run: cannot execute ...: Permission denied`, or ETXTBSY for cc).
 fn faults_exe() -> PathBuf {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
-    EXE.get_or_init(|| build_c_example("faults", &out_dir()))
+    EXE.get_or_init(|| build_c_example("faults", &out_dir(env!("CARGO_TARGET_TMPDIR"))))
         .clone()
 }
 
@@ -121,7 +107,8 @@ fn run_fault(test: &str, mode: SurvivorMode, end: PeerEnd, wait: Wait, ops: Ops)
         return;
     };
     let _lock = device_lock();
-    let dev = Published::up(&artifacts, &out_dir()).unwrap_or_else(|e| panic!("{test}: {e}"));
+    let dev = Published::up(&artifacts, &out_dir(env!("CARGO_TARGET_TMPDIR")))
+        .unwrap_or_else(|e| panic!("{test}: {e}"));
     let port = free_port().to_string();
     let (smode, pmode) = match mode {
         SurvivorMode::Stream => ("stream", "sink"),
@@ -434,7 +421,10 @@ fn peer_killed_while_survivor_streams_with_reads() {
 /// The program compiles warning-free (needs no device and no root).
 #[test]
 fn faults_builds() {
-    let exe = build_c_example("faults", &out_dir().join("build-only"));
+    let exe = build_c_example(
+        "faults",
+        &out_dir(env!("CARGO_TARGET_TMPDIR")).join("build-only"),
+    );
     assert!(exe.is_file());
 }
 

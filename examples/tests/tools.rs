@@ -16,11 +16,12 @@
 //! without root, or without ibverbs-utils/perftest, the tests say why they
 //! skip, and with `UIW_TEST_REQUIRE_ALL=1` (ci/test.sh as root) they fail.
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use uiw_examples::pair::{free_port, run_pair, uiw_run, PairOutcome};
-use uiw_examples::{device_lock, have_program, is_root, skip, Artifacts, Published};
+use uiw_examples::{
+    device_lock, device_test_artifacts, have_program, out_dir, skip, Artifacts, Published,
+};
 
 /// The device every run uses and its GID index (127.0.0.1 as ::ffff:127.0.0.1).
 const DEV: &str = "uiw_lo";
@@ -30,25 +31,9 @@ const GID_INDEX: &str = "0";
 /// loaded CI machine); runs normally take well under a second or two.
 const PAIR_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// See verbs_objects.rs: built programs and state directories go here.
-fn out_dir() -> PathBuf {
-    match std::env::var_os("UIW_EXAMPLES_OUT_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => Path::new(env!("CARGO_TARGET_TMPDIR")).join("uiw-examples"),
-    }
-}
-
 /// The checks every tool test shares; `None` means "skipped" (reason printed).
 fn prepare(test: &str, tool: &str, package: &str) -> Option<Artifacts> {
-    let artifacts = Artifacts::locate().unwrap_or_else(|e| panic!("{test}: {e}"));
-    if !is_root() && !Path::new("/dev/infiniband").exists() {
-        skip(
-            test,
-            "publishing a device creates /dev/infiniband/uverbsN and needs root; \
-             run `sudo ./ci/test.sh` (or this test as root)",
-        );
-        return None;
-    }
+    let artifacts = device_test_artifacts(test)?;
     if !have_program(tool) {
         skip(
             test,
@@ -131,7 +116,8 @@ fn pingpong(test: &str, extra: &[&str]) {
         return;
     };
     let _lock = device_lock();
-    let dev = Published::up(&artifacts, &out_dir()).unwrap_or_else(|e| panic!("{test}: {e}"));
+    let dev = Published::up(&artifacts, &out_dir(env!("CARGO_TARGET_TMPDIR")))
+        .unwrap_or_else(|e| panic!("{test}: {e}"));
     let (iters, size) = (200u64, 4096u64);
     let (n, s) = (iters.to_string(), size.to_string());
     let mut args = vec!["-d", DEV, "-g", GID_INDEX, "-n", &n, "-s", &s];
@@ -338,7 +324,8 @@ fn bw_tool(test: &str, tool: &str) {
         return;
     };
     let _lock = device_lock();
-    let dev = Published::up(&artifacts, &out_dir()).unwrap_or_else(|e| panic!("{test}: {e}"));
+    let dev = Published::up(&artifacts, &out_dir(env!("CARGO_TARGET_TMPDIR")))
+        .unwrap_or_else(|e| panic!("{test}: {e}"));
 
     let o = run_tool(
         &dev,
@@ -366,7 +353,8 @@ fn lat_tool(test: &str, tool: &str) {
         return;
     };
     let _lock = device_lock();
-    let dev = Published::up(&artifacts, &out_dir()).unwrap_or_else(|e| panic!("{test}: {e}"));
+    let dev = Published::up(&artifacts, &out_dir(env!("CARGO_TARGET_TMPDIR")))
+        .unwrap_or_else(|e| panic!("{test}: {e}"));
     for size in ["2", "65536"] {
         let o = run_tool(&dev, tool, &perftest_args(&["-s", size, "-n", "200"]));
         check_table(
@@ -418,7 +406,8 @@ fn ib_atomic_bw() {
         return;
     };
     let _lock = device_lock();
-    let dev = Published::up(&artifacts, &out_dir()).unwrap_or_else(|e| panic!("{TEST}: {e}"));
+    let dev = Published::up(&artifacts, &out_dir(env!("CARGO_TARGET_TMPDIR")))
+        .unwrap_or_else(|e| panic!("{TEST}: {e}"));
     for (atomic, qps) in [("CMP_AND_SWAP", "1"), ("FETCH_AND_ADD", "4")] {
         let o = run_tool(
             &dev,
@@ -442,7 +431,8 @@ fn ib_atomic_lat() {
         return;
     };
     let _lock = device_lock();
-    let dev = Published::up(&artifacts, &out_dir()).unwrap_or_else(|e| panic!("{TEST}: {e}"));
+    let dev = Published::up(&artifacts, &out_dir(env!("CARGO_TARGET_TMPDIR")))
+        .unwrap_or_else(|e| panic!("{TEST}: {e}"));
     for atomic in ["CMP_AND_SWAP", "FETCH_AND_ADD"] {
         let o = run_tool(
             &dev,
