@@ -601,9 +601,7 @@ impl DataPath {
         loop {
             // Fill the backlog.
             loop {
-                let Some(l) = self.link.as_mut() else {
-                    return None;
-                };
+                let l = self.link.as_mut()?;
                 if l.tx.len() >= TX_PIECES || l.backlog() >= TX_BYTES {
                     break;
                 }
