@@ -11,22 +11,24 @@
 #                                        /dev/infiniband/uverbsN needs root once
 #   3. uiw run -- ibv_devices
 #      uiw run -- ibv_devinfo -v -d uiw_lo
-#   4. with RUN_PINGPONG=1: ibv_rc_pingpong server and client over uiw_lo
-#      (RC Send/Recv through the uiw data path, on 127.0.0.1, GID index 0)
+#   4. ibv_rc_pingpong server and client over uiw_lo (RC Send/Recv through
+#      the uiw data path, on 127.0.0.1, GID index 0), then a short
+#      ib_write_bw pair (perftest, RDMA Write, -x 0: no rdma_cm)
 #
 # Environment:
 #   CARGO_PROFILE=release   build and use the release profile (default: dev)
-#   RUN_PINGPONG=1          also run the ibv_rc_pingpong pair
-#   PINGPONG_EVENTS=1       ...and once more with -e (completion channel)
-#   PINGPONG_PORT=18515     TCP port for ibv_rc_pingpong's own exchange
+#   RUN_PINGPONG=0          skip step 4 (default: run it)
+#   PINGPONG_EVENTS=1       ...and ibv_rc_pingpong once more with -e
+#                           (completion channel)
+#   PINGPONG_PORT=18515     TCP port for the tools' own exchange
 #   UIW_DOWN_AFTER=1        take the device down at the end (default: leave it
 #                           up so you can go on with `uiw run -- <your tool>`)
 #   UIW_STATE_DIR           where uiw keeps the published tree (uiw's default
 #                           if unset)
 set -euo pipefail
 
-# The data path is in progress: flip to 1 once RC Send/Recv works end to end.
-RUN_PINGPONG_DEFAULT=0
+# Step 4 runs by default (RUN_PINGPONG=0 skips it): the data path works.
+RUN_PINGPONG_DEFAULT=1
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$(pwd)
@@ -91,37 +93,49 @@ wait_listen() {
 	return 1
 }
 
-# One ibv_rc_pingpong pair: server in the background, client to 127.0.0.1.
-# -g 0: iWARP/Ethernet ports need a GID; uiw_lo's GID 0 is ::ffff:127.0.0.1.
-pingpong() {
-	local port=${PINGPONG_PORT:-18515} spid status=0 sstatus=0
-	local args=(-d uiw_lo -g 0 -p "$port" "$@")
+# One server/client pair of TOOL: server in the background, client to
+# 127.0.0.1, each under a 60 s timeout.
+pair() {
+	local tool=$1 port=${PINGPONG_PORT:-18515} spid status=0 sstatus=0
+	shift
+	local args=("$@" -p "$port")
 
-	step "uiw run -- ibv_rc_pingpong ${args[*]}  (server)  &  ... 127.0.0.1  (client)"
-	timeout 60 "$uiw" run -- ibv_rc_pingpong "${args[@]}" &
+	step "uiw run -- $tool ${args[*]}  (server)  &  ... 127.0.0.1  (client)"
+	timeout 60 "$uiw" run -- "$tool" "${args[@]}" &
 	spid=$!
 	if ! wait_listen "$port"; then
-		echo "setup-and-run: the ibv_rc_pingpong server did not start listening" >&2
+		echo "setup-and-run: the $tool server did not start listening" >&2
 		kill "$spid" 2>/dev/null || true
 		wait "$spid" 2>/dev/null || true
 		return 1
 	fi
-	timeout 60 "$uiw" run -- ibv_rc_pingpong "${args[@]}" 127.0.0.1 || status=$?
+	timeout 60 "$uiw" run -- "$tool" "${args[@]}" 127.0.0.1 || status=$?
 	wait "$spid" || sstatus=$?
 	[[ $status -ne 0 ]] || status=$sstatus
 	if [[ $status -ne 0 ]]; then
-		echo "setup-and-run: ibv_rc_pingpong $* failed (status $status)" >&2
+		echo "setup-and-run: $tool $* failed (status $status)" >&2
 	fi
 	return "$status"
 }
+
+# -g 0 / -x 0: iWARP/Ethernet ports need a GID; uiw_lo's GID 0 is
+# ::ffff:127.0.0.1. With a GID index and no -R, perftest connects the QPs
+# itself (by GID and QPN), as ibv_rc_pingpong does.
+pingpong() { pair ibv_rc_pingpong -d uiw_lo -g 0 "$@"; }
+write_bw() { pair ib_write_bw -d uiw_lo -x 0 -F "$@"; }
 
 if [[ "${RUN_PINGPONG:-$RUN_PINGPONG_DEFAULT}" == 1 ]]; then
 	pingpong
 	if [[ "${PINGPONG_EVENTS:-0}" == 1 ]]; then
 		pingpong -e
 	fi
+	if command -v ib_write_bw >/dev/null; then
+		write_bw -s 65536 -n 1000
+	else
+		step "skipping ib_write_bw (perftest is not installed)"
+	fi
 else
-	step "skipping ibv_rc_pingpong (data path in progress; RUN_PINGPONG=1 runs it)"
+	step "skipping ibv_rc_pingpong and ib_write_bw (RUN_PINGPONG=0)"
 fi
 
 step "done"

@@ -21,6 +21,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+pub mod pair;
 pub mod twoproc;
 
 /// File names of the artifacts the tests need, relative to the profile dir.
@@ -143,10 +144,18 @@ pub fn build_c_example(name: &str, out_dir: &Path) -> PathBuf {
         .join(format!("{name}.c"));
     fs::create_dir_all(out_dir).expect("create the output directory");
     let exe = out_dir.join(name);
+    // Tests of one binary build the same program in parallel: each compiles to a file of its
+    // own and renames it into place, so no test ever runs a half-written executable.
+    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let tmp = out_dir.join(format!(
+        ".{name}.{}.{}",
+        std::process::id(),
+        SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
     let cc = env::var("CC").unwrap_or_else(|_| "cc".into());
     let out = Command::new(&cc)
         .args(["-O1", "-g", "-Wall", "-Werror", "-o"])
-        .arg(&exe)
+        .arg(&tmp)
         .arg(&src)
         .arg("-libverbs")
         .output()
@@ -160,7 +169,34 @@ pub fn build_c_example(name: &str, out_dir: &Path) -> PathBuf {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    fs::rename(&tmp, &exe).expect("move the built program into place");
     exe
+}
+
+/// Where device tests build programs and keep state directories: `UIW_EXAMPLES_OUT_DIR`
+/// (ci/test.sh sets it when it runs the tests under sudo, so that no root-owned file lands in
+/// target/), else `uiw-examples` under the test's `CARGO_TARGET_TMPDIR` (pass
+/// `env!("CARGO_TARGET_TMPDIR")`).
+pub fn out_dir(target_tmpdir: &str) -> PathBuf {
+    match env::var_os("UIW_EXAMPLES_OUT_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => Path::new(target_tmpdir).join("uiw-examples"),
+    }
+}
+
+/// The check every device test starts with: the built artifacts, or `None` (reason printed;
+/// a failure under `UIW_TEST_REQUIRE_ALL=1`) when a device cannot be published here.
+pub fn device_test_artifacts(test: &str) -> Option<Artifacts> {
+    let artifacts = Artifacts::locate().unwrap_or_else(|e| panic!("{test}: {e}"));
+    if !is_root() && !Path::new("/dev/infiniband").exists() {
+        skip(
+            test,
+            "publishing a device creates /dev/infiniband/uverbsN and needs root; \
+             run `sudo ./ci/test.sh` (or this test as root)",
+        );
+        return None;
+    }
+    Some(artifacts)
 }
 
 /// Tests that publish a device share /dev/infiniband and the device name:

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use uiw_examples::twoproc::{free_tcp_port, run_pair, PairOutput};
 use uiw_examples::{
-    build_c_example, device_lock, failures, have_program, is_root, parse_summary, show, skip,
-    Artifacts, Published,
+    build_c_example, device_lock, device_test_artifacts, failures, have_program, out_dir,
+    parse_summary, show, skip, Artifacts, Published,
 };
 
 /// Checks a passing default run (-m 8M, ibv_post_send) reports on each side;
@@ -32,26 +32,10 @@ const SERVER_CHECKS_SMALL: u32 = 1818;
 const LIMIT: Duration = Duration::from_secs(300);
 const LIMIT_VALGRIND: Duration = Duration::from_secs(900);
 
-/// Where programs are built and state directories live (see verbs_objects.rs).
-fn out_dir() -> PathBuf {
-    match std::env::var_os("UIW_EXAMPLES_OUT_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => Path::new(env!("CARGO_TARGET_TMPDIR")).join("uiw-examples"),
-    }
-}
-
 /// The checks every device test shares; `None` means "skipped" (reason printed).
 fn prepare(test: &str) -> Option<(Artifacts, PathBuf)> {
-    let artifacts = Artifacts::locate().unwrap_or_else(|e| panic!("{test}: {e}"));
-    if !is_root() && !Path::new("/dev/infiniband").exists() {
-        skip(
-            test,
-            "publishing a device creates /dev/infiniband/uverbsN and needs root; \
-             run `sudo ./ci/test.sh` (or this test as root)",
-        );
-        return None;
-    }
-    let exe = build_c_example("integrity", &out_dir());
+    let artifacts = device_test_artifacts(test)?;
+    let exe = build_c_example("integrity", &out_dir(env!("CARGO_TARGET_TMPDIR")));
     Some((artifacts, exe))
 }
 
@@ -142,7 +126,8 @@ fn args(prefix: &[&str], exe: &Path, port: u16, extra: &[&str]) -> (Vec<OsString
 fn run(test: &str, prefix: &[&str], extra: &[&str], limit: Duration) -> Option<PairOutput> {
     let (artifacts, exe) = prepare(test)?;
     let _lock = device_lock();
-    let dev = Published::up(&artifacts, &out_dir()).unwrap_or_else(|e| panic!("{test}: {e}"));
+    let dev = Published::up(&artifacts, &out_dir(env!("CARGO_TARGET_TMPDIR")))
+        .unwrap_or_else(|e| panic!("{test}: {e}"));
     let (server, client) = args(prefix, &exe, free_tcp_port(), extra);
     let s: Vec<&OsStr> = server.iter().map(|a| a.as_os_str()).collect();
     let c: Vec<&OsStr> = client.iter().map(|a| a.as_os_str()).collect();
@@ -153,7 +138,10 @@ fn run(test: &str, prefix: &[&str], extra: &[&str], limit: Duration) -> Option<P
 /// headers and its command line works (needs no device and no root).
 #[test]
 fn integrity_builds_and_explains_itself() {
-    let exe = build_c_example("integrity", &out_dir().join("build-only"));
+    let exe = build_c_example(
+        "integrity",
+        &out_dir(env!("CARGO_TARGET_TMPDIR")).join("build-only"),
+    );
     let help = Command::new(&exe)
         .arg("--help")
         .output()

@@ -10,35 +10,17 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
 use uiw_examples::{
-    build_c_example, device_lock, failures, have_program, is_root, parse_summary, show, skip,
-    Artifacts, Published,
+    build_c_example, device_lock, device_test_artifacts, failures, have_program, out_dir,
+    parse_summary, show, skip, Artifacts, Published,
 };
 
 /// Every check in verbs_objects.c; a run that reports fewer stopped early.
 const MIN_CHECKS: u32 = 60;
 
-/// Where programs are built and state directories live. `UIW_EXAMPLES_OUT_DIR`
-/// overrides it (ci/test.sh does when it runs this test under sudo, so that
-/// no root-owned file lands in target/).
-fn out_dir() -> PathBuf {
-    match std::env::var_os("UIW_EXAMPLES_OUT_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => Path::new(env!("CARGO_TARGET_TMPDIR")).join("uiw-examples"),
-    }
-}
-
 /// The checks every device test shares; `None` means "skipped" (reason printed).
 fn prepare(test: &str) -> Option<(Artifacts, PathBuf)> {
-    let artifacts = Artifacts::locate().unwrap_or_else(|e| panic!("{test}: {e}"));
-    if !is_root() && !Path::new("/dev/infiniband").exists() {
-        skip(
-            test,
-            "publishing a device creates /dev/infiniband/uverbsN and needs root; \
-             run `sudo ./ci/test.sh` (or this test as root)",
-        );
-        return None;
-    }
-    let exe = build_c_example("verbs_objects", &out_dir());
+    let artifacts = device_test_artifacts(test)?;
+    let exe = build_c_example("verbs_objects", &out_dir(env!("CARGO_TARGET_TMPDIR")));
     Some((artifacts, exe))
 }
 
@@ -74,7 +56,10 @@ fn assert_passed(what: &str, out: &std::process::Output) {
 /// headers (needs no device and no root).
 #[test]
 fn verbs_objects_builds() {
-    let exe = build_c_example("verbs_objects", &out_dir().join("build-only"));
+    let exe = build_c_example(
+        "verbs_objects",
+        &out_dir(env!("CARGO_TARGET_TMPDIR")).join("build-only"),
+    );
     assert!(exe.is_file());
 }
 
@@ -86,7 +71,8 @@ fn verbs_objects_under_uiw_run() {
         return;
     };
     let _lock = device_lock();
-    let dev = Published::up(&artifacts, &out_dir()).unwrap_or_else(|e| panic!("{TEST}: {e}"));
+    let dev = Published::up(&artifacts, &out_dir(env!("CARGO_TARGET_TMPDIR")))
+        .unwrap_or_else(|e| panic!("{TEST}: {e}"));
     // Under the launcher the completion-channel shim is present: a channel
     // must be created, not merely fail cleanly.
     let out = dev.run(&[exe.as_os_str()], &[("UIW_EXPECT_COMP_CHANNEL", "1")]);
@@ -108,7 +94,8 @@ fn verbs_objects_under_valgrind() {
     let supp = Path::new(env!("CARGO_MANIFEST_DIR")).join("valgrind/verbs.supp");
     let supp_arg = format!("--suppressions={}", supp.display());
     let _lock = device_lock();
-    let dev = Published::up(&artifacts, &out_dir()).unwrap_or_else(|e| panic!("{TEST}: {e}"));
+    let dev = Published::up(&artifacts, &out_dir(env!("CARGO_TARGET_TMPDIR")))
+        .unwrap_or_else(|e| panic!("{TEST}: {e}"));
     let args: Vec<&OsStr> = vec![
         OsStr::new("valgrind"),
         OsStr::new("--error-exitcode=99"),

@@ -2101,6 +2101,16 @@ impl Connection {
     /// outstanding Read/Atomic (the operation the peer is most likely
     /// answering) gets that status.
     fn flush_all(&mut self, first_status: Option<WcStatus>) {
+        // Completions held behind an unfinished Read/Atomic come after the error in posting
+        // order: once a WR completes in error, every later one is flushed (IBTA 10.7.3.1;
+        // the data of these did leave, but the application learns nothing of it).
+        for c in self.sq_slots.iter_mut().flatten() {
+            if c.status == WcStatus::Success {
+                c.status = WcStatus::WrFlushErr;
+                c.byte_len = 0;
+                c.atomic_result = None;
+            }
+        }
         let mut first = first_status;
         // The oldest outstanding Read/Atomic by posting order.
         let ro = self.orq.iter().filter(|r| !r.rtr).map(|r| r.seq).min();

@@ -487,8 +487,10 @@ impl Qp {
             _ => {}
         }
         if t.connect {
-            if let Some(f) = self.connect_locked(&mut inner) {
-                self.fail_locked(inner, f);
+            match self.connect_locked(&mut inner) {
+                Some(f) => self.fail_locked(inner, f),
+                // Send the MPA Request, or the Reply to a parked Request, now.
+                None => self.kick(inner),
             }
         }
         Ok(())
@@ -528,12 +530,12 @@ impl Qp {
             return Some(Fatal::Lost);
         }
         inner.dp.link = Some(link);
-        let env = self.env(a.qp_access_flags);
-        inner.dp.pump_tx(&env)
+        None
     }
 
     /// A stream the listener matched to this QP (its MPA Request names us). Taken if we are in
     /// RTR/RTS and expect that peer; parked if we have not reached RTR yet.
+    #[allow(clippy::result_large_err)] // the stream goes back to the caller, to be rejected
     pub fn offer(&self, net: &Net, hello: QpHello, p: Pending) -> Result<(), Pending> {
         let mut inner = self.inner.lock();
         if self.destroyed.load(Ordering::Acquire) || inner.dp.link.is_some() {
@@ -546,23 +548,15 @@ impl Qp {
                 Ok(())
             }
             QpState::Rtr | QpState::Rts if inner.attrs.dest_qp_num == hello.from_qpn => {
-                let r = self.adopt_locked(&mut inner, hello, p);
-                if r.is_ok() {
-                    let (more, f) = {
-                        let env = self.env(inner.attrs.qp_access_flags);
-                        inner.dp.pump(&env)
-                    };
-                    let _ = more;
-                    if let Some(f) = f {
-                        self.fail_locked(inner, f);
-                    }
-                }
-                r
+                self.adopt_locked(&mut inner, hello, p)?;
+                self.kick(inner);
+                Ok(())
             }
             _ => Err(p),
         }
     }
 
+    #[allow(clippy::result_large_err)] // the stream goes back to the caller, to be rejected
     fn adopt_locked(&self, inner: &mut QpInner, hello: QpHello, mut p: Pending) -> Result<(), Pending> {
         if inner.attrs.dest_qp_num != hello.from_qpn {
             return Err(p);
@@ -576,11 +570,6 @@ impl Qp {
             return Err(p);
         }
         inner.dp.link = Some(Link::new(p.conn, p.sock));
-        let env = self.env(a.qp_access_flags);
-        if let Some(f) = inner.dp.pump_tx(&env) {
-            drop(env);
-            let _ = f;
-        }
         Ok(())
     }
 
@@ -595,9 +584,8 @@ impl Qp {
         let Some(mut inner) = self.inner.try_lock() else {
             return Progress::Deferred;
         };
-        match self.pump_locked(inner_mut(&mut inner)) {
-            Some((more, Some(f))) => {
-                let _ = more;
+        match self.pump_locked(&mut inner) {
+            Some((_, Some(f))) => {
                 self.fail_locked(inner, f);
                 Progress::Done
             }
@@ -610,7 +598,7 @@ impl Qp {
     pub fn try_progress(&self) {
         self.polled_ms.store(net::now_ms(), Ordering::Relaxed);
         if let Some(mut inner) = self.inner.try_lock() {
-            if let Some((_, Some(f))) = self.pump_locked(inner_mut(&mut inner)) {
+            if let Some((_, Some(f))) = self.pump_locked(&mut inner) {
                 self.fail_locked(inner, f);
             }
         }
@@ -667,7 +655,6 @@ impl Qp {
             l.conn.handle_timeout(now);
             let env = self.env(inner.attrs.qp_access_flags);
             if let Some(f) = inner.dp.drain_events(&env) {
-                drop(env);
                 self.fail_locked(inner, f);
             }
             return;
@@ -847,19 +834,14 @@ impl Qp {
             // RTR and posts credit Writes.
             QpState::Rtr | QpState::Rts | QpState::Sqd => {
                 let env = self.env(inner.attrs.qp_access_flags);
-                match inner.dp.post_send(&env, wqe, self.cap.max_send_wr)? {
-                    Some(f) => self.fail_locked(inner, f),
-                    None => {}
+                if let Some(f) = inner.dp.post_send(&env, wqe, self.cap.max_send_wr)? {
+                    self.fail_locked(inner, f);
                 }
                 Ok(())
             }
             _ => Err(PostError::BadState),
         }
     }
-}
-
-fn inner_mut<'a>(g: &'a mut parking_lot::MutexGuard<'_, QpInner>) -> &'a mut QpInner {
-    g
 }
 
 /// Our IRD (inbound Reads we serve at once): `max_dest_rd_atomic`, at least 1.

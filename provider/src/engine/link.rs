@@ -33,6 +33,8 @@ const SINK_TAG: u32 = 0xff00_0000;
 
 /// Below this, payload is staged and copied; above, it is received straight into place.
 const DIRECT_MIN: usize = 512;
+/// Bytes read after a payload received in place (its trailer and the next header).
+const DIRECT_TAIL: usize = 64;
 /// Size of the receive staging buffer.
 const STAGE: usize = 16 * 1024;
 /// Transmit backlog limits (pieces of one `sendmsg`, and bytes queued ahead of the socket).
@@ -532,10 +534,13 @@ impl DataPath {
                             } else if l.drained {
                                 Err(io::ErrorKind::WouldBlock.into())
                             } else if want >= DIRECT_MIN && !l.conn.crc() {
-                                match env.dma.recv(l.sock.as_raw_fd(), addr, want, &mut l.stage) {
+                                // What follows the payload (trailer, next header) lands in
+                                // a short tail: a longer one would pull the next FPDU's payload
+                                // through the staging copy.
+                                match env.dma.recv(l.sock.as_raw_fd(), addr, want, &mut l.stage[..DIRECT_TAIL]) {
                                     Ok(0) => Ok(0),
                                     Ok(n) => {
-                                        l.drained = n < want + l.stage.len();
+                                        l.drained = n < want + DIRECT_TAIL;
                                         let placed = n.min(want);
                                         l.conn.rx_placed_len(placed, &mut mem);
                                         l.st_lo = 0;
@@ -596,9 +601,7 @@ impl DataPath {
         loop {
             // Fill the backlog.
             loop {
-                let Some(l) = self.link.as_mut() else {
-                    return None;
-                };
+                let l = self.link.as_mut()?;
                 if l.tx.len() >= TX_PIECES || l.backlog() >= TX_BYTES {
                     break;
                 }

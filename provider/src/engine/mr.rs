@@ -149,7 +149,10 @@ impl MrTable {
     /// access. False if no such region exists there.
     pub fn invalidate(&self, stag: u32, pd: u32) -> bool {
         match self.lookup(stag) {
-            Some(mr) if mr.pd == pd => self.invalidated.write().insert(stag) || true,
+            Some(mr) if mr.pd == pd => {
+                self.invalidated.write().insert(stag);
+                true
+            }
             _ => false,
         }
     }

@@ -372,8 +372,12 @@ impl Net {
         let mss = prepare(&sock)?;
         let conn = Connection::new(config(Role::Responder, 0, 0, Vec::new(), mss), now_ms());
         let id = self.next_pending.fetch_add(1, Ordering::Relaxed);
-        self.epoll.add(sock.as_raw_fd(), KIND_PENDING | id, EPOLL_SOCKET_EDGE)?;
+        let fd = sock.as_raw_fd();
         self.pending.lock().insert(id, Pending { conn, sock, stage: Vec::new(), cm: Some(cm) });
+        if let Err(e) = self.epoll.add(fd, KIND_PENDING | id, EPOLL_SOCKET_EDGE) {
+            self.pending.lock().remove(&id);
+            return Err(e);
+        }
         Ok(())
     }
 

@@ -1,0 +1,263 @@
+//! Command-line options and the manual page (`--help`).
+
+use std::path::PathBuf;
+
+pub const HELP: &str = "\
+NAME
+    uiw-bench - perftest over uiw against raw TCP, UCX and libfabric, same run, same congestion control
+
+SYNOPSIS
+    uiw-bench [--quick] [--reps N] [--out DIR] [--cc NAME] [--only ROW[,ROW...]]...
+              [--no-sweep] [--no-install] [--uiw PATH] [--device NAME]
+    uiw-bench --list
+    uiw-bench --help
+
+DESCRIPTION
+    Runs perftest (ib_write_bw, ib_write_lat, ib_send_lat, ib_read_bw, ib_send_bw,
+    ib_read_lat) on the uiw device through `uiw run`, and beside it, in the same run,
+    the peers it is measured against: raw single-stream TCP (tcpbench bw, and iperf3),
+    TCP ping-pong with both sides busy-polling (tcpbench pp -b), UCX over tcp
+    (ucx_perftest put_bw zcopy, am_lat, tag_lat) and libfabric's tcp provider
+    (fi_pingpong; fi_rma_bw where installed).
+
+    Every probe runs N times, interleaved: repetition 1 runs every probe once, uiw and
+    its peers alternating, then repetition 2, and so on. The table shows medians with
+    min-max, the ratio uiw/peer of the medians, and the issue's targets as pass/miss:
+        ib_write_bw 64 KiB and 1 MiB  >= 0.9 x raw single-stream TCP, > UCX put_bw
+        ib_write_lat, ib_send_lat 8 B <= 1.2 x TCP busy-poll half round trip,
+                                      <  UCX am_lat, < libfabric fi_pingpong
+    The other rows are informational.
+
+    Every program, uiw's runs included, gets the same TCP congestion control: the
+    benchmark builds cc_preload.so and LD_PRELOADs it, so the program's own sockets
+    (and uiw's, which live in the program's process) are set with TCP_CONGESTION.
+    Before measuring, cc_check verifies this on a fresh socket, plain and under
+    `uiw run`; during bandwidth runs `ss` reads the congestion control of the
+    client's live sockets, and the table header reports what it saw.
+
+    Then a message-size sweep, 2 B ... 8 MiB in powers of two, one pass: ib_write_bw -a,
+    ib_write_lat -a and ib_send_lat -a over uiw, tcpbench bw and pp -b at each size, and
+    UCX put_bw / tag_lat at each size (not with --quick). Drawn as two SVG charts.
+
+    A probe that fails shows `failed: <reason>` in its cell; a peer whose tool is not
+    installed shows `unavailable: <reason>`. Nothing aborts the run once measuring
+    started; each program has a deadline after which its process group is killed.
+
+    Root is needed to publish the device (`uiw up`), to set a congestion control not in
+    net.ipv4.tcp_allowed_congestion_control (cubic here), and to install missing
+    packages (apt-get install -y perftest ucx-utils libfabric-bin iperf3).
+
+OPTIONS
+    --quick        1 repetition, 1-second bandwidth runs, fewer latency iterations, a
+                   shorter sweep without UCX. A smoke test: do not quote its numbers.
+    --reps N       repetitions per probe (default 3).
+    --out DIR      results directory (default ./uiw-bench-results). Created if missing;
+                   files in it are overwritten.
+    --cc NAME      TCP congestion control for every row (default cubic, if the kernel
+                   has it, else the system default).
+    --only ROW     run only these rows (comma-separated or repeated). `sweep` selects
+                   the sweep. Without --only: every row and the sweep. See --list.
+    --no-sweep     skip the message-size sweep.
+    --no-install   do not apt-get install missing peer packages.
+    --uiw PATH     the uiw binary (default: beside uiw-bench, then PATH).
+    --device NAME  the uiw device (default uiw_lo).
+    --list         print the rows and their peers, then exit.
+    -h, --help     this text.
+
+ROWS
+    write_bw_64k write_bw_1m   ib_write_bw -s SIZE -D secs, requester side
+    write_lat send_lat         ib_write_lat / ib_send_lat -s 8 -n iters, t_typical
+                               (median) of the half round trip
+    read_bw_64k read_bw_1m     ib_read_bw, informational
+    send_bw_64k send_bw_1m     ib_send_bw, informational
+    read_lat                   ib_read_lat 8 B: a full read round trip, compared with
+                               the peers' half round trips x 2
+    sweep                      the size sweep
+
+UNITS
+    Bandwidth in GB/s = 10^9 bytes/s. perftest prints MB/sec with MB = 2^20 bytes and
+    ucx_perftest MB/s likewise: both are converted. tcpbench and iperf3 measure at the
+    receiver, perftest and ucx_perftest at the requester/initiator; the table says which.
+    Latency in microseconds: half a round trip (perftest write/send_lat, tcpbench pp,
+    ucx am_lat/tag_lat, fi_pingpong usec/xfer), except ib_read_lat.
+
+OUTPUT
+    DIR/results.md     the table, the setup, the exact commands
+    DIR/results.csv    every repetition of every probe (value or failure reason)
+    DIR/results.json   all of it, with medians, ratios and verdicts
+    DIR/sweep.csv      the sweep's points
+    DIR/bandwidth.svg, DIR/latency.svg   the sweep's charts (and .png when
+                       rsvg-convert is installed: Debian librsvg2-bin)
+    DIR/logs/          stdout/stderr of every program run
+    DIR/bin/           the compiled helpers (tcpbench, cc_preload.so, cc_check)
+
+ENVIRONMENT
+    UIW_STATE_DIR      passed through to `uiw up` and `uiw run` (the uiw state dir)
+    LD_PRELOAD         kept, after cc_preload.so
+    PATH               where the peer tools are looked up
+
+EXIT STATUS
+    0 the benchmark ran (cells may still say failed/unavailable); 1 setup failed
+    (gcc missing, congestion control not settable, output dir not writable);
+    2 usage error.
+
+EXAMPLES
+    cargo run -p uiw-perftest --release -- --quick --no-sweep
+    cargo run -p uiw-perftest --release -- --reps 5 --out /tmp/bench
+    UIW_STATE_DIR=/tmp/uiw-bench-state target/release/uiw-bench --only write_lat,send_lat
+
+CAVEATS
+    Loopback on a small shared VM: both ends share the vCPUs and neighbours steal
+    time. Only figures from the same run are comparable; read the min-max spread
+    before the medians. The targets are judged on medians.
+";
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Options {
+    pub quick: bool,
+    pub reps: usize,
+    pub out: PathBuf,
+    pub cc: Option<String>,
+    pub only: Vec<String>,
+    pub sweep: bool,
+    pub install: bool,
+    pub uiw: Option<PathBuf>,
+    pub device: String,
+    pub list: bool,
+    pub help: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            quick: false,
+            reps: 3,
+            out: PathBuf::from("uiw-bench-results"),
+            cc: None,
+            only: Vec::new(),
+            sweep: true,
+            install: true,
+            uiw: None,
+            device: "uiw_lo".into(),
+            list: false,
+            help: false,
+        }
+    }
+}
+
+/// Parses the arguments after the program name.
+pub fn parse(args: &[String]) -> Result<Options, String> {
+    let mut o = Options::default();
+    let mut reps_given = false;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let (flag, inline) = match a.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
+            _ => (a.as_str(), None),
+        };
+        let mut value = |name: &str| -> Result<String, String> {
+            inline
+                .clone()
+                .or_else(|| it.next().cloned())
+                .ok_or_else(|| format!("{name} needs a value (see --help)"))
+        };
+        match flag {
+            "-h" | "--help" => o.help = true,
+            "--list" => o.list = true,
+            "--quick" => o.quick = true,
+            "--no-sweep" => o.sweep = false,
+            "--no-install" => o.install = false,
+            "--reps" => {
+                let v = value("--reps")?;
+                o.reps = v
+                    .parse()
+                    .ok()
+                    .filter(|n| *n >= 1)
+                    .ok_or_else(|| format!("--reps {v}: want a whole number ≥ 1"))?;
+                reps_given = true;
+            }
+            "--out" => o.out = PathBuf::from(value("--out")?),
+            "--cc" => o.cc = Some(value("--cc")?),
+            "--only" => {
+                let v = value("--only")?;
+                o.only.extend(
+                    v.split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(String::from),
+                );
+            }
+            "--uiw" => o.uiw = Some(PathBuf::from(value("--uiw")?)),
+            "--device" => o.device = value("--device")?,
+            other => return Err(format!("unknown argument {other:?} (see --help)")),
+        }
+    }
+    if o.quick && !reps_given {
+        o.reps = 1;
+    }
+    if !o.only.is_empty() {
+        o.sweep = o.sweep && o.only.iter().any(|r| r == "sweep");
+    }
+    Ok(o)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(a: &[&str]) -> Result<Options, String> {
+        parse(&a.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn defaults_and_flags() {
+        assert_eq!(p(&[]).unwrap(), Options::default());
+        let o = p(&[
+            "--quick",
+            "--out",
+            "/tmp/x",
+            "--cc=reno",
+            "--only",
+            "write_lat,send_lat",
+            "--only",
+            "sweep",
+        ])
+        .unwrap();
+        assert_eq!(o.reps, 1);
+        assert_eq!(o.out, PathBuf::from("/tmp/x"));
+        assert_eq!(o.cc.as_deref(), Some("reno"));
+        assert_eq!(o.only, ["write_lat", "send_lat", "sweep"]);
+        assert!(o.sweep);
+        let o = p(&["--quick", "--reps", "2", "--only", "write_lat"]).unwrap();
+        assert_eq!(o.reps, 2);
+        assert!(!o.sweep, "--only without sweep skips it");
+    }
+
+    #[test]
+    fn errors() {
+        assert!(p(&["--reps", "0"]).unwrap_err().contains("--reps 0"));
+        assert!(p(&["--reps"]).unwrap_err().contains("needs a value"));
+        assert!(p(&["--bogus"]).unwrap_err().contains("unknown argument"));
+    }
+
+    #[test]
+    fn help_names_every_option() {
+        for f in [
+            "--quick",
+            "--reps",
+            "--out",
+            "--cc",
+            "--only",
+            "--no-sweep",
+            "--no-install",
+            "--uiw",
+            "--device",
+            "--list",
+        ] {
+            assert!(HELP.contains(f), "{f} undocumented");
+        }
+        for r in crate::rows::all() {
+            assert!(HELP.contains(&r.name), "row {} undocumented", r.name);
+        }
+    }
+}

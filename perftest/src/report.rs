@@ -1,0 +1,485 @@
+//! The results: the Markdown table (ratios, targets, pass/miss), the raw
+//! repetitions as CSV, everything as JSON.
+
+use crate::bench::{fmt_num, ProbeResult};
+use crate::json::Json;
+use crate::rows::Row;
+use crate::stats::{judge, ratio, Summary};
+use crate::sweep::SweepSeries;
+
+/// What the header of the results says about the run.
+#[derive(Debug, Clone)]
+pub struct Meta {
+    pub date: String,
+    pub machine: String,
+    pub cc: String,
+    pub reps: usize,
+    pub quick: bool,
+    pub uiw_commit: String,
+    /// Setup notes: installs, `uiw up`, …
+    pub notes: Vec<String>,
+}
+
+/// One comparison: a row's uiw figure against one peer.
+#[derive(Debug, Clone)]
+pub struct Comparison<'a> {
+    pub row: &'a Row,
+    pub uiw: &'a ProbeResult,
+    pub peer: &'a ProbeResult,
+    pub scale: f64,
+    pub ratio: Option<f64>,
+    pub verdict: crate::stats::Verdict,
+    pub target: Option<crate::stats::Target>,
+}
+
+fn find<'a>(results: &'a [ProbeResult], p: &crate::probes::Probe) -> &'a ProbeResult {
+    results
+        .iter()
+        .find(|r| &r.probe == p)
+        .expect("every row's probes were run")
+}
+
+fn scaled(s: Summary, k: f64) -> Summary {
+    Summary {
+        median: s.median * k,
+        min: s.min * k,
+        max: s.max * k,
+        n: s.n,
+    }
+}
+
+pub fn comparisons<'a>(rows: &'a [Row], results: &'a [ProbeResult]) -> Vec<Comparison<'a>> {
+    let mut v = Vec::new();
+    for row in rows {
+        let uiw = find(results, &row.uiw);
+        for p in &row.peers {
+            let peer = find(results, &p.probe);
+            let ratio = match (uiw.summary(), peer.summary()) {
+                (Some(u), Some(q)) => ratio(&u, &scaled(q, p.scale)),
+                _ => None,
+            };
+            v.push(Comparison {
+                row,
+                uiw,
+                peer,
+                scale: p.scale,
+                ratio,
+                verdict: judge(p.target, ratio),
+                target: p.target,
+            });
+        }
+    }
+    v
+}
+
+fn md_cell(s: &str) -> String {
+    s.replace('|', "\\|").replace('\n', " ")
+}
+
+/// The congestion controls `ss` saw on the measured programs' sockets.
+pub fn cc_seen(results: &[ProbeResult]) -> (Vec<String>, usize) {
+    let mut seen: Vec<String> = Vec::new();
+    let mut audited = 0;
+    for r in results {
+        if !r.cc_seen.is_empty() {
+            audited += 1;
+        }
+        for c in &r.cc_seen {
+            if !seen.contains(c) {
+                seen.push(c.clone());
+            }
+        }
+    }
+    (seen, audited)
+}
+
+pub fn markdown(
+    meta: &Meta,
+    rows: &[Row],
+    results: &[ProbeResult],
+    sweep: &[SweepSeries],
+) -> String {
+    let mut s = String::new();
+    s.push_str("# uiw-bench results\n\n");
+    s.push_str(&format!("- **Date**: {}\n", meta.date));
+    s.push_str(&format!("- **Machine**: {}\n", meta.machine));
+    s.push_str(&format!("- **uiw**: {}\n", meta.uiw_commit));
+    let (seen, audited) = cc_seen(results);
+    let audit = if audited == 0 {
+        "no bandwidth run lived long enough to be checked with `ss`".to_string()
+    } else if seen == [meta.cc.clone()] {
+        format!(
+            "`ss` saw only `{}` on the sockets of {audited} bandwidth probes",
+            meta.cc
+        )
+    } else {
+        format!(
+            "**warning**: `ss` saw {} on the sockets of {audited} bandwidth probes",
+            seen.join(", ")
+        )
+    };
+    s.push_str(&format!(
+        "- **TCP congestion control: `{}` for every row** (forced on every program's sockets, uiw's \
+         included, through LD_PRELOAD of cc_preload.so; checked before the run with cc_check; {audit})\n",
+        meta.cc
+    ));
+    s.push_str(&format!(
+        "- **Repetitions**: {}{}, interleaved (each repetition runs every probe once, uiw and peers \
+         alternating); figures are medians (min–max)\n",
+        meta.reps,
+        if meta.quick { " (--quick: short runs, smoke test only)" } else { "" }
+    ));
+    s.push_str(
+        "- **Units**: GB/s = 10^9 bytes/s (perftest's and UCX's MB/s are 2^20 B/s and were converted); \
+         latency in µs, half round trip unless the side says otherwise\n",
+    );
+    s.push_str(
+        "- **Ratio** = uiw median / peer median; the issue's targets are marked pass/miss on it\n",
+    );
+    for n in &meta.notes {
+        s.push_str(&format!("- {}\n", md_cell(n)));
+    }
+    s.push_str("\n| row | uiw | uiw side | peer | peer figure | peer side | uiw/peer | target | verdict |\n");
+    s.push_str("|---|---|---|---|---|---|---|---|---|\n");
+    let mut last_row = String::new();
+    for c in comparisons(rows, results) {
+        let first = c.row.name != last_row;
+        last_row = c.row.name.clone();
+        let (name, uiw, uside) = if first {
+            (
+                format!("**{}**", c.row.name),
+                c.uiw.cell(1.0),
+                c.uiw.probe.side().to_string(),
+            )
+        } else {
+            (String::new(), "〃".into(), String::new())
+        };
+        let mut peer = c.peer.probe.label();
+        if c.scale != 1.0 {
+            peer.push_str(&format!(" ×{}", crate::stats::trim_float(c.scale)));
+        }
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            name,
+            md_cell(&uiw),
+            uside,
+            md_cell(&peer),
+            md_cell(&c.peer.cell(c.scale)),
+            if c.scale == 2.0 && c.peer.probe.side().ends_with("half round trip") {
+                c.peer
+                    .probe
+                    .side()
+                    .replace("half round trip", "2 × half round trip")
+            } else {
+                c.peer.probe.side().to_string()
+            },
+            c.ratio.map_or("n/a".into(), |r| format!("{}×", fmt_num(r))),
+            c.target.map_or("—".into(), |t| t.label()),
+            c.verdict.label()
+        ));
+    }
+    if !sweep.is_empty() {
+        s.push_str("\n## Size sweep (one pass)\n\n");
+        s.push_str("Charts: [bandwidth.svg](bandwidth.svg), [latency.svg](latency.svg); numbers in sweep.csv.\n\n");
+        for ser in sweep {
+            let pts = ser.points.len();
+            let mut line = format!("- {} ({}): {pts} sizes", ser.name, ser.side);
+            if let Some((size, why)) = ser.failures.first() {
+                let at = size
+                    .map(|z| format!(" at {}", crate::probes::size_label(z)))
+                    .unwrap_or_default();
+                line.push_str(&format!(
+                    "; {} failure(s), first{at}: {}",
+                    ser.failures.len(),
+                    md_cell(why)
+                ));
+            }
+            s.push_str(&line);
+            s.push('\n');
+        }
+    }
+    s.push_str("\n## Commands (first repetition; ports change per run)\n\n");
+    for r in results {
+        if r.commands.is_empty() {
+            continue;
+        }
+        s.push_str(&format!("- {}:\n", r.probe.label()));
+        for c in &r.commands {
+            s.push_str(&format!("  - `{c}`\n"));
+        }
+    }
+    for ser in sweep.iter().filter(|x| !x.commands.is_empty()) {
+        s.push_str(&format!("- sweep {} (per size):\n", ser.name));
+        for c in &ser.commands {
+            s.push_str(&format!("  - `{c}`\n"));
+        }
+    }
+    s
+}
+
+/// A CSV field, quoted when it has to be.
+pub fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+/// Every repetition of every probe.
+pub fn csv(results: &[ProbeResult]) -> String {
+    let mut s = String::from("probe,stack,label,unit,side,rep,value,status,detail\n");
+    for r in results {
+        let head = format!(
+            "{},{},{},{},{}",
+            r.probe.id(),
+            r.probe.stack(),
+            csv_field(&r.probe.label()),
+            r.probe.metric().unit(),
+            csv_field(r.probe.side())
+        );
+        if let Some(u) = &r.unavailable {
+            s.push_str(&format!("{head},,,unavailable,{}\n", csv_field(u)));
+            continue;
+        }
+        for smp in &r.samples {
+            match &smp.value {
+                Ok(v) => s.push_str(&format!("{head},{},{v},ok,\n", smp.rep + 1)),
+                Err(e) => s.push_str(&format!(
+                    "{head},{},,failed,{}\n",
+                    smp.rep + 1,
+                    csv_field(e)
+                )),
+            }
+        }
+    }
+    s
+}
+
+fn summary_json(s: Option<Summary>) -> Json {
+    match s {
+        None => Json::Null,
+        Some(s) => Json::obj([
+            ("median", Json::Num(s.median)),
+            ("min", Json::Num(s.min)),
+            ("max", Json::Num(s.max)),
+            ("n", Json::Num(s.n as f64)),
+        ]),
+    }
+}
+
+pub fn json(meta: &Meta, rows: &[Row], results: &[ProbeResult], sweep: &[SweepSeries]) -> Json {
+    let probes = results
+        .iter()
+        .map(|r| {
+            Json::obj([
+                ("id", Json::str(r.probe.id())),
+                ("label", Json::str(r.probe.label())),
+                ("stack", Json::str(r.probe.stack())),
+                ("size_bytes", Json::Num(r.probe.size as f64)),
+                ("unit", Json::str(r.probe.metric().unit())),
+                ("side", Json::str(r.probe.side())),
+                (
+                    "unavailable",
+                    r.unavailable.clone().map_or(Json::Null, Json::Str),
+                ),
+                (
+                    "samples",
+                    Json::Arr(
+                        r.samples
+                            .iter()
+                            .map(|s| match &s.value {
+                                Ok(v) => Json::obj([
+                                    ("rep", Json::Num((s.rep + 1) as f64)),
+                                    ("value", Json::Num(*v)),
+                                ]),
+                                Err(e) => Json::obj([
+                                    ("rep", Json::Num((s.rep + 1) as f64)),
+                                    ("failed", Json::str(e.clone())),
+                                ]),
+                            })
+                            .collect(),
+                    ),
+                ),
+                ("summary", summary_json(r.summary())),
+                (
+                    "cc_seen_by_ss",
+                    Json::Arr(r.cc_seen.iter().cloned().map(Json::Str).collect()),
+                ),
+                (
+                    "commands",
+                    Json::Arr(r.commands.iter().cloned().map(Json::Str).collect()),
+                ),
+            ])
+        })
+        .collect();
+    let comps = comparisons(rows, results)
+        .iter()
+        .map(|c| {
+            Json::obj([
+                ("row", Json::str(c.row.name.clone())),
+                ("uiw", Json::str(c.uiw.probe.id())),
+                ("peer", Json::str(c.peer.probe.id())),
+                ("peer_scale", Json::Num(c.scale)),
+                ("ratio", Json::opt_num(c.ratio)),
+                (
+                    "target",
+                    c.target.map_or(Json::Null, |t| Json::str(t.label())),
+                ),
+                ("verdict", Json::str(c.verdict.label().trim_matches('*'))),
+            ])
+        })
+        .collect();
+    let sw = sweep
+        .iter()
+        .map(|s| {
+            Json::obj([
+                ("series", Json::str(s.name.clone())),
+                ("unit", Json::str(s.metric.unit())),
+                ("side", Json::str(s.side.clone())),
+                (
+                    "points",
+                    Json::Arr(
+                        s.points
+                            .iter()
+                            .map(|&(z, v)| Json::Arr(vec![Json::Num(z as f64), Json::Num(v)]))
+                            .collect(),
+                    ),
+                ),
+                (
+                    "failures",
+                    Json::Arr(
+                        s.failures
+                            .iter()
+                            .map(|(z, e)| {
+                                Json::obj([
+                                    ("size_bytes", z.map_or(Json::Null, |z| Json::Num(z as f64))),
+                                    ("reason", Json::str(e.clone())),
+                                ])
+                            })
+                            .collect(),
+                    ),
+                ),
+            ])
+        })
+        .collect();
+    Json::obj([
+        ("date", Json::str(meta.date.clone())),
+        ("machine", Json::str(meta.machine.clone())),
+        ("uiw", Json::str(meta.uiw_commit.clone())),
+        ("congestion_control", Json::str(meta.cc.clone())),
+        ("repetitions", Json::Num(meta.reps as f64)),
+        ("quick", Json::Bool(meta.quick)),
+        (
+            "notes",
+            Json::Arr(meta.notes.iter().cloned().map(Json::Str).collect()),
+        ),
+        (
+            "units",
+            Json::obj([
+                ("bandwidth", Json::str("GB/s = 1e9 B/s")),
+                ("latency", Json::str("µs")),
+            ]),
+        ),
+        ("probes", Json::Arr(probes)),
+        ("comparisons", Json::Arr(comps)),
+        ("sweep", Json::Arr(sw)),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::Sample;
+    use crate::rows::select;
+
+    fn results_for(
+        rows: &[Row],
+        f: impl Fn(&crate::probes::Probe) -> Vec<Result<f64, String>>,
+    ) -> Vec<ProbeResult> {
+        crate::rows::probe_order(rows)
+            .into_iter()
+            .map(|p| {
+                let mut r = ProbeResult::new(p.clone());
+                if p.tool() == "fi_rma_bw" {
+                    r.unavailable = Some("not packaged".into());
+                }
+                r.samples = f(&p)
+                    .into_iter()
+                    .enumerate()
+                    .map(|(rep, value)| Sample { rep, value })
+                    .collect();
+                r
+            })
+            .collect()
+    }
+
+    fn meta() -> Meta {
+        Meta {
+            date: "2026-11-22 02:00 UTC".into(),
+            machine: "test".into(),
+            cc: "cubic".into(),
+            reps: 3,
+            quick: false,
+            uiw_commit: "abc".into(),
+            notes: vec![],
+        }
+    }
+
+    #[test]
+    fn verdicts_in_table() {
+        let rows = select(&["write_bw_64k".into(), "write_lat".into()]).unwrap();
+        let results = results_for(&rows, |p| match p.id().as_str() {
+            "uiw.ib_write_bw.65536" => vec![Ok(3.0), Ok(3.2), Ok(2.8)],
+            "tcp.bw.65536" => vec![Ok(4.0), Ok(4.0), Ok(4.0)],
+            "ucx.put_bw_zcopy.65536" => vec![Ok(1.0), Ok(1.0), Ok(1.0)],
+            "uiw.ib_write_lat.8" => vec![Err("exit status 1: Couldn't post send".into())],
+            _ => vec![Ok(2.0)],
+        });
+        let c = comparisons(&rows, &results);
+        assert_eq!(c.len(), 8);
+        assert_eq!(c[0].ratio, Some(0.75));
+        assert_eq!(c[0].verdict, crate::stats::Verdict::Miss);
+        assert_eq!(c[1].ratio, Some(3.0));
+        assert_eq!(c[1].verdict, crate::stats::Verdict::Pass);
+        assert_eq!(c[2].ratio, None, "unavailable peer");
+        assert_eq!(c[4].verdict, crate::stats::Verdict::Unjudged);
+        let md = markdown(&meta(), &rows, &results, &[]);
+        assert!(md.contains("| **write_bw_64k** | 3.00 GB/s (2.80–3.20) | requester | TCP single stream 64 KiB (tcpbench bw) | 4.00 GB/s (4.00–4.00) | receiver | 0.75× | ≥ 0.9× | **miss** |"), "{md}");
+        assert!(md.contains("| 〃 |  | UCX UCT tcp put_bw zcopy 64 KiB | 1.00 GB/s (1.00–1.00) | initiator | 3.00× | > 1× | **pass** |"), "{md}");
+        assert!(md.contains("unavailable: not packaged"));
+        assert!(md.contains("| **write_lat** | failed: exit status 1: Couldn't post send |"));
+        assert!(md.contains("`cubic` for every row"));
+        let csv = csv(&results);
+        assert!(csv.contains(
+            "uiw.ib_write_bw.65536,uiw,uiw ib_write_bw 64 KiB,GB/s,requester,2,3.2,ok,\n"
+        ));
+        assert!(csv.contains(",1,,failed,exit status 1: Couldn't post send\n"));
+        let j = json(&meta(), &rows, &results, &[]).to_pretty();
+        assert!(j.contains("\"verdict\": \"miss\""));
+        assert!(j.contains("\"median\": 3"));
+    }
+
+    #[test]
+    fn read_lat_peers_are_doubled() {
+        let rows = select(&["read_lat".into()]).unwrap();
+        let results = results_for(&rows, |p| {
+            if p.stack() == "uiw" {
+                vec![Ok(10.0)]
+            } else {
+                vec![Ok(2.5)]
+            }
+        });
+        let c = comparisons(&rows, &results);
+        assert_eq!(c[0].ratio, Some(2.0));
+        let md = markdown(&meta(), &rows, &results, &[]);
+        assert!(md.contains("TCP busy-poll ping-pong 8 B (tcpbench pp -b) ×2 | 5.00 µs | client, 2 × half round trip |"), "{md}");
+    }
+
+    #[test]
+    fn csv_quoting() {
+        assert_eq!(csv_field("a,b"), "\"a,b\"");
+        assert_eq!(csv_field("say \"x\""), "\"say \"\"x\"\"\"");
+        assert_eq!(csv_field("plain"), "plain");
+    }
+}

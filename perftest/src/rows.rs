@@ -1,0 +1,185 @@
+//! The table's rows: a uiw measurement, the peers it is set beside, and the
+//! issue's targets on the ratios.
+
+use crate::probes::{Kind, Probe};
+use crate::stats::Target;
+
+/// The perftest programs the rows use.
+pub const PERFTEST_PROGS: &[&str] = &[
+    "ib_write_bw",
+    "ib_read_bw",
+    "ib_send_bw",
+    "ib_write_lat",
+    "ib_send_lat",
+    "ib_read_lat",
+];
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Peer {
+    pub probe: Probe,
+    pub target: Option<Target>,
+    /// The peer's figure is multiplied by this before the ratio (2 turns a
+    /// half round trip into a full one for ib_read_lat).
+    pub scale: f64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    /// `--only` name.
+    pub name: String,
+    pub uiw: Probe,
+    pub peers: Vec<Peer>,
+}
+
+const KIB64: u64 = 64 << 10;
+const MIB1: u64 = 1 << 20;
+
+fn peer(kind: Kind, size: u64, target: Option<Target>) -> Peer {
+    Peer {
+        probe: Probe::new(kind, size),
+        target,
+        scale: 1.0,
+    }
+}
+
+fn bw_row(prog: &'static str, size: u64, with_targets: bool) -> Row {
+    let t = |x| if with_targets { Some(x) } else { None };
+    let short = prog.trim_start_matches("ib_");
+    Row {
+        name: format!("{short}_{}", if size == KIB64 { "64k" } else { "1m" }),
+        uiw: Probe::new(Kind::Perftest { prog }, size),
+        peers: vec![
+            peer(Kind::TcpBw, size, t(Target::AtLeast(0.9))),
+            peer(Kind::UcxPutBw, size, t(Target::Above(1.0))),
+            peer(Kind::FiRmaBw, size, None),
+            peer(Kind::Iperf3, size, None),
+        ],
+    }
+}
+
+fn lat_row(prog: &'static str, with_targets: bool) -> Row {
+    let t = |x| if with_targets { Some(x) } else { None };
+    Row {
+        name: prog.trim_start_matches("ib_").to_string(),
+        uiw: Probe::new(Kind::Perftest { prog }, 8),
+        peers: vec![
+            peer(Kind::TcpPp, 8, t(Target::AtMost(1.2))),
+            peer(Kind::UcxAmLat, 8, t(Target::Below(1.0))),
+            peer(Kind::FiPingpong, 8, t(Target::Below(1.0))),
+            peer(Kind::UcxTagLat, 8, None),
+        ],
+    }
+}
+
+/// Every row, in table order. The targets sit on the write_bw,
+/// write_lat and send_lat rows; the others are informational.
+pub fn all() -> Vec<Row> {
+    let mut read_lat = lat_row("ib_read_lat", false);
+    for p in &mut read_lat.peers {
+        p.scale = 2.0; // peers report half round trips, a read is a full one
+    }
+    vec![
+        bw_row("ib_write_bw", KIB64, true),
+        bw_row("ib_write_bw", MIB1, true),
+        lat_row("ib_write_lat", true),
+        lat_row("ib_send_lat", true),
+        bw_row("ib_read_bw", KIB64, false),
+        bw_row("ib_read_bw", MIB1, false),
+        bw_row("ib_send_bw", KIB64, false),
+        bw_row("ib_send_bw", MIB1, false),
+        read_lat,
+    ]
+}
+
+/// The rows `--only` selects (all when `only` is empty). Unknown names are
+/// an error listing the valid ones. `sweep` is not a row and is skipped.
+pub fn select(only: &[String]) -> Result<Vec<Row>, String> {
+    let rows = all();
+    if only.is_empty() {
+        return Ok(rows);
+    }
+    let names: Vec<String> = rows.iter().map(|r| r.name.clone()).collect();
+    for o in only {
+        if o != "sweep" && !names.contains(o) {
+            return Err(format!(
+                "unknown row {o:?} for --only (rows: {}, sweep)",
+                names.join(", ")
+            ));
+        }
+    }
+    Ok(rows
+        .into_iter()
+        .filter(|r| only.contains(&r.name))
+        .collect())
+}
+
+/// The distinct probes of `rows`, in first-use order: one repetition runs
+/// them in this order, so uiw and its peers alternate (A B C A B C …).
+pub fn probe_order(rows: &[Row]) -> Vec<Probe> {
+    let mut v: Vec<Probe> = Vec::new();
+    for r in rows {
+        for p in std::iter::once(&r.uiw).chain(r.peers.iter().map(|p| &p.probe)) {
+            if !v.contains(p) {
+                v.push(p.clone());
+            }
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_targets() {
+        let rows = all();
+        let names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "write_bw_64k",
+                "write_bw_1m",
+                "write_lat",
+                "send_lat",
+                "read_bw_64k",
+                "read_bw_1m",
+                "send_bw_64k",
+                "send_bw_1m",
+                "read_lat"
+            ]
+        );
+        let w = &rows[0];
+        assert_eq!(w.uiw.size, 65536);
+        assert_eq!(w.peers[0].target, Some(Target::AtLeast(0.9)));
+        assert_eq!(w.peers[1].target, Some(Target::Above(1.0)));
+        let l = &rows[3];
+        assert_eq!(l.peers[0].target, Some(Target::AtMost(1.2)));
+        assert_eq!(l.peers[1].target, Some(Target::Below(1.0)));
+        assert_eq!(l.peers[2].target, Some(Target::Below(1.0)));
+        assert!(rows[4].peers.iter().all(|p| p.target.is_none()));
+        assert!(rows[8].peers.iter().all(|p| p.scale == 2.0));
+    }
+
+    #[test]
+    fn selection_and_order() {
+        let r = select(&["write_lat".into(), "sweep".into()]).unwrap();
+        assert_eq!(r.len(), 1);
+        assert!(select(&["nope".into()])
+            .unwrap_err()
+            .contains("write_bw_64k"));
+        let order = probe_order(&select(&["write_lat".into(), "send_lat".into()]).unwrap());
+        let ids: Vec<String> = order.iter().map(|p| p.id()).collect();
+        assert_eq!(
+            ids,
+            [
+                "uiw.ib_write_lat.8",
+                "tcp.pp_busy.8",
+                "ucx.am_lat.8",
+                "libfabric.fi_pingpong.8",
+                "ucx.tag_lat.8",
+                "uiw.ib_send_lat.8"
+            ]
+        );
+    }
+}

@@ -1,0 +1,341 @@
+//! Everything before the first measurement: the C helpers compiled with
+//! gcc, the congestion control checked to really reach the programs'
+//! sockets, missing peer packages installed, `uiw up`, the machine
+//! described.
+
+use crate::proc::{run_capture, Cmd};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const TCPBENCH_C: &str = include_str!("../c/tcpbench.c");
+const CC_PRELOAD_C: &str = include_str!("../c/cc_preload.c");
+const CC_CHECK_C: &str = include_str!("../c/cc_check.c");
+
+/// Debian packages providing the peer tools.
+pub const PACKAGES: &[(&str, &str)] = &[
+    ("ib_write_bw", "perftest"),
+    ("ucx_perftest", "ucx-utils"),
+    ("fi_pingpong", "libfabric-bin"),
+    ("iperf3", "iperf3"),
+];
+
+/// What every probe needs to build its commands.
+#[derive(Debug)]
+pub struct Ctx {
+    pub cc: String,
+    /// The kernel's available congestion controls (for reading `ss`).
+    pub known_cc: Vec<String>,
+    pub preload: PathBuf,
+    pub tcpbench: PathBuf,
+    /// The `uiw` binary, or why uiw rows cannot run.
+    pub uiw: Result<PathBuf, String>,
+    pub device: String,
+    /// Tool name → available, or why not.
+    pub tools: BTreeMap<String, Result<(), String>>,
+    pub logs: PathBuf,
+}
+
+impl Ctx {
+    /// A command for a peer program, under the congestion-control preload.
+    pub fn cmd(&self, program: &str) -> Cmd {
+        let mut preload = self.preload.display().to_string();
+        if let Ok(old) = std::env::var("LD_PRELOAD") {
+            if !old.is_empty() {
+                preload = format!("{preload}:{old}");
+            }
+        }
+        Cmd::new(program)
+            .env("LD_PRELOAD", preload)
+            .env("BENCH_TCPCC", self.cc.clone())
+    }
+
+    /// `uiw run -- prog args…` under the same preload (uiw appends its shim).
+    pub fn uiw_cmd(&self, prog: &str, args: &[String]) -> Result<Cmd, String> {
+        let uiw = self.uiw.as_ref().map_err(Clone::clone)?;
+        Ok(self
+            .cmd(&uiw.display().to_string())
+            .args(["run", "--", prog])
+            .args(args.iter().cloned()))
+    }
+
+    pub fn available(&self, tool: &str) -> Result<(), String> {
+        if tool.starts_with("ib_") {
+            self.uiw.as_ref().map_err(Clone::clone)?;
+        }
+        match self.tools.get(tool) {
+            Some(r) => r.clone(),
+            None => Err(format!("{tool} not checked")),
+        }
+    }
+}
+
+/// Is `prog` an executable on PATH?
+pub fn on_path(prog: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(prog))
+        .find(|p| {
+            p.is_file()
+                && p.metadata().is_ok_and(|m| {
+                    use std::os::unix::fs::PermissionsExt;
+                    m.permissions().mode() & 0o111 != 0
+                })
+        })
+}
+
+/// Effective uid 0, from /proc/self/status ("Uid: real effective saved fs").
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
+}
+
+/// Compiles the embedded C helpers into `bin`.
+pub fn build_helpers(bin: &Path, logs: &Path) -> Result<(PathBuf, PathBuf, PathBuf), String> {
+    std::fs::create_dir_all(bin).map_err(|e| format!("cannot create {}: {e}", bin.display()))?;
+    on_path("gcc").ok_or(
+        "gcc not found on PATH (apt-get install -y gcc): it builds tcpbench and cc_preload.so",
+    )?;
+    let mut built = Vec::new();
+    for (name, src, extra) in [
+        ("tcpbench", TCPBENCH_C, &["-pthread"][..]),
+        (
+            "cc_preload.so",
+            CC_PRELOAD_C,
+            &["-shared", "-fPIC", "-ldl"][..],
+        ),
+        ("cc_check", CC_CHECK_C, &[][..]),
+    ] {
+        let c = bin.join(format!("{}.c", name.trim_end_matches(".so")));
+        std::fs::write(&c, src).map_err(|e| format!("cannot write {}: {e}", c.display()))?;
+        let out = bin.join(name);
+        let cmd = Cmd::new("gcc")
+            .args(["-O2", "-Wall", "-o"])
+            .arg(out.display().to_string())
+            .arg(c.display().to_string())
+            .args(extra.iter().copied());
+        let o = run_capture(
+            &cmd,
+            Duration::from_secs(120),
+            &logs.join(format!("gcc-{name}")),
+        )?;
+        if !o.success() {
+            return Err(format!("gcc failed to build {name}: {}", o.stderr.trim()));
+        }
+        built.push(out);
+    }
+    let mut it = built.into_iter();
+    Ok((it.next().unwrap(), it.next().unwrap(), it.next().unwrap()))
+}
+
+pub fn available_cc() -> Vec<String> {
+    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(String::from)
+        .collect()
+}
+
+/// Makes `cc` available (loading `tcp_<cc>` if needed), and returns the
+/// kernel's list.
+pub fn ensure_cc(cc: &str, logs: &Path) -> Result<Vec<String>, String> {
+    let mut known = available_cc();
+    if !known.iter().any(|k| k == cc) {
+        let _ = run_capture(
+            &Cmd::new("modprobe").arg(format!("tcp_{cc}")),
+            Duration::from_secs(20),
+            &logs.join("modprobe"),
+        );
+        known = available_cc();
+    }
+    if !known.iter().any(|k| k == cc) {
+        return Err(format!(
+            "congestion control {cc:?} is not available in this kernel (available: {})",
+            known.join(" ")
+        ));
+    }
+    Ok(known)
+}
+
+/// Runs cc_check as `cmd` and demands it reports `cc`.
+pub fn verify_cc(cmd: &Cmd, cc: &str, what: &str, log: &Path) -> Result<(), String> {
+    let o = run_capture(cmd, Duration::from_secs(30), log)?;
+    let got = o
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("cc="))
+        .map(str::to_string);
+    match got {
+        Some(g) if g == cc => Ok(()),
+        Some(g) => Err(format!(
+            "{what}: a new TCP socket gets congestion control {g:?}, not {cc:?} ({}); setting a \
+             congestion control outside net.ipv4.tcp_allowed_congestion_control needs root",
+            o.stderr.trim()
+        )),
+        None => Err(format!(
+            "{what}: cc_check printed no result ({}; {})",
+            o.describe(Duration::from_secs(30)),
+            o.stderr.trim()
+        )),
+    }
+}
+
+/// Installs the Debian packages of missing peer tools (root only).
+/// Returns a note for the report.
+pub fn install_missing(logs: &Path) -> Option<String> {
+    let missing: Vec<&str> = PACKAGES
+        .iter()
+        .filter(|(tool, _)| on_path(tool).is_none())
+        .map(|(_, pkg)| *pkg)
+        .collect();
+    if missing.is_empty() {
+        return None;
+    }
+    if !is_root() {
+        return Some(format!(
+            "not root: did not install {} (run `apt-get install -y {}` as root)",
+            missing.join(" "),
+            missing.join(" ")
+        ));
+    }
+    eprintln!("uiw-bench: apt-get install -y {}", missing.join(" "));
+    let cmd = Cmd::new("apt-get")
+        .args(["install", "-y", "-q"])
+        .args(missing.iter().copied())
+        .env("DEBIAN_FRONTEND", "noninteractive");
+    match run_capture(
+        &cmd,
+        Duration::from_secs(600),
+        &logs.join("apt-get-install"),
+    ) {
+        Ok(o) if o.success() => Some(format!("installed {}", missing.join(" "))),
+        Ok(o) => Some(format!(
+            "apt-get install -y {} failed ({}; a fresh machine may need `apt-get update` first)",
+            missing.join(" "),
+            o.describe(Duration::from_secs(600))
+        )),
+        Err(e) => Some(e),
+    }
+}
+
+/// Which tools the probes need, and whether each is here.
+pub fn check_tools(tcpbench: &Path) -> BTreeMap<String, Result<(), String>> {
+    let mut m = BTreeMap::new();
+    for prog in crate::rows::PERFTEST_PROGS {
+        let r = on_path(prog)
+            .map(|_| ())
+            .ok_or_else(|| format!("{prog} not found (Debian package perftest)"));
+        m.insert(prog.to_string(), r);
+    }
+    for (tool, pkg) in PACKAGES.iter().skip(1) {
+        let r = on_path(tool)
+            .map(|_| ())
+            .ok_or_else(|| format!("{tool} not found (Debian package {pkg})"));
+        m.insert(tool.to_string(), r);
+    }
+    m.insert(
+        "fi_rma_bw".into(),
+        on_path("fi_rma_bw")
+            .map(|_| ())
+            .ok_or_else(|| "no fi_rma_bw (Debian 12 packages no fabtests)".to_string()),
+    );
+    m.insert(
+        "tcpbench".into(),
+        if tcpbench.is_file() {
+            Ok(())
+        } else {
+            Err("tcpbench was not built".into())
+        },
+    );
+    m
+}
+
+/// The `uiw` binary: `--uiw`, else beside this executable (cargo puts a
+/// profile's binaries together), else on PATH.
+pub fn find_uiw(explicit: Option<&Path>) -> Result<PathBuf, String> {
+    if let Some(p) = explicit {
+        return if p.is_file() {
+            Ok(p.to_path_buf())
+        } else {
+            Err(format!("--uiw {}: no such file", p.display()))
+        };
+    }
+    if let Some(p) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(|d| d.join("uiw")))
+        .filter(|p| p.is_file())
+    {
+        return Ok(p);
+    }
+    on_path("uiw").ok_or_else(|| {
+        "uiw binary not found beside uiw-bench nor on PATH (cargo build --workspace --release, or --uiw PATH)".into()
+    })
+}
+
+/// `uiw up`: publishes uiw_lo (needs root the first time).
+pub fn uiw_up(uiw: &Path, logs: &Path) -> Result<(), String> {
+    let o = run_capture(
+        &Cmd::new(uiw.display().to_string()).arg("up"),
+        Duration::from_secs(60),
+        &logs.join("uiw-up"),
+    )?;
+    if o.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "`uiw up` failed ({}): {}",
+            o.describe(Duration::from_secs(60)),
+            crate::parse::failure_reason(&o.stderr, &o.stdout).unwrap_or_default()
+        ))
+    }
+}
+
+/// One line describing the machine: CPU model, vCPUs, kernel, lo MTU.
+pub fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let ncpu = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    let os = std::fs::read_to_string("/etc/os-release")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("PRETTY_NAME=")
+                    .map(|v| v.trim_matches('"').to_string())
+            })
+        })
+        .unwrap_or_default();
+    let mtu = std::fs::read_to_string("/sys/class/net/lo/mtu")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "?".into());
+    format!("{cpu}, {ncpu} vCPUs, {os}, kernel {kernel}, lo MTU {mtu}")
+}
+
+/// Current UTC date and time, `2026-11-22 02:10 UTC` (from `date`, to need no
+/// time crate).
+pub fn now_utc() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "unknown date".into())
+}
