@@ -7,6 +7,8 @@
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use uiw_examples::{is_root, skip, Artifacts, Published};
@@ -108,7 +110,12 @@ pub fn spawn(dev: &Published, args: &[&str], envs: &[(&str, &str)]) -> Child {
 
 /// Wait for a child at most `limit`; kill it when it takes longer (the bool says so). Its
 /// output is read while it runs, so a chatty child never blocks on a full pipe.
-pub fn finish(mut c: Child, limit: Duration) -> (Output, bool) {
+pub fn finish(c: Child, limit: Duration) -> (Output, bool) {
+    finish_until(c, limit, &AtomicBool::new(false))
+}
+
+/// `finish`, also killing the child as soon as `stop` is set.
+pub fn finish_until(mut c: Child, limit: Duration, stop: &AtomicBool) -> (Output, bool) {
     use std::io::Read;
     fn drain<R: Read + Send + 'static>(r: Option<R>) -> std::thread::JoinHandle<Vec<u8>> {
         std::thread::spawn(move || {
@@ -125,7 +132,7 @@ pub fn finish(mut c: Child, limit: Duration) -> (Output, bool) {
     let status = loop {
         match c.try_wait() {
             Ok(Some(st)) => break st,
-            Ok(None) if start.elapsed() > limit => {
+            Ok(None) if start.elapsed() > limit || stop.load(Ordering::SeqCst) => {
                 let _ = c.kill();
                 timed_out = true;
                 break c.wait().expect("wait for the killed child");
@@ -150,10 +157,18 @@ pub fn text(o: &Output) -> String {
 /// Run a server, give it `delay` to listen, run the client; both must exit 0 in time.
 pub fn pair(dev: &Published, server: &[&str], client: &[&str], delay: Duration, limit: Duration) -> (Output, Output) {
     let s = spawn(dev, server, &[]);
+    // The server's output must be read while the client runs (rping -v fills a pipe).
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let waiter = std::thread::spawn(move || finish_until(s, limit + delay, &stop2));
     std::thread::sleep(delay);
     let c = spawn(dev, client, &[]);
     let (co, ct) = finish(c, limit);
-    let (so, st) = finish(s, if co.status.success() { limit } else { Duration::from_secs(2) });
+    if !co.status.success() {
+        std::thread::sleep(Duration::from_secs(2));
+        stop.store(true, Ordering::SeqCst);
+    }
+    let (so, st) = waiter.join().expect("server waiter");
     assert!(
         !ct && !st && co.status.success() && so.status.success(),
         "{server:?} / {client:?} failed (timed out: server {st}, client {ct})\n=== server ===\n{}\n=== client ===\n{}",
