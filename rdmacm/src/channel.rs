@@ -27,7 +27,11 @@ pub struct Channel<T> {
 impl<T> Channel<T> {
     pub fn new() -> io::Result<Channel<T>> {
         let (rfd, wfd) = sys::socketpair()?;
-        Ok(Channel { rfd, wfd, q: Mutex::new(VecDeque::new()) })
+        Ok(Channel {
+            rfd,
+            wfd,
+            q: Mutex::new(VecDeque::new()),
+        })
     }
 
     /// The fd to hand to the application.
@@ -84,10 +88,6 @@ impl<T> Channel<T> {
             }
         }
         out
-    }
-
-    pub fn len(&self) -> usize {
-        self.lock().len()
     }
 }
 

@@ -26,7 +26,12 @@ macro_rules! field {
 }
 
 impl CId {
-    pub fn new(channel: *mut abi::rdma_event_channel, context: usize, ps: u32, qp_type: u32) -> CId {
+    pub fn new(
+        channel: *mut abi::rdma_event_channel,
+        context: usize,
+        ps: u32,
+        qp_type: u32,
+    ) -> CId {
         let b = Box::new(abi::rdma_cm_id {
             channel,
             context: context as *mut libc::c_void,
@@ -58,10 +63,6 @@ impl CId {
             }
             field!(self, port_num).write_volatile(port);
         }
-    }
-    pub fn verbs(&self) -> *mut abi::ibv_context {
-        // SAFETY: as above.
-        unsafe { field!(self, verbs).read_volatile() }
     }
     pub fn qp(&self) -> Option<Qp> {
         // SAFETY: as above.
@@ -111,19 +112,37 @@ impl CId {
     /// Store `a` in route.addr.src_addr (None clears it).
     pub fn set_src(&self, a: Option<SocketAddr>) {
         // SAFETY: src_storage is a sockaddr_storage inside the live struct.
-        unsafe { write_storage(ptr::addr_of_mut!((*self.route_addr()).__bindgen_anon_1) as *mut libc::sockaddr_storage, a) }
+        unsafe {
+            write_storage(
+                ptr::addr_of_mut!((*self.route_addr()).__bindgen_anon_1)
+                    as *mut libc::sockaddr_storage,
+                a,
+            )
+        }
     }
     pub fn set_dst(&self, a: Option<SocketAddr>) {
         // SAFETY: dst_storage is a sockaddr_storage inside the live struct.
-        unsafe { write_storage(ptr::addr_of_mut!((*self.route_addr()).__bindgen_anon_2) as *mut libc::sockaddr_storage, a) }
+        unsafe {
+            write_storage(
+                ptr::addr_of_mut!((*self.route_addr()).__bindgen_anon_2)
+                    as *mut libc::sockaddr_storage,
+                a,
+            )
+        }
     }
     pub fn src(&self) -> Option<SocketAddr> {
         // SAFETY: as in set_src.
-        unsafe { read_storage(ptr::addr_of!((*self.route_addr()).__bindgen_anon_1) as *const libc::sockaddr_storage) }
+        unsafe {
+            read_storage(ptr::addr_of!((*self.route_addr()).__bindgen_anon_1)
+                as *const libc::sockaddr_storage)
+        }
     }
     pub fn dst(&self) -> Option<SocketAddr> {
         // SAFETY: as in set_dst.
-        unsafe { read_storage(ptr::addr_of!((*self.route_addr()).__bindgen_anon_2) as *const libc::sockaddr_storage) }
+        unsafe {
+            read_storage(ptr::addr_of!((*self.route_addr()).__bindgen_anon_2)
+                as *const libc::sockaddr_storage)
+        }
     }
 }
 

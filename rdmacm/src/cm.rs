@@ -98,7 +98,11 @@ pub fn devices() -> &'static [Arc<Device>] {
     DEVS.get_or_init(|| {
         let mut out = Vec::new();
         for (ctx, name) in verbs::open_devices(is_uiw_name) {
-            if !ctx.provider_path().map(|p| is_uiw_provider(&p)).unwrap_or(false) {
+            if !ctx
+                .provider_path()
+                .map(|p| is_uiw_provider(&p))
+                .unwrap_or(false)
+            {
                 continue; // a device named uiw_* that another provider serves: not ours
             }
             let (ports, ird, ord) = ctx.limits().unwrap_or((1, 0, 0));
@@ -131,10 +135,6 @@ pub fn devices() -> &'static [Arc<Device>] {
 pub fn device_for_ip(ip: IpAddr) -> Option<Arc<Device>> {
     let ip = canonical(ip);
     devices().iter().find(|d| d.addrs.contains(&ip)).cloned()
-}
-
-pub fn device_for_ctx(ctx: *mut crate::abi::ibv_context) -> Option<Arc<Device>> {
-    devices().iter().find(|d| d.ctx.ptr() == ctx).cloned()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -178,7 +178,9 @@ impl Chan {
 
     /// The live channel whose C struct is at `p`.
     pub fn lookup(p: usize) -> Option<Arc<Chan>> {
-        lock(CHANS.get_or_init(Default::default)).get(&p).and_then(Weak::upgrade)
+        lock(CHANS.get_or_init(Default::default))
+            .get(&p)
+            .and_then(Weak::upgrade)
     }
 }
 
@@ -437,11 +439,19 @@ impl Id {
 
     /// rdma_resolve_addr: pick the source address and device; ADDR_RESOLVED follows.
     /// `Ok(false)`: the source is on no uiw device (forward it).
-    pub fn resolve_addr(self: &Arc<Self>, src: Option<SocketAddr>, dst: SocketAddr) -> io::Result<bool> {
+    pub fn resolve_addr(
+        self: &Arc<Self>,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+    ) -> io::Result<bool> {
         let mut dst = dst;
         if dst.ip().is_unspecified() {
             // The kernel resolves the any address to loopback.
-            dst.set_ip(if dst.is_ipv4() { Ipv4Addr::LOCALHOST.into() } else { Ipv6Addr::LOCALHOST.into() });
+            dst.set_ip(if dst.is_ipv4() {
+                Ipv4Addr::LOCALHOST.into()
+            } else {
+                Ipv6Addr::LOCALHOST.into()
+            });
         }
         let mut st = self.st();
         match st.state {
@@ -449,14 +459,21 @@ impl Id {
             _ => return Err(err(libc::EINVAL)),
         }
         let bound = st.sock.as_ref().and_then(|s| sys::local_addr(s).ok());
-        let src_ip = match (src.filter(|s| !s.ip().is_unspecified()), bound.filter(|b| !b.ip().is_unspecified())) {
+        let src_ip = match (
+            src.filter(|s| !s.ip().is_unspecified()),
+            bound.filter(|b| !b.ip().is_unspecified()),
+        ) {
             (Some(s), _) => s.ip(),
             (None, Some(b)) => b.ip(),
             (None, None) => match sys::route_source(canonical(dst.ip())) {
                 Ok(ip) => ip,
                 Err(_) => {
                     drop(st);
-                    self.push(Event::new(self, ev::RDMA_CM_EVENT_ADDR_ERROR, -libc::EHOSTUNREACH));
+                    self.push(Event::new(
+                        self,
+                        ev::RDMA_CM_EVENT_ADDR_ERROR,
+                        -libc::EHOSTUNREACH,
+                    ));
                     return Ok(true);
                 }
             },
@@ -465,7 +482,10 @@ impl Id {
             return Ok(false);
         };
         if st.sock.is_none() || bound.map(|b| b.ip().is_unspecified()).unwrap_or(true) {
-            let port = src.map(|s| s.port()).or(bound.map(|b| b.port())).unwrap_or(0);
+            let port = src
+                .map(|s| s.port())
+                .or(bound.map(|b| b.port()))
+                .unwrap_or(0);
             let mut a = SocketAddr::new(canonical(src_ip), port);
             if dst.is_ipv6() && a.is_ipv4() {
                 a = SocketAddr::new(src_ip, port);
@@ -528,7 +548,9 @@ impl Id {
     }
 
     fn on_accept(self: &Arc<Self>, fd: OwnedFd) {
-        let (Ok(local), Ok(remote)) = (sys::local_addr(&fd), sys::peer_addr(&fd)) else { return };
+        let (Ok(local), Ok(remote)) = (sys::local_addr(&fd), sys::peer_addr(&fd)) else {
+            return;
+        };
         debug!("listener {:#x}: accepted {remote} -> {local}", self.ptr());
         let dev = match self.st().dev.clone() {
             Some(d) => d,
@@ -537,12 +559,23 @@ impl Id {
                 None => return, // arrived on an address no uiw device holds: close it
             },
         };
-        let Ok(api) = uiwcm::Api::for_ctx(dev.ctx) else { return };
-        let t = Arc::new(Target::new(Arc::downgrade(self), Weak::new(), dev.clone(), local, remote));
+        let Ok(api) = uiwcm::Api::for_ctx(dev.ctx) else {
+            return;
+        };
+        let t = Arc::new(Target::new(
+            Arc::downgrade(self),
+            Weak::new(),
+            dev.clone(),
+            local,
+            remote,
+        ));
         {
             let mut st = self.st();
             if st.destroyed || st.state != State::Listen {
-                debug!("listener {:#x}: closing {remote}: listener gone", self.ptr());
+                debug!(
+                    "listener {:#x}: closing {remote}: listener gone",
+                    self.ptr()
+                );
                 return;
             }
             st.pending.retain(|p| !p.dead.load(Ordering::Relaxed));
@@ -579,7 +612,13 @@ impl Id {
         if st.destroyed || st.state != State::Listen {
             return;
         }
-        let Some(i) = st.pending.iter().position(|p| std::ptr::eq(Arc::as_ptr(p), t)) else { return };
+        let Some(i) = st
+            .pending
+            .iter()
+            .position(|p| std::ptr::eq(Arc::as_ptr(p), t))
+        else {
+            return;
+        };
         let target = st.pending.remove(i);
         let chan = own.unwrap_or_else(|| st.chan.clone());
         let nid = Id::new(chan, sync, self.c.context(), self.c.ps(), self.c.qp_type());
@@ -636,7 +675,11 @@ impl Id {
             st.state = State::Rejected;
             st.target.clone().ok_or_else(|| err(libc::EINVAL))?
         };
-        let r = t.conn.get().map(|c| c.reject(pdata)).unwrap_or_else(|| Err(err(libc::EINVAL)));
+        let r = t
+            .conn
+            .get()
+            .map(|c| c.reject(pdata))
+            .unwrap_or_else(|| Err(err(libc::EINVAL)));
         r
     }
 
@@ -701,7 +744,11 @@ impl Id {
             st.state = State::Disconnecting;
             st.target.clone().ok_or_else(|| err(libc::EINVAL))?
         };
-        let r = t.conn.get().map(|c| c.disconnect()).unwrap_or_else(|| Err(err(libc::EINVAL)));
+        let r = t
+            .conn
+            .get()
+            .map(|c| c.disconnect())
+            .unwrap_or_else(|| Err(err(libc::EINVAL)));
         r
     }
 
@@ -712,7 +759,13 @@ impl Id {
             let mut st = self.st();
             st.destroyed = true;
             st.cancel.store(true, Ordering::SeqCst);
-            (st.target.take(), st.sock.take(), std::mem::take(&mut st.pending), st.chan.clone(), st.state)
+            (
+                st.target.take(),
+                st.sock.take(),
+                std::mem::take(&mut st.pending),
+                st.chan.clone(),
+                st.state,
+            )
         };
         if let Some(s) = &sock {
             sys::shutdown(s); // wakes the accept loop
@@ -731,7 +784,9 @@ impl Id {
         }
         drop(pending);
         let me = Arc::as_ptr(self);
-        let purged = chan.q.remove_where(|e| Arc::as_ptr(&e.id) == me || e.listen.as_ref().map(Arc::as_ptr) == Some(me));
+        let purged = chan.q.remove_where(|e| {
+            Arc::as_ptr(&e.id) == me || e.listen.as_ref().map(Arc::as_ptr) == Some(me)
+        });
         for e in purged {
             if e.kind == ev::RDMA_CM_EVENT_CONNECT_REQUEST && !Arc::ptr_eq(&e.id, self) {
                 e.id.destroy(); // the application never saw it
@@ -771,7 +826,11 @@ pub fn new_forwarded(l: &Arc<Id>, sid: crate::fwd::SysId) -> Arc<Id> {
         let st = l.st();
         (st.chan.clone(), st.sync)
     };
-    let chan = if sync { Chan::new().unwrap_or(chan) } else { chan };
+    let chan = if sync {
+        Chan::new().unwrap_or(chan)
+    } else {
+        chan
+    };
     let nid = Id::new(chan, sync, l.c.context(), l.c.ps(), l.c.qp_type());
     {
         let mut st = nid.st();
@@ -788,8 +847,20 @@ fn accept_loop(id: Weak<Id>, sock: Arc<OwnedFd>) {
                 Some(l) => l.on_accept(fd),
                 None => return,
             },
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::ECONNABORTED) | Some(libc::EPROTO)) => {}
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOBUFS) | Some(libc::ENOMEM)) => {
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINTR) | Some(libc::ECONNABORTED) | Some(libc::EPROTO)
+                ) => {}
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EMFILE)
+                        | Some(libc::ENFILE)
+                        | Some(libc::ENOBUFS)
+                        | Some(libc::ENOMEM)
+                ) =>
+            {
                 std::thread::sleep(Duration::from_millis(50));
             }
             Err(_) => return, // shut down by destroy
@@ -847,7 +918,13 @@ fn connect_thread(
         Err(_) => return me.connect_failed(libc::ENOSYS),
     };
     let local = sys::local_addr(&sock).unwrap_or(dst);
-    let t = Arc::new(Target::new(Weak::new(), Arc::downgrade(&me), dev, local, dst));
+    let t = Arc::new(Target::new(
+        Weak::new(),
+        Arc::downgrade(&me),
+        dev,
+        local,
+        dst,
+    ));
     {
         let mut st = me.st();
         if st.destroyed {
@@ -889,7 +966,13 @@ pub struct Target {
 }
 
 impl Target {
-    fn new(listener: Weak<Id>, id: Weak<Id>, dev: Arc<Device>, local: SocketAddr, remote: SocketAddr) -> Target {
+    fn new(
+        listener: Weak<Id>,
+        id: Weak<Id>,
+        dev: Arc<Device>,
+        local: SocketAddr,
+        remote: SocketAddr,
+    ) -> Target {
         Target {
             conn: OnceLock::new(),
             listener,
@@ -923,7 +1006,13 @@ impl Target {
     fn dispatch(&self, e: uiwcm::Event) {
         debug!(
             "provider event {} status {} ird {} ord {} pdata {} ({} -> {})",
-            e.kind, e.status, e.ird, e.ord, e.private.len(), self.local, self.remote
+            e.kind,
+            e.status,
+            e.ird,
+            e.ord,
+            e.private.len(),
+            self.local,
+            self.remote
         );
         if e.kind == uiwcm::CONNECT_REQUEST {
             if let Some(l) = self.listener.upgrade() {
@@ -939,7 +1028,11 @@ impl Target {
         };
         let (kind, status, next) = match e.kind {
             uiwcm::ESTABLISHED => (ev::RDMA_CM_EVENT_ESTABLISHED, 0, State::Established),
-            uiwcm::REJECTED => (ev::RDMA_CM_EVENT_REJECTED, -libc::ECONNREFUSED, State::Failed),
+            uiwcm::REJECTED => (
+                ev::RDMA_CM_EVENT_REJECTED,
+                -libc::ECONNREFUSED,
+                State::Failed,
+            ),
             uiwcm::CONNECT_ERROR => {
                 let (k, s) = connect_failure(e.status);
                 (k, s, State::Failed)
@@ -955,7 +1048,9 @@ impl Target {
             if next == State::Disconnected && st.state == State::Disconnected {
                 return; // one DISCONNECTED per connection
             }
-            if next == State::Disconnected && matches!(st.state, State::Failed | State::Rejected | State::ConnReq) {
+            if next == State::Disconnected
+                && matches!(st.state, State::Failed | State::Rejected | State::ConnReq)
+            {
                 return; // it never was connected
             }
             st.state = next;
@@ -1009,10 +1104,22 @@ mod tests {
 
     #[test]
     fn failures_map_like_cma_iw_handler() {
-        assert_eq!(connect_failure(libc::ECONNREFUSED), (ev::RDMA_CM_EVENT_REJECTED, -libc::ECONNREFUSED));
-        assert_eq!(connect_failure(-libc::ECONNRESET), (ev::RDMA_CM_EVENT_REJECTED, -libc::ECONNRESET));
-        assert_eq!(connect_failure(libc::ETIMEDOUT), (ev::RDMA_CM_EVENT_UNREACHABLE, -libc::ETIMEDOUT));
-        assert_eq!(connect_failure(libc::EPROTO), (ev::RDMA_CM_EVENT_CONNECT_ERROR, -libc::EPROTO));
+        assert_eq!(
+            connect_failure(libc::ECONNREFUSED),
+            (ev::RDMA_CM_EVENT_REJECTED, -libc::ECONNREFUSED)
+        );
+        assert_eq!(
+            connect_failure(-libc::ECONNRESET),
+            (ev::RDMA_CM_EVENT_REJECTED, -libc::ECONNRESET)
+        );
+        assert_eq!(
+            connect_failure(libc::ETIMEDOUT),
+            (ev::RDMA_CM_EVENT_UNREACHABLE, -libc::ETIMEDOUT)
+        );
+        assert_eq!(
+            connect_failure(libc::EPROTO),
+            (ev::RDMA_CM_EVENT_CONNECT_ERROR, -libc::EPROTO)
+        );
     }
 
     #[test]
@@ -1026,10 +1133,15 @@ mod tests {
 
     #[test]
     fn names() {
-        assert_eq!(event_name(ev::RDMA_CM_EVENT_TIMEWAIT_EXIT), "RDMA_CM_EVENT_TIMEWAIT_EXIT");
+        assert_eq!(
+            event_name(ev::RDMA_CM_EVENT_TIMEWAIT_EXIT),
+            "RDMA_CM_EVENT_TIMEWAIT_EXIT"
+        );
         assert_eq!(event_name(99), "UNKNOWN EVENT");
         assert!(is_uiw_provider("/run/uiw/lib/libuiw-rdmav34.so"));
         assert!(is_uiw_provider("/x/target/debug/libuiw_rdmav34.so"));
-        assert!(!is_uiw_provider("/usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so"));
+        assert!(!is_uiw_provider(
+            "/usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so"
+        ));
     }
 }

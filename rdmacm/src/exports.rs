@@ -38,7 +38,9 @@ fn lock<T>(m: &'static OnceLock<Mutex<T>>) -> MutexGuard<'static, T>
 where
     T: Default,
 {
-    m.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
+    m.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
 }
 
 fn id_of(p: Cid) -> Result<Arc<Id>, c_int> {
@@ -120,7 +122,11 @@ static EVENTS: OnceLock<Mutex<HashMap<usize, Box<CEvent>>>> = OnceLock::new();
 
 /// Turn a queued event into the application's `struct rdma_cm_event`.
 fn deliver(e: cm::Event) -> *mut abi::rdma_cm_event {
-    let mut b = Box::new(CEvent { ev: abi::rdma_cm_event::default(), pdata: [0; 256], inner: None });
+    let mut b = Box::new(CEvent {
+        ev: abi::rdma_cm_event::default(),
+        pdata: [0; 256],
+        inner: None,
+    });
     b.ev.id = e.id.c.ptr();
     b.ev.listen_id = e.listen.as_ref().map_or(ptr::null_mut(), |l| l.c.ptr());
     b.ev.event = e.kind;
@@ -132,7 +138,11 @@ fn deliver(e: cm::Event) -> *mut abi::rdma_cm_event {
     } else {
         let n = e.private.len().min(255);
         b.pdata[..n].copy_from_slice(&e.private[..n]);
-        let pd = if n > 0 { b.pdata.as_ptr() as *const c_void } else { ptr::null() };
+        let pd = if n > 0 {
+            b.pdata.as_ptr() as *const c_void
+        } else {
+            ptr::null()
+        };
         b.ev.param.conn = abi::rdma_conn_param {
             private_data: pd,
             private_data_len: n as u8,
@@ -155,7 +165,9 @@ fn deliver(e: cm::Event) -> *mut abi::rdma_cm_event {
 }
 
 fn ack(p: *mut abi::rdma_cm_event) -> c_int {
-    let Some(mut b) = lock(&EVENTS).remove(&(p as usize)) else { return fail(libc::EINVAL) };
+    let Some(mut b) = lock(&EVENTS).remove(&(p as usize)) else {
+        return fail(libc::EINVAL);
+    };
     if let Some(e) = b.inner.take() {
         e.counted().acked_one();
         drop(e); // acks a forwarded system event too
@@ -214,11 +226,19 @@ pub extern "C" fn rdma_destroy_event_channel(channel: *mut abi::rdma_event_chann
     lock(&OWNED_CHANS).remove(&(channel as usize));
 }
 
-fn create_id(channel: *mut abi::rdma_event_channel, context: *mut c_void, ps: u32, qp_type: u32) -> Result<Arc<Id>, c_int> {
+fn create_id(
+    channel: *mut abi::rdma_event_channel,
+    context: *mut c_void,
+    ps: u32,
+    qp_type: u32,
+) -> Result<Arc<Id>, c_int> {
     let (chan, sync) = if channel.is_null() {
         (Chan::new().map_err(io_fail)?, true)
     } else {
-        (Chan::lookup(channel as usize).ok_or_else(|| fail(libc::EINVAL))?, false)
+        (
+            Chan::lookup(channel as usize).ok_or_else(|| fail(libc::EINVAL))?,
+            false,
+        )
     };
     Ok(Id::new(chan, sync, context as usize, ps, qp_type))
 }
@@ -282,7 +302,9 @@ pub unsafe extern "C" fn rdma_bind_addr(id: Cid, addr: *mut libc::sockaddr) -> c
             Err(r) => return r,
         };
         // SAFETY: the application's sockaddr (rdma_bind_addr's contract).
-        let Some(a) = (unsafe { read_sockaddr(addr) }) else { return fail(libc::EINVAL) };
+        let Some(a) = (unsafe { read_sockaddr(addr) }) else {
+            return fail(libc::EINVAL);
+        };
         if let Some(sid) = fwd_of(&i) {
             // SAFETY: live system id; the application's address.
             return fwd_ret(&i, sid, unsafe { sysfn::rdma_bind_addr(sid.0, addr) });
@@ -309,18 +331,24 @@ pub unsafe extern "C" fn rdma_resolve_addr(
         };
         // SAFETY: the application's sockaddrs (rdma_resolve_addr's contract).
         let (src, dst) = unsafe { (read_sockaddr(src_addr), read_sockaddr(dst_addr)) };
-        let Some(dst) = dst else { return fail(libc::EINVAL) };
+        let Some(dst) = dst else {
+            return fail(libc::EINVAL);
+        };
         if !src_addr.is_null() && src.is_none() {
             return fail(libc::EINVAL);
         }
         let r = if let Some(sid) = fwd_of(&i) {
             // SAFETY: live system id; the application's addresses.
-            fwd_ret(&i, sid, unsafe { sysfn::rdma_resolve_addr(sid.0, src_addr, dst_addr, timeout_ms) })
+            fwd_ret(&i, sid, unsafe {
+                sysfn::rdma_resolve_addr(sid.0, src_addr, dst_addr, timeout_ms)
+            })
         } else {
             match i.resolve_addr(src, dst) {
                 Ok(true) => 0,
                 // SAFETY: as above.
-                Ok(false) => forward_now(&i, |sid| unsafe { sysfn::rdma_resolve_addr(sid.0, src_addr, dst_addr, timeout_ms) }),
+                Ok(false) => forward_now(&i, |sid| unsafe {
+                    sysfn::rdma_resolve_addr(sid.0, src_addr, dst_addr, timeout_ms)
+                }),
                 Err(e) => io_fail(e),
             }
         };
@@ -339,7 +367,9 @@ pub unsafe extern "C" fn rdma_resolve_route(id: Cid, timeout_ms: c_int) -> c_int
         };
         let r = if let Some(sid) = fwd_of(&i) {
             // SAFETY: live system id.
-            fwd_ret(&i, sid, unsafe { sysfn::rdma_resolve_route(sid.0, timeout_ms) })
+            fwd_ret(&i, sid, unsafe {
+                sysfn::rdma_resolve_route(sid.0, timeout_ms)
+            })
         } else {
             match i.resolve_route() {
                 Ok(()) => 0,
@@ -396,7 +426,13 @@ unsafe fn create_cqs(id: Cid, send: u32, recv: u32) -> c_int {
         if recv != 0 {
             (*id).recv_cq_channel = abi::ibv_create_comp_channel(verbs);
             if !(*id).recv_cq_channel.is_null() {
-                (*id).recv_cq = abi::ibv_create_cq(verbs, recv as c_int, id as *mut c_void, (*id).recv_cq_channel, 0);
+                (*id).recv_cq = abi::ibv_create_cq(
+                    verbs,
+                    recv as c_int,
+                    id as *mut c_void,
+                    (*id).recv_cq_channel,
+                    0,
+                );
             }
             if (*id).recv_cq.is_null() {
                 destroy_cqs(id);
@@ -406,7 +442,13 @@ unsafe fn create_cqs(id: Cid, send: u32, recv: u32) -> c_int {
         if send != 0 {
             (*id).send_cq_channel = abi::ibv_create_comp_channel(verbs);
             if !(*id).send_cq_channel.is_null() {
-                (*id).send_cq = abi::ibv_create_cq(verbs, send as c_int, id as *mut c_void, (*id).send_cq_channel, 0);
+                (*id).send_cq = abi::ibv_create_cq(
+                    verbs,
+                    send as c_int,
+                    id as *mut c_void,
+                    (*id).send_cq_channel,
+                    0,
+                );
             }
             if (*id).send_cq.is_null() {
                 destroy_cqs(id);
@@ -461,8 +503,16 @@ unsafe fn create_qp_ex(i: &Arc<Id>, id: Cid, a: &mut abi::ibv_qp_init_attr_ex) -
         {
             return fail(libc::EINVAL);
         }
-        let send = if !a.send_cq.is_null() || !(*id).send_cq.is_null() { 0 } else { a.cap.max_send_wr };
-        let recv = if !a.recv_cq.is_null() || !(*id).recv_cq.is_null() { 0 } else { a.cap.max_recv_wr };
+        let send = if !a.send_cq.is_null() || !(*id).send_cq.is_null() {
+            0
+        } else {
+            a.cap.max_send_wr
+        };
+        let recv = if !a.recv_cq.is_null() || !(*id).recv_cq.is_null() {
+            0
+        } else {
+            a.cap.max_recv_wr
+        };
         if create_cqs(id, send, recv) != 0 {
             return -1;
         }
@@ -482,7 +532,11 @@ unsafe fn create_qp_ex(i: &Arc<Id>, id: Cid, a: &mut abi::ibv_qp_init_attr_ex) -
             return fail(if e == 0 { libc::ENOMEM } else { e });
         };
         if q.qp_type() != abi::ibv_qp_type::IBV_QPT_UD {
-            let port = if (*id).port_num == 0 { 1 } else { (*id).port_num };
+            let port = if (*id).port_num == 0 {
+                1
+            } else {
+                (*id).port_num
+            };
             if let Err(e) = q.modify_init(port) {
                 abi::ibv_destroy_qp(qp);
                 destroy_cqs(id);
@@ -496,7 +550,11 @@ unsafe fn create_qp_ex(i: &Arc<Id>, id: Cid, a: &mut abi::ibv_qp_init_attr_ex) -
     0
 }
 
-pub unsafe extern "C" fn rdma_create_qp(id: Cid, pd: *mut abi::ibv_pd, qp_init_attr: *mut abi::ibv_qp_init_attr) -> c_int {
+pub unsafe extern "C" fn rdma_create_qp(
+    id: Cid,
+    pd: *mut abi::ibv_pd,
+    qp_init_attr: *mut abi::ibv_qp_init_attr,
+) -> c_int {
     guard(|| {
         if qp_init_attr.is_null() || cm::lookup(id as usize).is_none() {
             return fail(libc::EINVAL);
@@ -518,7 +576,9 @@ pub unsafe extern "C" fn rdma_create_qp(id: Cid, pd: *mut abi::ibv_pd, qp_init_a
 
 pub unsafe extern "C" fn rdma_destroy_qp(id: Cid) {
     guard(|| {
-        let Ok(i) = cm::lookup(id as usize).ok_or(()) else { return 0 };
+        let Ok(i) = cm::lookup(id as usize).ok_or(()) else {
+            return 0;
+        };
         if let Some(sid) = fwd_of(&i) {
             // SAFETY: live system id.
             unsafe { sysfn::rdma_destroy_qp(sid.0) };
@@ -537,7 +597,10 @@ pub unsafe extern "C" fn rdma_destroy_qp(id: Cid) {
     });
 }
 
-pub unsafe extern "C" fn rdma_create_srq_ex(id: Cid, attr: *mut abi::ibv_srq_init_attr_ex) -> c_int {
+pub unsafe extern "C" fn rdma_create_srq_ex(
+    id: Cid,
+    attr: *mut abi::ibv_srq_init_attr_ex,
+) -> c_int {
     guard(|| {
         let i = match id_of(id) {
             Ok(i) => i,
@@ -590,7 +653,11 @@ pub unsafe extern "C" fn rdma_create_srq_ex(id: Cid, attr: *mut abi::ibv_srq_ini
     })
 }
 
-pub unsafe extern "C" fn rdma_create_srq(id: Cid, pd: *mut abi::ibv_pd, attr: *mut abi::ibv_srq_init_attr) -> c_int {
+pub unsafe extern "C" fn rdma_create_srq(
+    id: Cid,
+    pd: *mut abi::ibv_pd,
+    attr: *mut abi::ibv_srq_init_attr,
+) -> c_int {
     guard(|| {
         if attr.is_null() {
             return fail(libc::EINVAL);
@@ -615,7 +682,9 @@ pub unsafe extern "C" fn rdma_create_srq(id: Cid, pd: *mut abi::ibv_pd, attr: *m
 
 pub unsafe extern "C" fn rdma_destroy_srq(id: Cid) {
     guard(|| {
-        let Some(i) = cm::lookup(id as usize) else { return 0 };
+        let Some(i) = cm::lookup(id as usize) else {
+            return 0;
+        };
         if let Some(sid) = fwd_of(&i) {
             // SAFETY: live system id.
             unsafe { sysfn::rdma_destroy_srq(sid.0) };
@@ -677,13 +746,27 @@ pub unsafe extern "C" fn rdma_connect(id: Cid, conn_param: *mut abi::rdma_conn_p
         }
         // SAFETY: null or the application's parameters.
         let param = unsafe { conn_param.as_ref() };
-        let Some(dev) = i.st().dev.clone() else { return fail(libc::EINVAL) };
+        let Some(dev) = i.st().dev.clone() else {
+            return fail(libc::EINVAL);
+        };
         if !valid_param(&i, param, &dev) {
             return fail(libc::EINVAL);
         }
         // The initiator's ORD (initiator_depth) and IRD (responder_resources).
-        let ord = cm::pick_depth(param.map(|p| p.initiator_depth), dev.max_ord, dev.max_ord, false).unwrap_or(dev.max_ord);
-        let ird = cm::pick_depth(param.map(|p| p.responder_resources), dev.max_ird, dev.max_ird, false).unwrap_or(dev.max_ird);
+        let ord = cm::pick_depth(
+            param.map(|p| p.initiator_depth),
+            dev.max_ord,
+            dev.max_ord,
+            false,
+        )
+        .unwrap_or(dev.max_ord);
+        let ird = cm::pick_depth(
+            param.map(|p| p.responder_resources),
+            dev.max_ird,
+            dev.max_ird,
+            false,
+        )
+        .unwrap_or(dev.max_ird);
         let mut data = std::mem::take(&mut i.st().connect_pdata);
         if let Some(p) = param {
             // SAFETY: the application's private data (rdma_conn_param's contract).
@@ -780,15 +863,31 @@ pub unsafe extern "C" fn rdma_accept(id: Cid, conn_param: *mut abi::rdma_conn_pa
             let st = i.st();
             (st.dev.clone(), st.peer_ird, st.peer_ord)
         };
-        let Some(dev) = dev else { return fail(libc::EINVAL) };
+        let Some(dev) = dev else {
+            return fail(libc::EINVAL);
+        };
         if !valid_param(&i, param, &dev) {
             return fail(libc::EINVAL);
         }
         // Our ORD defaults to what the initiator can take (its IRD), our IRD to its ORD.
-        let ord = cm::pick_depth(param.map(|p| p.initiator_depth), peer_ird, dev.max_ord, false).unwrap_or(0);
-        let ird = cm::pick_depth(param.map(|p| p.responder_resources), peer_ord, dev.max_ird, false).unwrap_or(0);
+        let ord = cm::pick_depth(
+            param.map(|p| p.initiator_depth),
+            peer_ird,
+            dev.max_ord,
+            false,
+        )
+        .unwrap_or(0);
+        let ird = cm::pick_depth(
+            param.map(|p| p.responder_resources),
+            peer_ord,
+            dev.max_ird,
+            false,
+        )
+        .unwrap_or(0);
         // SAFETY: the application's private data.
-        let data = param.map(|p| unsafe { pdata(p.private_data, p.private_data_len) }).unwrap_or(&[]);
+        let data = param
+            .map(|p| unsafe { pdata(p.private_data, p.private_data_len) })
+            .unwrap_or(&[]);
         if let Err(e) = i.accept(data, ird, ord) {
             if let Some(qp) = i.c.qp() {
                 let _ = qp.modify_err();
@@ -799,7 +898,11 @@ pub unsafe extern "C" fn rdma_accept(id: Cid, conn_param: *mut abi::rdma_conn_pa
     })
 }
 
-pub unsafe extern "C" fn rdma_reject(id: Cid, private_data: *const c_void, private_data_len: u8) -> c_int {
+pub unsafe extern "C" fn rdma_reject(
+    id: Cid,
+    private_data: *const c_void,
+    private_data_len: u8,
+) -> c_int {
     guard(|| {
         let i = match id_of(id) {
             Ok(i) => i,
@@ -807,7 +910,9 @@ pub unsafe extern "C" fn rdma_reject(id: Cid, private_data: *const c_void, priva
         };
         if let Some(sid) = fwd_of(&i) {
             // SAFETY: live system id; the application's private data.
-            return fwd_ret(&i, sid, unsafe { sysfn::rdma_reject(sid.0, private_data, private_data_len) });
+            return fwd_ret(&i, sid, unsafe {
+                sysfn::rdma_reject(sid.0, private_data, private_data_len)
+            });
         }
         // SAFETY: the application's private data.
         match i.reject(unsafe { pdata(private_data, private_data_len) }) {
@@ -817,11 +922,17 @@ pub unsafe extern "C" fn rdma_reject(id: Cid, private_data: *const c_void, priva
     })
 }
 
-pub unsafe extern "C" fn rdma_reject_ece(id: Cid, private_data: *const c_void, private_data_len: u8) -> c_int {
+pub unsafe extern "C" fn rdma_reject_ece(
+    id: Cid,
+    private_data: *const c_void,
+    private_data_len: u8,
+) -> c_int {
     if let Some(i) = cm::lookup(id as usize) {
         if let Some(sid) = fwd_of(&i) {
             // SAFETY: live system id; the application's private data.
-            return fwd_ret(&i, sid, unsafe { sysfn::rdma_reject_ece(sid.0, private_data, private_data_len) });
+            return fwd_ret(&i, sid, unsafe {
+                sysfn::rdma_reject_ece(sid.0, private_data, private_data_len)
+            });
         }
     }
     // SAFETY: same contract as rdma_reject.
@@ -875,7 +986,11 @@ pub unsafe extern "C" fn rdma_establish(id: Cid) -> c_int {
     })
 }
 
-pub unsafe extern "C" fn rdma_init_qp_attr(id: Cid, qp_attr: *mut abi::ibv_qp_attr, qp_attr_mask: *mut c_int) -> c_int {
+pub unsafe extern "C" fn rdma_init_qp_attr(
+    id: Cid,
+    qp_attr: *mut abi::ibv_qp_attr,
+    qp_attr_mask: *mut c_int,
+) -> c_int {
     guard(|| {
         let i = match id_of(id) {
             Ok(i) => i,
@@ -886,19 +1001,27 @@ pub unsafe extern "C" fn rdma_init_qp_attr(id: Cid, qp_attr: *mut abi::ibv_qp_at
         }
         if let Some(sid) = fwd_of(&i) {
             // SAFETY: live system id; the application's out structs.
-            return fwd_ret(&i, sid, unsafe { sysfn::rdma_init_qp_attr(sid.0, qp_attr, qp_attr_mask) });
+            return fwd_ret(&i, sid, unsafe {
+                sysfn::rdma_init_qp_attr(sid.0, qp_attr, qp_attr_mask)
+            });
         }
         use abi::ibv_qp_state::*;
         // SAFETY: the application's structs, non-null.
         unsafe {
             match (*qp_attr).qp_state {
                 IBV_QPS_INIT => {
-                    let port = if (*id).port_num == 0 { 1 } else { (*id).port_num };
+                    let port = if (*id).port_num == 0 {
+                        1
+                    } else {
+                        (*id).port_num
+                    };
                     *qp_attr = verbs::init_attr(port);
                     *qp_attr_mask = verbs::init_mask() as c_int;
                 }
                 // iw_cm_init_qp_attr: RTR and RTS need only the state.
-                IBV_QPS_RTR | IBV_QPS_RTS => *qp_attr_mask = abi::ibv_qp_attr_mask::IBV_QP_STATE as c_int,
+                IBV_QPS_RTR | IBV_QPS_RTS => {
+                    *qp_attr_mask = abi::ibv_qp_attr_mask::IBV_QP_STATE as c_int
+                }
                 _ => return fail(libc::EINVAL),
             }
         }
@@ -909,12 +1032,17 @@ pub unsafe extern "C" fn rdma_init_qp_attr(id: Cid, qp_attr: *mut abi::ibv_qp_at
 // ---------------------------------------------------------------------------------------
 // The event channel
 
-pub unsafe extern "C" fn rdma_get_cm_event(channel: *mut abi::rdma_event_channel, event: *mut *mut abi::rdma_cm_event) -> c_int {
+pub unsafe extern "C" fn rdma_get_cm_event(
+    channel: *mut abi::rdma_event_channel,
+    event: *mut *mut abi::rdma_cm_event,
+) -> c_int {
     guard(|| {
         if event.is_null() {
             return fail(libc::EINVAL);
         }
-        let Some(ch) = Chan::lookup(channel as usize) else { return fail(libc::EINVAL) };
+        let Some(ch) = Chan::lookup(channel as usize) else {
+            return fail(libc::EINVAL);
+        };
         match ch.q.pop() {
             Ok(e) => {
                 let p = deliver(e);
@@ -928,13 +1056,21 @@ pub unsafe extern "C" fn rdma_get_cm_event(channel: *mut abi::rdma_event_channel
 }
 
 pub extern "C" fn rdma_ack_cm_event(event: *mut abi::rdma_cm_event) -> c_int {
-    guard(|| if event.is_null() { fail(libc::EINVAL) } else { ack(event) })
+    guard(|| {
+        if event.is_null() {
+            fail(libc::EINVAL)
+        } else {
+            ack(event)
+        }
+    })
 }
 
 pub extern "C" fn rdma_event_str(event: u32) -> *const c_char {
     static NAMES: OnceLock<Vec<std::ffi::CString>> = OnceLock::new();
     let names = NAMES.get_or_init(|| {
-        (0..=16u32).map(|k| std::ffi::CString::new(cm::event_name(k)).unwrap_or_default()).collect()
+        (0..=16u32)
+            .map(|k| std::ffi::CString::new(cm::event_name(k)).unwrap_or_default())
+            .collect()
     });
     names[event.min(16) as usize].as_ptr()
 }
@@ -977,7 +1113,13 @@ pub unsafe extern "C" fn rdma_migrate_id(id: Cid, channel: *mut abi::rdma_event_
     })
 }
 
-pub unsafe extern "C" fn rdma_set_option(id: Cid, level: c_int, optname: c_int, optval: *mut c_void, optlen: usize) -> c_int {
+pub unsafe extern "C" fn rdma_set_option(
+    id: Cid,
+    level: c_int,
+    optname: c_int,
+    optval: *mut c_void,
+    optlen: usize,
+) -> c_int {
     guard(|| {
         let i = match id_of(id) {
             Ok(i) => i,
@@ -985,7 +1127,9 @@ pub unsafe extern "C" fn rdma_set_option(id: Cid, level: c_int, optname: c_int, 
         };
         if let Some(sid) = fwd_of(&i) {
             // SAFETY: live system id; the application's option buffer.
-            return fwd_ret(&i, sid, unsafe { sysfn::rdma_set_option(sid.0, level, optname, optval, optlen) });
+            return fwd_ret(&i, sid, unsafe {
+                sysfn::rdma_set_option(sid.0, level, optname, optval, optlen)
+            });
         }
         if optval.is_null() {
             return fail(libc::EINVAL);
@@ -1001,7 +1145,8 @@ pub unsafe extern "C" fn rdma_set_option(id: Cid, level: c_int, optname: c_int, 
                 }
                 0
             }
-            (RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR) | (RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY) => {
+            (RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR)
+            | (RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY) => {
                 if optlen != std::mem::size_of::<c_int>() {
                     return fail(libc::EINVAL);
                 }
@@ -1023,7 +1168,11 @@ pub unsafe extern "C" fn rdma_set_option(id: Cid, level: c_int, optname: c_int, 
     })
 }
 
-pub unsafe extern "C" fn rdma_join_multicast(id: Cid, addr: *mut libc::sockaddr, context: *mut c_void) -> c_int {
+pub unsafe extern "C" fn rdma_join_multicast(
+    id: Cid,
+    addr: *mut libc::sockaddr,
+    context: *mut c_void,
+) -> c_int {
     guard(|| {
         let i = match id_of(id) {
             Ok(i) => i,
@@ -1031,13 +1180,19 @@ pub unsafe extern "C" fn rdma_join_multicast(id: Cid, addr: *mut libc::sockaddr,
         };
         if let Some(sid) = fwd_of(&i) {
             // SAFETY: live system id; the application's arguments.
-            return fwd_ret(&i, sid, unsafe { sysfn::rdma_join_multicast(sid.0, addr, context) });
+            return fwd_ret(&i, sid, unsafe {
+                sysfn::rdma_join_multicast(sid.0, addr, context)
+            });
         }
         fail(libc::ENOSYS) // iWARP has no multicast
     })
 }
 
-pub unsafe extern "C" fn rdma_join_multicast_ex(id: Cid, attr: *mut abi::rdma_cm_join_mc_attr_ex, context: *mut c_void) -> c_int {
+pub unsafe extern "C" fn rdma_join_multicast_ex(
+    id: Cid,
+    attr: *mut abi::rdma_cm_join_mc_attr_ex,
+    context: *mut c_void,
+) -> c_int {
     guard(|| {
         let i = match id_of(id) {
             Ok(i) => i,
@@ -1045,7 +1200,9 @@ pub unsafe extern "C" fn rdma_join_multicast_ex(id: Cid, attr: *mut abi::rdma_cm
         };
         if let Some(sid) = fwd_of(&i) {
             // SAFETY: live system id; the application's arguments.
-            return fwd_ret(&i, sid, unsafe { sysfn::rdma_join_multicast_ex(sid.0, attr, context) });
+            return fwd_ret(&i, sid, unsafe {
+                sysfn::rdma_join_multicast_ex(sid.0, attr, context)
+            });
         }
         fail(libc::ENOSYS)
     })
@@ -1103,11 +1260,15 @@ pub unsafe extern "C" fn rdma_get_remote_ece(id: Cid, ece: *mut abi::ibv_ece) ->
 }
 
 pub unsafe extern "C" fn rdma_get_src_port(id: Cid) -> u16 {
-    cm::lookup(id as usize).and_then(|i| i.c.src()).map_or(0, |a| a.port().to_be())
+    cm::lookup(id as usize)
+        .and_then(|i| i.c.src())
+        .map_or(0, |a| a.port().to_be())
 }
 
 pub unsafe extern "C" fn rdma_get_dst_port(id: Cid) -> u16 {
-    cm::lookup(id as usize).and_then(|i| i.c.dst()).map_or(0, |a| a.port().to_be())
+    cm::lookup(id as usize)
+        .and_then(|i| i.c.dst())
+        .map_or(0, |a| a.port().to_be())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1119,20 +1280,26 @@ pub unsafe extern "C" fn rdma_get_devices(num_devices: *mut c_int) -> *mut *mut 
     let mut ctxs: Vec<*mut abi::ibv_context> = cm::devices().iter().map(|d| d.ctx.ptr()).collect();
     let mut n: c_int = 0;
     // SAFETY: n is writable; the system list (if any) is freed with rdma_free_devices.
-    let sys_list = if fwd::lib().is_some() { unsafe { sysfn::rdma_get_devices(&mut n) }.unwrap_or(ptr::null_mut()) } else { ptr::null_mut() };
+    let sys_list = if fwd::lib().is_some() {
+        unsafe { sysfn::rdma_get_devices(&mut n) }.unwrap_or(ptr::null_mut())
+    } else {
+        ptr::null_mut()
+    };
     if !sys_list.is_null() {
         for k in 0..n.max(0) as usize {
             // SAFETY: the system list has n entries.
             let c = unsafe { *sys_list.add(k) };
             // The system library opens uiw devices too: list each device once, ours.
-            let dup = verbs::ctx_device_name(c).is_some_and(|n| cm::devices().iter().any(|d| d.name == n));
+            let dup = verbs::ctx_device_name(c)
+                .is_some_and(|n| cm::devices().iter().any(|d| d.name == n));
             if !c.is_null() && !ctxs.contains(&c) && !dup {
                 ctxs.push(c);
             }
         }
     }
     // SAFETY: calloc of a NULL-terminated array, freed by rdma_free_devices.
-    let arr = unsafe { libc::calloc(ctxs.len() + 1, std::mem::size_of::<*mut abi::ibv_context>()) } as *mut *mut abi::ibv_context;
+    let arr = unsafe { libc::calloc(ctxs.len() + 1, std::mem::size_of::<*mut abi::ibv_context>()) }
+        as *mut *mut abi::ibv_context;
     if arr.is_null() {
         if !sys_list.is_null() {
             // SAFETY: the system's list.
@@ -1154,7 +1321,9 @@ pub unsafe extern "C" fn rdma_get_devices(num_devices: *mut c_int) -> *mut *mut 
 }
 
 pub unsafe extern "C" fn rdma_free_devices(list: *mut *mut abi::ibv_context) {
-    let Some(sys_list) = lock(&DEV_LISTS).remove(&(list as usize)) else { return };
+    let Some(sys_list) = lock(&DEV_LISTS).remove(&(list as usize)) else {
+        return;
+    };
     if sys_list != 0 {
         // SAFETY: the system's list from rdma_get_devices.
         unsafe { sysfn::rdma_free_devices(sys_list as *mut *mut abi::ibv_context) };
@@ -1190,7 +1359,8 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
         // SAFETY: null or the application's hints.
         let h = unsafe { hints.as_ref() }.unwrap_or(&nohints);
         // SAFETY: calloc'd, freed by rdma_freeaddrinfo.
-        let rai = unsafe { libc::calloc(1, std::mem::size_of::<abi::rdma_addrinfo>()) } as *mut abi::rdma_addrinfo;
+        let rai = unsafe { libc::calloc(1, std::mem::size_of::<abi::rdma_addrinfo>()) }
+            as *mut abi::rdma_addrinfo;
         if rai.is_null() {
             return fail(libc::ENOMEM);
         }
@@ -1229,7 +1399,10 @@ unsafe fn fill_addrinfo(
         if h.ai_flags & RAI_NUMERICHOST as i32 != 0 {
             ai.ai_flags |= libc::AI_NUMERICHOST;
         }
-        if h.ai_family != libc::AF_INET && h.ai_family != libc::AF_INET6 && h.ai_family != libc::AF_UNSPEC {
+        if h.ai_family != libc::AF_INET
+            && h.ai_family != libc::AF_INET6
+            && h.ai_family != libc::AF_UNSPEC
+        {
             ai.ai_family = libc::AF_UNSPEC; // AF_IB: plain IP resolution
         } else {
             ai.ai_family = h.ai_family;
@@ -1248,7 +1421,14 @@ unsafe fn fill_addrinfo(
         };
         let mut out: *mut libc::addrinfo = ptr::null_mut();
         // SAFETY: C strings or null; out is writable; freed below.
-        let r = unsafe { libc::getaddrinfo(node, service, if no_hints { ptr::null() } else { &ai }, &mut out) };
+        let r = unsafe {
+            libc::getaddrinfo(
+                node,
+                service,
+                if no_hints { ptr::null() } else { &ai },
+                &mut out,
+            )
+        };
         if r != 0 {
             return r; // EAI_* as librdmacm returns it
         }
@@ -1274,7 +1454,8 @@ unsafe fn fill_addrinfo(
         };
         rai.ai_family = a.ai_family;
         // SAFETY: ai_addr holds ai_addrlen bytes.
-        let addr = unsafe { std::slice::from_raw_parts(a.ai_addr as *const u8, a.ai_addrlen as usize) };
+        let addr =
+            unsafe { std::slice::from_raw_parts(a.ai_addr as *const u8, a.ai_addrlen as usize) };
         let canon = if a.ai_canonname.is_null() {
             ptr::null_mut()
         } else {
@@ -1303,14 +1484,18 @@ unsafe fn fill_addrinfo(
         rai.ai_port_space = h.ai_port_space;
         if h.ai_dst_len != 0 && !h.ai_dst_addr.is_null() {
             // SAFETY: the hints' address of ai_dst_len bytes.
-            let d = unsafe { std::slice::from_raw_parts(h.ai_dst_addr as *const u8, h.ai_dst_len as usize) };
+            let d = unsafe {
+                std::slice::from_raw_parts(h.ai_dst_addr as *const u8, h.ai_dst_len as usize)
+            };
             rai.ai_dst_addr = copy_out(d) as *mut abi::sockaddr;
             rai.ai_dst_len = h.ai_dst_len;
         }
     }
     if rai.ai_src_len == 0 && h.ai_src_len != 0 && !h.ai_src_addr.is_null() {
         // SAFETY: the hints' address of ai_src_len bytes.
-        let s = unsafe { std::slice::from_raw_parts(h.ai_src_addr as *const u8, h.ai_src_len as usize) };
+        let s = unsafe {
+            std::slice::from_raw_parts(h.ai_src_addr as *const u8, h.ai_src_len as usize)
+        };
         rai.ai_src_addr = copy_out(s) as *mut abi::sockaddr;
         rai.ai_src_len = h.ai_src_len;
     }
@@ -1350,7 +1535,12 @@ pub unsafe extern "C" fn rdma_create_ep(
         }
         // SAFETY: the application's addrinfo (from rdma_getaddrinfo), non-null.
         let r = unsafe { &*res };
-        let i = match create_id(ptr::null_mut(), ptr::null_mut(), r.ai_port_space as u32, r.ai_qp_type as u32) {
+        let i = match create_id(
+            ptr::null_mut(),
+            ptr::null_mut(),
+            r.ai_port_space as u32,
+            r.ai_qp_type as u32,
+        ) {
             Ok(i) => i,
             Err(e) => return e,
         };
@@ -1378,7 +1568,12 @@ pub unsafe extern "C" fn rdma_create_ep(
                     i.st().qp_init = Some(crate::cid::QpInitAttr(a));
                 }
             } else {
-                let ret = rdma_resolve_addr(cid, r.ai_src_addr as *mut libc::sockaddr, r.ai_dst_addr as *mut libc::sockaddr, 2000);
+                let ret = rdma_resolve_addr(
+                    cid,
+                    r.ai_src_addr as *mut libc::sockaddr,
+                    r.ai_dst_addr as *mut libc::sockaddr,
+                    2000,
+                );
                 if ret != 0 {
                     return fail_ep(ret);
                 }
@@ -1405,7 +1600,9 @@ pub unsafe extern "C" fn rdma_create_ep(
 }
 
 pub unsafe extern "C" fn rdma_destroy_ep(id: Cid) {
-    let Some(i) = cm::lookup(id as usize) else { return };
+    let Some(i) = cm::lookup(id as usize) else {
+        return;
+    };
     // SAFETY: our live id.
     unsafe {
         if !(*id).qp.is_null() {

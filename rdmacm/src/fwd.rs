@@ -32,7 +32,12 @@ pub fn lib() -> Option<&'static Lib> {
         let path = std::env::var("UIW_SYSTEM_RDMACM").unwrap_or_else(|_| SYSTEM_LIB.to_string());
         let c = CString::new(path).ok()?;
         // SAFETY: a valid path; the handle is never closed.
-        let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL | libc::RTLD_DEEPBIND) };
+        let h = unsafe {
+            libc::dlopen(
+                c.as_ptr(),
+                libc::RTLD_NOW | libc::RTLD_LOCAL | libc::RTLD_DEEPBIND,
+            )
+        };
         if h.is_null() {
             return None;
         }
@@ -143,13 +148,17 @@ static CHANS: OnceLock<Mutex<HashMap<usize, usize>>> = OnceLock::new();
 
 /// The system channel standing behind our channel `chan` (created with its pump).
 fn sys_channel(chan: &Arc<Chan>) -> io::Result<*mut abi::rdma_event_channel> {
-    let mut m = CHANS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    let mut m = CHANS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
     let key = chan.c.ptr() as usize;
     if let Some(&c) = m.get(&key) {
         return Ok(c as *mut abi::rdma_event_channel);
     }
     // SAFETY: no arguments.
-    let c = unsafe { sysfn::rdma_create_event_channel() }.ok_or_else(|| io::Error::from_raw_os_error(libc::ENODEV))?;
+    let c = unsafe { sysfn::rdma_create_event_channel() }
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::ENODEV))?;
     if c.is_null() {
         return Err(io::Error::last_os_error());
     }
@@ -215,10 +224,14 @@ fn pump(chan: Weak<Chan>, sc: usize) {
             return;
         }
         // SAFETY: a live event of the system library, until se is dropped.
-        let (sid, lid, kind, status) = unsafe { ((*e).id, (*e).listen_id, (*e).event, (*e).status) };
+        let (sid, lid, kind, status) =
+            unsafe { ((*e).id, (*e).listen_id, (*e).event, (*e).status) };
         if kind == abi::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST {
             // SAFETY: listen_id is the system listener, whose context is our listener.
-            let Some(l) = (unsafe { lid.as_ref() }).and_then(|l| cm::lookup(l.context as usize)) else { continue };
+            let Some(l) = (unsafe { lid.as_ref() }).and_then(|l| cm::lookup(l.context as usize))
+            else {
+                continue;
+            };
             let nid = cm::new_forwarded(&l, SysId(sid));
             // SAFETY: sid is the new system id; its context now names our new id.
             unsafe { (*sid).context = nid.ptr() as V };
@@ -232,7 +245,10 @@ fn pump(chan: Weak<Chan>, sc: usize) {
             continue;
         }
         // SAFETY: the system id's context is our id's address.
-        let Some(id) = (unsafe { sid.as_ref() }).and_then(|s| cm::lookup(s.context as usize)) else { continue };
+        let Some(id) = (unsafe { sid.as_ref() }).and_then(|s| cm::lookup(s.context as usize))
+        else {
+            continue;
+        };
         mirror(&id, SysId(sid));
         let mut ev = Event::new(&id, kind, status);
         ev.fwd = Some(se);

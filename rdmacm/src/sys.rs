@@ -37,7 +37,14 @@ fn owned(fd: libc::c_int) -> io::Result<OwnedFd> {
 pub fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [-1 as libc::c_int; 2];
     // SAFETY: fds has room for the two fds socketpair writes.
-    cvt(unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) })?;
+    cvt(unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    })?;
     // SAFETY: both fds are fresh and ours.
     let (a, b) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
     Ok((above_stdio(a)?, above_stdio(b)?))
@@ -50,7 +57,12 @@ pub fn tcp_socket(v6: bool) -> io::Result<OwnedFd> {
     owned(unsafe { libc::socket(af, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) })
 }
 
-fn setsockopt_int(fd: &OwnedFd, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> io::Result<()> {
+fn setsockopt_int(
+    fd: &OwnedFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    v: libc::c_int,
+) -> io::Result<()> {
     // SAFETY: v lives across the call and its size is passed.
     cvt(unsafe {
         libc::setsockopt(
@@ -72,10 +84,6 @@ pub fn set_v6only(fd: &OwnedFd, on: bool) -> io::Result<()> {
     setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, on as libc::c_int)
 }
 
-pub fn set_nodelay(fd: &OwnedFd) -> io::Result<()> {
-    setsockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1)
-}
-
 /// `sockaddr_storage` for a Rust address, and its length.
 pub fn to_storage(a: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     // SAFETY: sockaddr_storage is plain old data; all-zero is a valid value.
@@ -85,7 +93,9 @@ pub fn to_storage(a: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
             let sin = libc::sockaddr_in {
                 sin_family: libc::AF_INET as libc::sa_family_t,
                 sin_port: v4.port().to_be(),
-                sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(v4.ip().octets()) },
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(v4.ip().octets()),
+                },
                 sin_zero: [0; 8],
             };
             // SAFETY: sockaddr_storage is larger than and suitably aligned for sockaddr_in.
@@ -97,7 +107,9 @@ pub fn to_storage(a: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
                 sin6_family: libc::AF_INET6 as libc::sa_family_t,
                 sin6_port: v6.port().to_be(),
                 sin6_flowinfo: v6.flowinfo().to_be(),
-                sin6_addr: libc::in6_addr { s6_addr: v6.ip().octets() },
+                sin6_addr: libc::in6_addr {
+                    s6_addr: v6.ip().octets(),
+                },
                 sin6_scope_id: v6.scope_id(),
             };
             // SAFETY: sockaddr_storage is larger than and suitably aligned for sockaddr_in6.
@@ -136,7 +148,14 @@ pub fn from_storage(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
 pub fn bind(fd: &OwnedFd, a: &SocketAddr) -> io::Result<()> {
     let (ss, len) = to_storage(a);
     // SAFETY: ss is a valid sockaddr of length len.
-    cvt(unsafe { libc::bind(fd.as_raw_fd(), &ss as *const _ as *const libc::sockaddr, len) }).map(drop)
+    cvt(unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            &ss as *const _ as *const libc::sockaddr,
+            len,
+        )
+    })
+    .map(drop)
 }
 
 pub fn listen(fd: &OwnedFd, backlog: i32) -> io::Result<()> {
@@ -150,7 +169,13 @@ fn name(fd: RawFd, peer: bool) -> io::Result<SocketAddr> {
     let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
     let p = &mut ss as *mut _ as *mut libc::sockaddr;
     // SAFETY: ss/len describe a writable buffer of the right size.
-    cvt(unsafe { if peer { libc::getpeername(fd, p, &mut len) } else { libc::getsockname(fd, p, &mut len) } })?;
+    cvt(unsafe {
+        if peer {
+            libc::getpeername(fd, p, &mut len)
+        } else {
+            libc::getsockname(fd, p, &mut len)
+        }
+    })?;
     from_storage(&ss).ok_or_else(|| io::Error::from_raw_os_error(libc::EAFNOSUPPORT))
 }
 
@@ -165,13 +190,24 @@ pub fn peer_addr(fd: &OwnedFd) -> io::Result<SocketAddr> {
 /// `accept4(CLOEXEC)`, blocking unless the listening socket is non-blocking.
 pub fn accept(fd: &OwnedFd) -> io::Result<OwnedFd> {
     // SAFETY: null address arguments are allowed.
-    owned(unsafe { libc::accept4(fd.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) })
+    owned(unsafe {
+        libc::accept4(
+            fd.as_raw_fd(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            libc::SOCK_CLOEXEC,
+        )
+    })
 }
 
 pub fn set_nonblocking(fd: &OwnedFd, on: bool) -> io::Result<()> {
     // SAFETY: F_GETFL/F_SETFL on an fd we own.
     let fl = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
-    let nfl = if on { fl | libc::O_NONBLOCK } else { fl & !libc::O_NONBLOCK };
+    let nfl = if on {
+        fl | libc::O_NONBLOCK
+    } else {
+        fl & !libc::O_NONBLOCK
+    };
     // SAFETY: as above.
     cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, nfl) }).map(drop)
 }
@@ -180,7 +216,13 @@ pub fn set_nonblocking(fd: &OwnedFd, on: bool) -> io::Result<()> {
 pub fn connect_start(fd: &OwnedFd, a: &SocketAddr) -> io::Result<bool> {
     let (ss, len) = to_storage(a);
     // SAFETY: ss is a valid sockaddr of length len.
-    match cvt(unsafe { libc::connect(fd.as_raw_fd(), &ss as *const _ as *const libc::sockaddr, len) }) {
+    match cvt(unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            &ss as *const _ as *const libc::sockaddr,
+            len,
+        )
+    }) {
         Ok(_) => Ok(true),
         Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => Ok(false),
         Err(e) => Err(e),
@@ -193,14 +235,24 @@ pub fn take_error(fd: &OwnedFd) -> io::Result<i32> {
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: v/len describe a writable int.
     cvt(unsafe {
-        libc::getsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_ERROR, &mut v as *mut _ as *mut libc::c_void, &mut len)
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ERROR,
+            &mut v as *mut _ as *mut libc::c_void,
+            &mut len,
+        )
     })?;
     Ok(v)
 }
 
 /// `poll` one fd for `events`; the returned revents (0 on timeout). EINTR counts as timeout.
 pub fn poll1(fd: RawFd, events: i16, timeout_ms: i32) -> io::Result<i16> {
-    let mut p = libc::pollfd { fd, events, revents: 0 };
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
     // SAFETY: p is one valid pollfd.
     match cvt(unsafe { libc::poll(&mut p, 1, timeout_ms) }) {
         Ok(_) => Ok(p.revents),
@@ -228,7 +280,14 @@ pub fn read(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
 /// `recv(MSG_DONTWAIT)`: never blocks, whatever the file's flags.
 pub fn recv_dontwait(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     // SAFETY: buf is writable for its length.
-    let n = unsafe { libc::recv(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), libc::MSG_DONTWAIT) };
+    let n = unsafe {
+        libc::recv(
+            fd,
+            buf.as_mut_ptr() as *mut libc::c_void,
+            buf.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
     if n < 0 {
         Err(io::Error::last_os_error())
     } else {
@@ -239,7 +298,14 @@ pub fn recv_dontwait(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
 /// `send(MSG_NOSIGNAL)`.
 pub fn send(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
     // SAFETY: buf is readable for its length.
-    let n = unsafe { libc::send(fd, buf.as_ptr() as *const libc::c_void, buf.len(), libc::MSG_NOSIGNAL) };
+    let n = unsafe {
+        libc::send(
+            fd,
+            buf.as_ptr() as *const libc::c_void,
+            buf.len(),
+            libc::MSG_NOSIGNAL,
+        )
+    };
     if n < 0 {
         Err(io::Error::last_os_error())
     } else {

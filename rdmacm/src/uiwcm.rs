@@ -31,10 +31,19 @@ struct RawEvent {
 
 type Cb = extern "C" fn(*mut c_void, *mut RawConn, *const RawEvent);
 type PassiveFn = unsafe extern "C" fn(*mut abi::ibv_context, i32, Cb, *mut c_void) -> *mut RawConn;
-type AcceptFn = unsafe extern "C" fn(*mut RawConn, *mut abi::ibv_qp, *const c_void, u16, u16, u16) -> i32;
+type AcceptFn =
+    unsafe extern "C" fn(*mut RawConn, *mut abi::ibv_qp, *const c_void, u16, u16, u16) -> i32;
 type RejectFn = unsafe extern "C" fn(*mut RawConn, *const c_void, u16) -> i32;
-type ActiveFn =
-    unsafe extern "C" fn(*mut abi::ibv_qp, i32, *const c_void, u16, u16, u16, Cb, *mut c_void) -> *mut RawConn;
+type ActiveFn = unsafe extern "C" fn(
+    *mut abi::ibv_qp,
+    i32,
+    *const c_void,
+    u16,
+    u16,
+    u16,
+    Cb,
+    *mut c_void,
+) -> *mut RawConn;
 type DisconnectFn = unsafe extern "C" fn(*mut RawConn) -> i32;
 type ReleaseFn = unsafe extern "C" fn(*mut RawConn);
 
@@ -68,15 +77,26 @@ pub struct Event {
 impl Api {
     /// The interface of the provider behind `ctx`, or the reason there is none.
     pub fn for_ctx(ctx: Ctx) -> Result<&'static Api, String> {
-        static CACHE: OnceLock<Mutex<HashMap<String, Result<&'static Api, String>>>> = OnceLock::new();
-        let path = ctx.provider_path().ok_or("cannot find the provider's shared object (dladdr)")?;
-        let mut c = CACHE.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
-        c.entry(path.clone()).or_insert_with(|| Api::load(&path)).clone()
+        static CACHE: OnceLock<Mutex<HashMap<String, Result<&'static Api, String>>>> =
+            OnceLock::new();
+        let path = ctx
+            .provider_path()
+            .ok_or("cannot find the provider's shared object (dladdr)")?;
+        let mut c = CACHE
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        c.entry(path.clone())
+            .or_insert_with(|| Api::load(&path))
+            .clone()
     }
 
     fn load(path: &str) -> Result<&'static Api, String> {
         let h = verbs::dl_noload(path).ok_or_else(|| format!("{path} is not loaded"))?;
-        let sym = |n: &str| verbs::dl_sym(h, n).ok_or_else(|| format!("{path} has no {n} (a provider without uiw_cm.h v1)"));
+        let sym = |n: &str| {
+            verbs::dl_sym(h, n)
+                .ok_or_else(|| format!("{path} has no {n} (a provider without uiw_cm.h v1)"))
+        };
         let (p, a, r, ac, d, rel) = (
             sym("uiw_cm_passive_v1")?,
             sym("uiw_cm_accept_v1")?,
@@ -101,7 +121,12 @@ impl Api {
     }
 
     /// uiw_cm_passive_v1: the provider takes `fd` and reports to `target`.
-    pub fn passive(&'static self, ctx: Ctx, fd: OwnedFd, target: &Arc<cm::Target>) -> io::Result<Conn> {
+    pub fn passive(
+        &'static self,
+        ctx: Ctx,
+        fd: OwnedFd,
+        target: &Arc<cm::Target>,
+    ) -> io::Result<Conn> {
         let raw = sys::into_raw(fd);
         let user = Arc::as_ptr(target) as *mut c_void;
         // SAFETY: ctx is a live context; the provider owns raw from now on; user stays valid
@@ -124,7 +149,18 @@ impl Api {
         let user = Arc::as_ptr(target) as *mut c_void;
         let len = pdata.len().min(u16::MAX as usize) as u16;
         // SAFETY: as in passive; pdata is readable for len bytes during the call.
-        let c = unsafe { (self.active)(qp.ptr(), raw, pdata.as_ptr() as *const c_void, len, ird, ord, trampoline, user) };
+        let c = unsafe {
+            (self.active)(
+                qp.ptr(),
+                raw,
+                pdata.as_ptr() as *const c_void,
+                len,
+                ird,
+                ord,
+                trampoline,
+                user,
+            )
+        };
         Conn::new(self, c)
     }
 }
@@ -153,7 +189,11 @@ impl Conn {
     fn new(api: &'static Api, raw: *mut RawConn) -> io::Result<Conn> {
         if raw.is_null() {
             let e = sys::errno();
-            return Err(io::Error::from_raw_os_error(if e == 0 { libc::EIO } else { e }));
+            return Err(io::Error::from_raw_os_error(if e == 0 {
+                libc::EIO
+            } else {
+                e
+            }));
         }
         Ok(Conn { api, raw })
     }
@@ -161,13 +201,26 @@ impl Conn {
     pub fn accept(&self, qp: Qp, pdata: &[u8], ird: u16, ord: u16) -> io::Result<()> {
         // SAFETY: a live connection; pdata readable during the call.
         errno_result(unsafe {
-            (self.api.accept)(self.raw, qp.ptr(), pdata.as_ptr() as *const c_void, pdata.len() as u16, ird, ord)
+            (self.api.accept)(
+                self.raw,
+                qp.ptr(),
+                pdata.as_ptr() as *const c_void,
+                pdata.len() as u16,
+                ird,
+                ord,
+            )
         })
     }
 
     pub fn reject(&self, pdata: &[u8]) -> io::Result<()> {
         // SAFETY: a live connection; pdata readable during the call.
-        errno_result(unsafe { (self.api.reject)(self.raw, pdata.as_ptr() as *const c_void, pdata.len() as u16) })
+        errno_result(unsafe {
+            (self.api.reject)(
+                self.raw,
+                pdata.as_ptr() as *const c_void,
+                pdata.len() as u16,
+            )
+        })
     }
 
     pub fn disconnect(&self) -> io::Result<()> {
@@ -193,12 +246,23 @@ extern "C" fn trampoline(user: *mut c_void, _conn: *mut RawConn, ev: *const RawE
         Vec::new()
     } else {
         // SAFETY: private_data is readable for private_data_len bytes during the callback.
-        unsafe { std::slice::from_raw_parts(e.private_data as *const u8, e.private_data_len as usize) }.to_vec()
+        unsafe {
+            std::slice::from_raw_parts(e.private_data as *const u8, e.private_data_len as usize)
+        }
+        .to_vec()
     };
-    let ev = Event { kind: e.kind, status: e.status, private, ird: e.ird, ord: e.ord };
+    let ev = Event {
+        kind: e.kind,
+        status: e.status,
+        private,
+        ird: e.ird,
+        ord: e.ord,
+    };
     // SAFETY: user is Arc::as_ptr of a Target that releases this connection (so that no
     // callback runs any more) before it is freed.
     let target = unsafe { &*(user as *const cm::Target) };
     // Never unwind into the provider.
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cm::on_provider_event(target, ev)));
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        cm::on_provider_event(target, ev)
+    }));
 }

@@ -33,11 +33,17 @@ impl Ctx {
         // SAFETY: all-zero Dl_info is valid; dladdr fills it.
         let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
         // SAFETY: f is a code address; info is writable.
-        if unsafe { libc::dladdr(f as *const libc::c_void, &mut info) } == 0 || info.dli_fname.is_null() {
+        if unsafe { libc::dladdr(f as *const libc::c_void, &mut info) } == 0
+            || info.dli_fname.is_null()
+        {
             return None;
         }
         // SAFETY: dladdr returned a NUL-terminated path owned by the loader.
-        Some(unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned())
+        Some(
+            unsafe { CStr::from_ptr(info.dli_fname) }
+                .to_string_lossy()
+                .into_owned(),
+        )
     }
 
     /// (phys_port_cnt, max_qp_rd_atom, max_qp_init_rd_atom)
@@ -92,7 +98,9 @@ pub fn open_devices(want: impl Fn(&str) -> bool) -> Vec<(Ctx, String)> {
             continue;
         }
         // SAFETY: as above.
-        let name = unsafe { CStr::from_ptr(name_p) }.to_string_lossy().into_owned();
+        let name = unsafe { CStr::from_ptr(name_p) }
+            .to_string_lossy()
+            .into_owned();
         if !want(&name) {
             continue;
         }
@@ -127,10 +135,6 @@ impl Qp {
         // SAFETY: a live QP (see the type).
         unsafe { (*self.ptr()).context }
     }
-    pub fn qp_num(self) -> u32 {
-        // SAFETY: a live QP.
-        unsafe { (*self.ptr()).qp_num }
-    }
     pub fn qp_type(self) -> u32 {
         // SAFETY: a live QP.
         unsafe { (*self.ptr()).qp_type }
@@ -154,7 +158,10 @@ impl Qp {
     }
 
     pub fn modify_err(self) -> io::Result<()> {
-        let mut a = abi::ibv_qp_attr { qp_state: abi::ibv_qp_state::IBV_QPS_ERR, ..Default::default() };
+        let mut a = abi::ibv_qp_attr {
+            qp_state: abi::ibv_qp_state::IBV_QPS_ERR,
+            ..Default::default()
+        };
         self.modify(&mut a, abi::ibv_qp_attr_mask::IBV_QP_STATE)
     }
 }
@@ -207,7 +214,8 @@ pub fn dl_base(addr: usize) -> Option<usize> {
     // SAFETY: all-zero Dl_info is valid; dladdr only reads the loader's tables.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     // SAFETY: any address may be asked about; info is writable.
-    (unsafe { libc::dladdr(addr as *const libc::c_void, &mut info) } != 0).then_some(info.dli_fbase as usize)
+    (unsafe { libc::dladdr(addr as *const libc::c_void, &mut info) } != 0)
+        .then_some(info.dli_fbase as usize)
 }
 
 /// The device name of a context someone else opened (the system librdmacm's).

@@ -19,7 +19,11 @@ const SYSTEM_RDMACM: &str = "/usr/lib/x86_64-linux-gnu/librdmacm.so.1";
 
 /// (version node, symbol) of every function a shared object defines.
 fn exported(path: &std::path::Path) -> Vec<(String, String)> {
-    let o = Command::new("objdump").arg("-T").arg(path).output().expect("run objdump (binutils)");
+    let o = Command::new("objdump")
+        .arg("-T")
+        .arg(path)
+        .output()
+        .expect("run objdump (binutils)");
     let mut v: Vec<(String, String)> = String::from_utf8_lossy(&o.stdout)
         .lines()
         .filter_map(|l| {
@@ -36,27 +40,48 @@ fn exported(path: &std::path::Path) -> Vec<(String, String)> {
 fn exports_match_rdma_core_44() {
     let a = artifacts("exports_match_rdma_core_44");
     if !std::path::Path::new(SYSTEM_RDMACM).exists() {
-        uiw_examples::skip("exports_match_rdma_core_44", "the system librdmacm1 is not installed");
+        uiw_examples::skip(
+            "exports_match_rdma_core_44",
+            "the system librdmacm1 is not installed",
+        );
         return;
     }
     let ours = exported(&a.dir.join(RDMACM_SO));
     let theirs = exported(std::path::Path::new(SYSTEM_RDMACM));
-    assert!(theirs.len() > 60, "objdump found only {} functions in {SYSTEM_RDMACM}", theirs.len());
+    assert!(
+        theirs.len() > 60,
+        "objdump found only {} functions in {SYSTEM_RDMACM}",
+        theirs.len()
+    );
     let missing: Vec<_> = theirs.iter().filter(|s| !ours.contains(s)).collect();
     let extra: Vec<_> = ours.iter().filter(|s| !theirs.contains(s)).collect();
-    assert!(missing.is_empty() && extra.is_empty(), "symbol/version differences:\nmissing {missing:?}\nextra {extra:?}");
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "symbol/version differences:\nmissing {missing:?}\nextra {extra:?}"
+    );
 }
 
 #[test]
 fn soname_is_librdmacm_so_1() {
     let a = artifacts("soname_is_librdmacm_so_1");
-    let o = Command::new("readelf").arg("-d").arg(a.dir.join(RDMACM_SO)).output().expect("run readelf");
+    let o = Command::new("readelf")
+        .arg("-d")
+        .arg(a.dir.join(RDMACM_SO))
+        .output()
+        .expect("run readelf");
     let s = String::from_utf8_lossy(&o.stdout);
     assert!(s.contains("Library soname: [librdmacm.so.1]"), "{s}");
-    let o = Command::new("readelf").arg("-V").arg(a.dir.join(RDMACM_SO)).output().expect("run readelf");
+    let o = Command::new("readelf")
+        .arg("-V")
+        .arg(a.dir.join(RDMACM_SO))
+        .output()
+        .expect("run readelf");
     let s = String::from_utf8_lossy(&o.stdout);
     for n in ["RDMACM_1.0", "RDMACM_1.1", "RDMACM_1.2", "RDMACM_1.3"] {
-        assert!(s.contains(&format!("Name: {n}")), "version node {n} not defined:\n{s}");
+        assert!(
+            s.contains(&format!("Name: {n}")),
+            "version node {n} not defined:\n{s}"
+        );
     }
 }
 
@@ -80,7 +105,12 @@ fn cm_check(test: &str, mode: &str, port: u16, needs_cm: bool, envs: &[(&str, &s
     let (o, timed_out) = finish(c, Duration::from_secs(120));
     let out = String::from_utf8_lossy(&o.stdout);
     println!("{}", text(&o));
-    let s = parse_summary(&out).unwrap_or_else(|| panic!("{test}: no summary (crashed? timed out: {timed_out})\n{}", text(&o)));
+    let s = parse_summary(&out).unwrap_or_else(|| {
+        panic!(
+            "{test}: no summary (crashed? timed out: {timed_out})\n{}",
+            text(&o)
+        )
+    });
     assert!(
         s.failed == 0 && s.passed > 0 && o.status.success() && !timed_out,
         "{test}: {s}\n  {}\n{}",
@@ -91,12 +121,24 @@ fn cm_check(test: &str, mode: &str, port: u16, needs_cm: bool, envs: &[(&str, &s
 
 #[test]
 fn channel_ids_addresses_and_bad_input() {
-    cm_check("channel_ids_addresses_and_bad_input", "channel", 20881, false, &[]);
+    cm_check(
+        "channel_ids_addresses_and_bad_input",
+        "channel",
+        20881,
+        false,
+        &[],
+    );
 }
 
 #[test]
 fn connect_without_listener_is_rejected_econnrefused() {
-    cm_check("connect_without_listener_is_rejected_econnrefused", "nolistener", 20882, false, &[]);
+    cm_check(
+        "connect_without_listener_is_rejected_econnrefused",
+        "nolistener",
+        20882,
+        false,
+        &[],
+    );
 }
 
 #[test]
@@ -135,9 +177,22 @@ fn tools(test: &str, prog: &str, server: &[&str], client: &[&str], check: impl F
     }
     let _l = device_lock();
     let dev = Published::up(&a, &out_dir()).unwrap_or_else(|e| panic!("{test}: {e}"));
-    let (so, co) = pair(&dev, server, client, Duration::from_millis(1500), Duration::from_secs(180));
-    let (s, c) = (String::from_utf8_lossy(&so.stdout).into_owned(), String::from_utf8_lossy(&co.stdout).into_owned());
-    println!("=== server ===\n{}\n=== client ===\n{}", text(&so), text(&co));
+    let (so, co) = pair(
+        &dev,
+        server,
+        client,
+        Duration::from_millis(1500),
+        Duration::from_secs(180),
+    );
+    let (s, c) = (
+        String::from_utf8_lossy(&so.stdout).into_owned(),
+        String::from_utf8_lossy(&co.stdout).into_owned(),
+    );
+    println!(
+        "=== server ===\n{}\n=== client ===\n{}",
+        text(&so),
+        text(&co)
+    );
     check(&s, &c);
 }
 
@@ -146,10 +201,33 @@ fn rping_1000_verified() {
     tools(
         "rping_1000_verified",
         "rping",
-        &["rping", "-s", "-a", "127.0.0.1", "-p", "20890", "-C", "1000", "-v"],
-        &["rping", "-c", "-a", "127.0.0.1", "-p", "20890", "-C", "1000", "-v"],
+        &[
+            "rping",
+            "-s",
+            "-a",
+            "127.0.0.1",
+            "-p",
+            "20890",
+            "-C",
+            "1000",
+            "-v",
+        ],
+        &[
+            "rping",
+            "-c",
+            "-a",
+            "127.0.0.1",
+            "-p",
+            "20890",
+            "-C",
+            "1000",
+            "-v",
+        ],
         |_, c| {
-            let n = c.lines().filter(|l| l.starts_with("ping data: rdma-ping-")).count();
+            let n = c
+                .lines()
+                .filter(|l| l.starts_with("ping data: rdma-ping-"))
+                .count();
             assert_eq!(n, 1000, "client verified {n} of 1000 pings");
         },
     );
@@ -157,9 +235,18 @@ fn rping_1000_verified() {
 
 #[test]
 fn ucmatose_one_connection() {
-    tools("ucmatose_one_connection", "ucmatose", &["ucmatose", "-p", "20891"], &["ucmatose", "-s", "127.0.0.1", "-p", "20891"], |s, c| {
-        assert!(s.contains("test complete") && c.contains("test complete"), "no 'test complete'");
-    });
+    tools(
+        "ucmatose_one_connection",
+        "ucmatose",
+        &["ucmatose", "-p", "20891"],
+        &["ucmatose", "-s", "127.0.0.1", "-p", "20891"],
+        |s, c| {
+            assert!(
+                s.contains("test complete") && c.contains("test complete"),
+                "no 'test complete'"
+            );
+        },
+    );
 }
 
 #[test]
@@ -169,7 +256,12 @@ fn ucmatose_ten_connections() {
         "ucmatose",
         &["ucmatose", "-p", "20892", "-c", "10"],
         &["ucmatose", "-s", "127.0.0.1", "-p", "20892", "-c", "10"],
-        |s, c| assert!(s.contains("test complete") && c.contains("test complete"), "no 'test complete'"),
+        |s, c| {
+            assert!(
+                s.contains("test complete") && c.contains("test complete"),
+                "no 'test complete'"
+            )
+        },
     );
 }
 
@@ -180,7 +272,12 @@ fn rdma_server_and_client() {
         "rdma_server",
         &["rdma_server", "-p", "20893"],
         &["rdma_client", "-s", "127.0.0.1", "-p", "20893"],
-        |s, c| assert!(s.contains("rdma_server: end 0") && c.contains("rdma_client: end 0"), "no 'end 0'"),
+        |s, c| {
+            assert!(
+                s.contains("rdma_server: end 0") && c.contains("rdma_client: end 0"),
+                "no 'end 0'"
+            )
+        },
     );
 }
 
@@ -189,7 +286,17 @@ fn perftest(test: &str, prog: &str, port: &str) {
         test,
         prog,
         &[prog, "-R", "-d", "uiw_lo", "-p", port, "-n", "1000"],
-        &[prog, "-R", "-d", "uiw_lo", "-p", port, "-n", "1000", "127.0.0.1"],
+        &[
+            prog,
+            "-R",
+            "-d",
+            "uiw_lo",
+            "-p",
+            port,
+            "-n",
+            "1000",
+            "127.0.0.1",
+        ],
         |_, c| assert!(c.contains("#bytes"), "no result table"),
     );
 }
@@ -220,7 +327,11 @@ fn ib_write_lat_rdma_cm() {
 fn traffic_decodes_in_tshark() {
     const TEST: &str = "traffic_decodes_in_tshark";
     let a = artifacts(TEST);
-    if !can_publish(TEST) || !need_program(TEST, "tshark") || !need_program(TEST, "rping") || !need_uiw_cm(TEST, &a) {
+    if !can_publish(TEST)
+        || !need_program(TEST, "tshark")
+        || !need_program(TEST, "rping")
+        || !need_uiw_cm(TEST, &a)
+    {
         return;
     }
     let _l = device_lock();
@@ -230,8 +341,14 @@ fn traffic_decodes_in_tshark() {
         format!("( timeout 60 {uiw} run -- {srv} >/dev/null 2>&1 & sleep 1.5; timeout 60 {uiw} run -- {cli} >/dev/null 2>&1 || exit 1; wait $! ) && ")
     };
     let mut script = String::new();
-    script += &pair("rping -s -a 127.0.0.1 -p 20898 -C 20 -V", "rping -c -a 127.0.0.1 -p 20898 -C 20 -V");
-    for (i, t) in ["ib_write_bw", "ib_read_bw", "ib_send_bw"].iter().enumerate() {
+    script += &pair(
+        "rping -s -a 127.0.0.1 -p 20898 -C 20 -V",
+        "rping -c -a 127.0.0.1 -p 20898 -C 20 -V",
+    );
+    for (i, t) in ["ib_write_bw", "ib_read_bw", "ib_send_bw"]
+        .iter()
+        .enumerate()
+    {
         let p = 20899 + i;
         script += &pair(
             &format!("{t} -R -d uiw_lo -p {p} -n 50"),

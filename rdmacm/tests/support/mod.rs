@@ -25,10 +25,16 @@ pub fn out_dir() -> PathBuf {
 
 /// `cc -O1 -g -Wall -Werror [-shared -fPIC] -o OUT rdmacm/c/NAME.c -lrdmacm -libverbs -lpthread`
 pub fn build_c(name: &str, shared: bool) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("c").join(format!("{name}.c"));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("c")
+        .join(format!("{name}.c"));
     let dir = out_dir();
     std::fs::create_dir_all(&dir).expect("create the output directory");
-    let out = dir.join(if shared { format!("lib{name}.so") } else { name.to_string() });
+    let out = dir.join(if shared {
+        format!("lib{name}.so")
+    } else {
+        name.to_string()
+    });
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let mut c = Command::new(&cc);
     c.args(["-O1", "-g", "-Wall", "-Werror"]);
@@ -39,7 +45,9 @@ pub fn build_c(name: &str, shared: bool) -> PathBuf {
     if !shared {
         c.args(["-lrdmacm", "-libverbs", "-lpthread"]);
     }
-    let o = c.output().unwrap_or_else(|e| panic!("cannot run the C compiler `{cc}`: {e}"));
+    let o = c
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the C compiler `{cc}`: {e}"));
     assert!(
         o.status.success(),
         "building {} failed; is librdmacm-dev installed?\n{}{}",
@@ -64,7 +72,10 @@ pub fn artifacts(test: &str) -> Artifacts {
 /// Device tests need root (publishing creates /dev/infiniband/uverbsN).
 pub fn can_publish(test: &str) -> bool {
     if !is_root() && !Path::new("/dev/infiniband").exists() {
-        skip(test, "publishing a device needs root; run the tests as root (sudo ./ci/test.sh)");
+        skip(
+            test,
+            "publishing a device needs root; run the tests as root (sudo ./ci/test.sh)",
+        );
         return false;
     }
     true
@@ -91,7 +102,10 @@ pub fn need_uiw_cm(test: &str, a: &Artifacts) -> bool {
 
 pub fn need_program(test: &str, p: &str) -> bool {
     if !uiw_examples::have_program(p) {
-        skip(test, &format!("{p} is not installed (rdmacm-utils / perftest)"));
+        skip(
+            test,
+            &format!("{p} is not installed (rdmacm-utils / perftest)"),
+        );
         return false;
     }
     true
@@ -105,7 +119,8 @@ pub fn spawn(dev: &Published, args: &[&str], envs: &[(&str, &str)]) -> Child {
         c.env(k, v);
     }
     c.stdout(Stdio::piped()).stderr(Stdio::piped());
-    c.spawn().unwrap_or_else(|e| panic!("cannot start {args:?}: {e}"))
+    c.spawn()
+        .unwrap_or_else(|e| panic!("cannot start {args:?}: {e}"))
 }
 
 /// Wait for a child at most `limit`; kill it when it takes longer (the bool says so). Its
@@ -141,7 +156,11 @@ pub fn finish_until(mut c: Child, limit: Duration, stop: &AtomicBool) -> (Output
             Err(e) => panic!("wait for child: {e}"),
         }
     };
-    let o = Output { status, stdout: out.join().unwrap_or_default(), stderr: err.join().unwrap_or_default() };
+    let o = Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    };
     (o, timed_out)
 }
 
@@ -155,7 +174,13 @@ pub fn text(o: &Output) -> String {
 }
 
 /// Run a server, give it `delay` to listen, run the client; both must exit 0 in time.
-pub fn pair(dev: &Published, server: &[&str], client: &[&str], delay: Duration, limit: Duration) -> (Output, Output) {
+pub fn pair(
+    dev: &Published,
+    server: &[&str],
+    client: &[&str],
+    delay: Duration,
+    limit: Duration,
+) -> (Output, Output) {
     let s = spawn(dev, server, &[]);
     // The server's output must be read while the client runs (rping -v fills a pipe).
     let stop = Arc::new(AtomicBool::new(false));
