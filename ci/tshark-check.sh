@@ -17,8 +17,9 @@
 # RPC-over-RDMA and SMB-Direct heuristics misread small perftest Sends and are disabled, as
 # in /work/shared/captures/README.md. tshark 4.0 warns "Res not zero" / "Rev not one" on
 # every MPA v2 frame (it does not know the IRD/ORD words): warnings are reported, not failed.
-# A capture that lost segments fails as such: MPA has no markers here, so tshark cannot find
-# the FPDUs after a gap and would report them malformed.
+# A capture that lost segments is reported: MPA has no markers here, so tshark cannot find
+# the FPDUs after a gap and may report them malformed (then the failure says it is the
+# capture's fault). Keep captured runs short (perftest -n 100).
 set -euo pipefail
 
 iface=lo
@@ -81,12 +82,14 @@ echo "tshark-check: $pcap: $frames frames, MPA requests $mpa_req, replies $mpa_r
 	"segments not captured $lost"
 fail=0
 if [[ $lost -ne 0 ]]; then
-	# Not the protocol's fault, and the decode after the gap means nothing: say so.
-	echo "tshark-check: FAIL: the capture lost $lost TCP segments (capture too slow); rerun with" \
-		"shorter runs (perftest -n) — frames after a gap cannot be decoded" >&2
-	fail=1
+	echo "tshark-check: warning: the capture lost $lost TCP segment(s); MPA without markers cannot" \
+		"be decoded after a gap in its stream" >&2
 fi
 if [[ $malformed -ne 0 || $errors -ne 0 ]]; then
+	if [[ $lost -ne 0 ]]; then
+		echo "tshark-check: FAIL (inconclusive): malformed frames in a capture with gaps — the" \
+			"capture was too slow; rerun with shorter runs (perftest -n 100)" >&2
+	fi
 	echo "tshark-check: FAIL: malformed or expert-error frames:" >&2
 	tshark -r "$pcap" --disable-heuristic rpcrdma_iwarp --disable-heuristic smb_direct_iwarp \
 		-Y '_ws.malformed || _ws.expert.severity >= "Error"' 2>/dev/null | head -20 >&2
