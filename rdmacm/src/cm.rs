@@ -131,10 +131,15 @@ pub fn devices() -> &'static [Arc<Device>] {
     })
 }
 
-/// The uiw device whose GID table holds `ip`.
+/// The uiw device whose GID table holds `ip`. A loopback address no device holds goes to the
+/// first device, as the kernel's cma_bind_loopback binds it to the first active device.
 pub fn device_for_ip(ip: IpAddr) -> Option<Arc<Device>> {
     let ip = canonical(ip);
-    devices().iter().find(|d| d.addrs.contains(&ip)).cloned()
+    devices()
+        .iter()
+        .find(|d| d.addrs.contains(&ip))
+        .or_else(|| if ip.is_loopback() { devices().first() } else { None })
+        .cloned()
 }
 
 // ---------------------------------------------------------------------------------------

@@ -369,3 +369,56 @@ fn traffic_decodes_in_tshark() {
     println!("{}", text(&o));
     assert!(o.status.success(), "tshark-check failed\n{}", text(&o));
 }
+
+/// The interface of the default route (libfabric's verbs provider ignores `lo`).
+fn default_route_netdev() -> Option<String> {
+    let t = std::fs::read_to_string("/proc/net/route").ok()?;
+    t.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.len() > 2 && f[1] == "00000000").then(|| f[0].to_string())
+    })
+}
+
+/// libfabric's verbs provider (FI_EP_MSG and ofi_rxm's FI_EP_RDM) over a uiw device on the
+/// default-route interface: fi_pingpong, unmodified, under `uiw run`.
+#[test]
+fn libfabric_verbs_fi_pingpong() {
+    const TEST: &str = "libfabric_verbs_fi_pingpong";
+    let a = artifacts(TEST);
+    if !can_publish(TEST) || !need_program(TEST, "fi_pingpong") || !need_uiw_cm(TEST, &a) {
+        return;
+    }
+    let Some(nd) = default_route_netdev() else {
+        uiw_examples::skip(TEST, "no default-route interface (libfabric's verbs provider skips lo)");
+        return;
+    };
+    let _l = device_lock();
+    let dev = Published::up(&a, &out_dir()).unwrap_or_else(|e| panic!("{TEST}: {e}"));
+    // Only the netdev's device: with uiw_lo published, "localhost" (which libfabric binds
+    // to find its device) would name uiw_lo, which it skips.
+    for args in [vec!["up", "--netdev", nd.as_str()], vec!["down", "--netdev", "lo"]] {
+        let o = dev.uiw(&args).expect("run uiw");
+        assert!(o.status.success(), "uiw {args:?}: {}", text(&o));
+    }
+    let ip = Command::new("ip")
+        .args(["-4", "-o", "addr", "show", &nd])
+        .output()
+        .ok()
+        .and_then(|o| {
+            let s = String::from_utf8_lossy(&o.stdout).into_owned();
+            s.split_whitespace().skip_while(|w| *w != "inet").nth(1).map(|c| c.split('/').next().unwrap_or("").to_string())
+        })
+        .unwrap_or_default();
+    assert!(!ip.is_empty(), "{TEST}: no IPv4 address on {nd}");
+    for (prov, ep) in [("verbs", "msg"), ("verbs;ofi_rxm", "rdm")] {
+        let (_, co) = pair(
+            &dev,
+            &["fi_pingpong", "-p", prov, "-e", ep, "-I", "100"],
+            &["fi_pingpong", "-p", prov, "-e", ep, "-I", "100", &ip],
+            Duration::from_millis(1500),
+            Duration::from_secs(60),
+        );
+        let c = String::from_utf8_lossy(&co.stdout);
+        assert!(c.contains("=100"), "{prov} {ep}: no completed transfers\n{}", text(&co));
+    }
+}
