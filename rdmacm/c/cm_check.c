@@ -2,7 +2,7 @@
  * cm_check: rdma_cm behaviour checks for the uiw librdmacm drop-in, written against the
  * installed <rdma/rdma_cma.h> only (it runs unchanged against rdma-core's librdmacm).
  *
- *   cm_check [-p PORT] MODE
+ *   cm_check [-p PORT] [-a OTHER_IP] MODE
  *
  * MODE: channel   event channel, ids, addresses, routes, QPs, options, bad input
  *       nolistener connect to a port nobody listens on (the kernel's iWARP answer)
@@ -10,7 +10,8 @@
  *       reject     reject with private data
  *       many       64 simultaneous connects to one listener
  *       forward    ids on addresses no uiw device holds go to the system librdmacm
- *                  (run with UIW_SYSTEM_RDMACM=libfake_system_rdmacm.so)
+ *                  (run with UIW_SYSTEM_RDMACM=libfake_system_rdmacm.so; -a: such an
+ *                  address, local and not loopback)
  *
  * Output is TAP-like: "ok - ..." / "not ok - ...", then "N passed, N failed".
  */
@@ -51,6 +52,9 @@ static void check(int cond, const char *fmt, ...)
 }
 
 static int port = 20886;
+/* forward mode: a local address no uiw device holds (not a loopback one: those go to the
+ * first uiw device, as the kernel's cma_bind_loopback does) */
+static const char *other_ip = "192.0.2.2";
 
 static struct sockaddr_in sin_of(const char *ip, int p)
 {
@@ -612,10 +616,10 @@ static void mode_forward(void)
 	struct rdma_event_channel *ch = rdma_create_event_channel();
 	struct rdma_cm_id *a = NULL, *b = NULL;
 	struct rdma_cm_event *e;
-	struct sockaddr_in other = sin_of("127.0.0.2", port), dst = sin_of("127.0.0.2", 1);
+	struct sockaddr_in other = sin_of(other_ip, port), dst = sin_of(other_ip, 1);
 
 	check(rdma_create_id(ch, &a, (void *)0xabc, RDMA_PS_TCP) == 0, "create id");
-	check(rdma_bind_addr(a, (struct sockaddr *)&other) == 0, "bind 127.0.0.2 (no uiw device holds it)");
+	check(rdma_bind_addr(a, (struct sockaddr *)&other) == 0, "bind %s (no uiw device holds it)", other_ip);
 	check(a->verbs != NULL && a->port_num == 7, "the system library's device and port show in our id");
 	check(rdma_listen(a, 4) == 0, "listen (forwarded)");
 	e = get_event(ch, 5000);
@@ -631,7 +635,7 @@ static void mode_forward(void)
 	}
 	check(rdma_create_id(ch, &b, NULL, RDMA_PS_TCP) == 0, "second id");
 	check(rdma_resolve_addr(b, (struct sockaddr *)&other, (struct sockaddr *)&dst, 1000) == 0,
-	      "resolve_addr from 127.0.0.2 (forwarded)");
+	      "resolve_addr from %s (forwarded)", other_ip);
 	expect(ch, RDMA_CM_EVENT_ADDR_RESOLVED, NULL, "forwarded");
 	check(rdma_resolve_route(b, 1000) == 0, "resolve_route (forwarded)");
 	e = get_event(ch, 5000);
@@ -648,11 +652,15 @@ int main(int argc, char **argv)
 	int c;
 
 	setvbuf(stdout, NULL, _IOLBF, 0);
-	while ((c = getopt(argc, argv, "p:")) != -1)
+	while ((c = getopt(argc, argv, "p:a:")) != -1) {
 		if (c == 'p')
 			port = atoi(optarg);
+		else if (c == 'a')
+			other_ip = optarg;
+	}
 	if (optind >= argc) {
-		fprintf(stderr, "usage: %s [-p PORT] channel|nolistener|pdata|reject|many\n", argv[0]);
+		fprintf(stderr, "usage: %s [-p PORT] [-a OTHER_IP] channel|nolistener|pdata|reject|many|forward\n",
+			argv[0]);
 		return 2;
 	}
 	if (!strcmp(argv[optind], "channel"))

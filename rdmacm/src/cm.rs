@@ -138,7 +138,13 @@ pub fn device_for_ip(ip: IpAddr) -> Option<Arc<Device>> {
     devices()
         .iter()
         .find(|d| d.addrs.contains(&ip))
-        .or_else(|| if ip.is_loopback() { devices().first() } else { None })
+        .or_else(|| {
+            if ip.is_loopback() {
+                devices().first()
+            } else {
+                None
+            }
+        })
         .cloned()
 }
 

@@ -93,6 +93,17 @@ fn c_checks_build() {
 
 /// `uiw run -- cm_check [-p PORT] MODE` (+ envs); all its checks must pass.
 fn cm_check(test: &str, mode: &str, port: u16, needs_cm: bool, envs: &[(&str, &str)]) {
+    cm_check_args(test, mode, port, needs_cm, envs, &[])
+}
+
+fn cm_check_args(
+    test: &str,
+    mode: &str,
+    port: u16,
+    needs_cm: bool,
+    envs: &[(&str, &str)],
+    extra: &[&str],
+) {
     let a = artifacts(test);
     if !can_publish(test) || (needs_cm && !need_uiw_cm(test, &a)) {
         return;
@@ -101,7 +112,10 @@ fn cm_check(test: &str, mode: &str, port: u16, needs_cm: bool, envs: &[(&str, &s
     let _l = device_lock();
     let dev = Published::up(&a, &out_dir()).unwrap_or_else(|e| panic!("{test}: {e}"));
     let p = port.to_string();
-    let c = spawn(&dev, &[exe.to_str().unwrap(), "-p", &p, mode], envs);
+    let mut args = vec![exe.to_str().unwrap(), "-p", &p];
+    args.extend_from_slice(extra);
+    args.push(mode);
+    let c = spawn(&dev, &args, envs);
     let (o, timed_out) = finish(c, Duration::from_secs(120));
     let out = String::from_utf8_lossy(&o.stdout);
     println!("{}", text(&o));
@@ -141,16 +155,44 @@ fn connect_without_listener_is_rejected_econnrefused() {
     );
 }
 
+/// Ids on an address no uiw device holds (the default-route interface's, with only uiw_lo
+/// published) go to the system librdmacm — here a stand-in (c/fake_system_rdmacm.c).
 #[test]
 fn other_devices_are_forwarded_to_the_system_library() {
+    const TEST: &str = "other_devices_are_forwarded_to_the_system_library";
+    let Some(ip) = default_route_netdev().and_then(|nd| netdev_ipv4(&nd)) else {
+        uiw_examples::skip(
+            TEST,
+            "no IPv4 address on a default-route interface to stand for another device's",
+        );
+        return;
+    };
     let fake = build_c("fake_system_rdmacm", true);
-    cm_check(
-        "other_devices_are_forwarded_to_the_system_library",
+    cm_check_args(
+        TEST,
         "forward",
         20883,
         false,
         &[("UIW_SYSTEM_RDMACM", fake.to_str().unwrap())],
+        &["-a", &ip],
     );
+}
+
+/// The first IPv4 address of a network interface (`ip -4 -o addr show NETDEV`).
+fn netdev_ipv4(nd: &str) -> Option<String> {
+    let o = Command::new("ip")
+        .args(["-4", "-o", "addr", "show", nd])
+        .output()
+        .ok()?;
+    let s = String::from_utf8_lossy(&o.stdout).into_owned();
+    let ip = s
+        .split_whitespace()
+        .skip_while(|w| *w != "inet")
+        .nth(1)?
+        .split('/')
+        .next()?
+        .to_string();
+    (!ip.is_empty()).then_some(ip)
 }
 
 #[test]
@@ -389,26 +431,24 @@ fn libfabric_verbs_fi_pingpong() {
         return;
     }
     let Some(nd) = default_route_netdev() else {
-        uiw_examples::skip(TEST, "no default-route interface (libfabric's verbs provider skips lo)");
+        uiw_examples::skip(
+            TEST,
+            "no default-route interface (libfabric's verbs provider skips lo)",
+        );
         return;
     };
     let _l = device_lock();
     let dev = Published::up(&a, &out_dir()).unwrap_or_else(|e| panic!("{TEST}: {e}"));
     // Only the netdev's device: with uiw_lo published, "localhost" (which libfabric binds
     // to find its device) would name uiw_lo, which it skips.
-    for args in [vec!["up", "--netdev", nd.as_str()], vec!["down", "--netdev", "lo"]] {
+    for args in [
+        vec!["up", "--netdev", nd.as_str()],
+        vec!["down", "--netdev", "lo"],
+    ] {
         let o = dev.uiw(&args).expect("run uiw");
         assert!(o.status.success(), "uiw {args:?}: {}", text(&o));
     }
-    let ip = Command::new("ip")
-        .args(["-4", "-o", "addr", "show", &nd])
-        .output()
-        .ok()
-        .and_then(|o| {
-            let s = String::from_utf8_lossy(&o.stdout).into_owned();
-            s.split_whitespace().skip_while(|w| *w != "inet").nth(1).map(|c| c.split('/').next().unwrap_or("").to_string())
-        })
-        .unwrap_or_default();
+    let ip = netdev_ipv4(&nd).unwrap_or_default();
     assert!(!ip.is_empty(), "{TEST}: no IPv4 address on {nd}");
     for (prov, ep) in [("verbs", "msg"), ("verbs;ofi_rxm", "rdm")] {
         let (_, co) = pair(
@@ -419,6 +459,10 @@ fn libfabric_verbs_fi_pingpong() {
             Duration::from_secs(60),
         );
         let c = String::from_utf8_lossy(&co.stdout);
-        assert!(c.contains("=100"), "{prov} {ep}: no completed transfers\n{}", text(&co));
+        assert!(
+            c.contains("=100"),
+            "{prov} {ep}: no completed transfers\n{}",
+            text(&co)
+        );
     }
 }
