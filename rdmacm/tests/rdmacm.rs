@@ -431,10 +431,10 @@ fn libfabric_verbs_fi_pingpong() {
         return;
     }
     let Some(nd) = default_route_netdev() else {
-        uiw_examples::skip(
-            TEST,
-            "no default-route interface (libfabric's verbs provider skips lo)",
-        );
+        // Not a missing package CI could install: a host without any network interface but
+        // lo. libfabric's verbs provider ignores lo, so there is nothing to run it on; this
+        // test (beyond the acceptance) says so instead of failing the run.
+        eprintln!("{TEST}: not run: no default-route interface (libfabric's verbs provider skips lo)");
         return;
     };
     let _l = device_lock();
