@@ -763,10 +763,7 @@ impl Connection {
         len: u32,
         imm: u32,
     ) -> Result<(), PostError> {
-        self.can_post()?;
-        if !self.ext_ok() {
-            return Err(PostError::NotSupported);
-        }
+        self.can_post_ext()?;
         self.push_sq(SqWr::Send {
             wr_id,
             flags,
@@ -838,10 +835,7 @@ impl Connection {
         add_swap: u64,
         compare: u64,
     ) -> Result<(), PostError> {
-        self.can_post()?;
-        if !self.ext_ok() {
-            return Err(PostError::NotSupported);
-        }
+        self.can_post_ext()?;
         self.push_sq(SqWr::Atomic {
             wr_id,
             op,
@@ -861,10 +855,7 @@ impl Connection {
         imm: u64,
         solicited: bool,
     ) -> Result<(), PostError> {
-        self.can_post()?;
-        if !self.ext_ok() {
-            return Err(PostError::NotSupported);
-        }
+        self.can_post_ext()?;
         self.push_sq(SqWr::Imm {
             wr_id,
             imm,
@@ -913,6 +904,17 @@ impl Connection {
             imm,
             solicited: false,
         });
+    }
+
+    /// [`Self::can_post`] for an RFC 7306 operation: also `NotSupported` unless both
+    /// peers offered the extensions.
+    fn can_post_ext(&self) -> Result<(), PostError> {
+        self.can_post()?;
+        if self.ext_ok() {
+            Ok(())
+        } else {
+            Err(PostError::NotSupported)
+        }
     }
 
     fn ext_ok(&self) -> bool {

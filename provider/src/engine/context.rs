@@ -705,21 +705,12 @@ impl Qp {
     /// `rdma_accept`: the stream of a CONNECT_REQUEST becomes this QP's (INIT or RTR); the MPA
     /// Reply carries `private_data` and our IRD/ORD; the QP moves to RTS.
     pub fn cm_accept(self: &Arc<Self>, cm: &Arc<CmConn>, private_data: &[u8], ird: u16, ord: u16) -> Result<(), i32> {
-        let mut inner = self.inner.lock();
-        if inner.dp.link.is_some() || !matches!(inner.attrs.qp_state, QpState::Init | QpState::Rtr) {
-            return Err(libc::EINVAL);
-        }
+        let mut inner = self.cm_ready(ird, ord)?;
         let mut p = cm.pending.lock().take().ok_or(libc::EINVAL)?;
-        inner.attrs.max_dest_rd_atomic = ird.min(255) as u8;
-        inner.attrs.max_rd_atomic = ord.min(255) as u8;
         if p.conn.accept(ird.max(1), ord.max(1), private_data, net::now_ms()).is_err() {
             return Err(libc::EINVAL);
         }
-        self.net.watch(&p.sock, self.qpn).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
-        inner.cm = Some(cm.clone());
-        *cm.qp.lock() = Arc::downgrade(self);
-        inner.attrs.qp_state = QpState::Rtr;
-        inner.dp.link = Some(Link::new(p.conn, p.sock));
+        self.cm_attach(&mut inner, cm, Link::new(p.conn, p.sock))?;
         self.kick(inner);
         Ok(())
     }
@@ -727,21 +718,34 @@ impl Qp {
     /// `rdma_connect`: MPA Request with `private_data` and our IRD/ORD on `sock` (connected or
     /// connecting); the QP (INIT or RTR) moves to RTS when the Reply accepts.
     pub fn cm_connect(self: &Arc<Self>, cm: &Arc<CmConn>, sock: TcpStream, private_data: &[u8], ird: u16, ord: u16) -> Result<(), i32> {
+        let mut inner = self.cm_ready(ird, ord)?;
+        let mss = net::prepare(&sock).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        let cfg = net::config(Role::Initiator, ird.max(1), ord.max(1), private_data.to_vec(), mss);
+        self.cm_attach(&mut inner, cm, Link::new(Connection::new(cfg, net::now_ms()), sock))?;
+        self.kick(inner);
+        Ok(())
+    }
+
+    /// The QP side of accept/connect: RC in INIT or RTR without a stream (EINVAL otherwise);
+    /// records the IRD/ORD the connection is made with.
+    fn cm_ready(&self, ird: u16, ord: u16) -> Result<parking_lot::MutexGuard<'_, QpInner>, i32> {
         let mut inner = self.inner.lock();
         if inner.dp.link.is_some() || !matches!(inner.attrs.qp_state, QpState::Init | QpState::Rtr) {
             return Err(libc::EINVAL);
         }
-        let mss = net::prepare(&sock).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
         inner.attrs.max_dest_rd_atomic = ird.min(255) as u8;
         inner.attrs.max_rd_atomic = ord.min(255) as u8;
-        let cfg = net::config(Role::Initiator, ird.max(1), ord.max(1), private_data.to_vec(), mss);
-        let link = Link::new(Connection::new(cfg, net::now_ms()), sock);
+        Ok(inner)
+    }
+
+    /// Gives the QP its rdma_cm stream: served by the progress thread, the QP in RTR until MPA
+    /// completes (then RTS, see `after`).
+    fn cm_attach(self: &Arc<Self>, inner: &mut QpInner, cm: &Arc<CmConn>, link: Link) -> Result<(), i32> {
         self.net.watch(&link.sock, self.qpn).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
         inner.cm = Some(cm.clone());
         *cm.qp.lock() = Arc::downgrade(self);
         inner.attrs.qp_state = QpState::Rtr;
         inner.dp.link = Some(link);
-        self.kick(inner);
         Ok(())
     }
 
@@ -775,12 +779,6 @@ impl Qp {
         let env = self.env(inner.attrs.qp_access_flags);
         inner.dp.shutdown(&env, true);
         inner.parked = None;
-    }
-
-    /// Moves the QP to ERROR from the inside (fatal error, peer Terminate, lost connection).
-    pub fn fail(&self) {
-        let inner = self.inner.lock();
-        self.fail_locked(inner, Fatal::Lost);
     }
 
     /// `ibv_post_recv` for one WR. A QP with an SRQ takes receives from it only (EINVAL here,
