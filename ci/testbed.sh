@@ -1,0 +1,225 @@
+#!/usr/bin/env bash
+# ci/testbed.sh — two "hosts" for uiw on one machine: two network namespaces joined by a
+# veth pair, a uiw device published in each (own UIW_STATE_DIR), optional random frame loss.
+#
+#   ci/testbed.sh [-p PREFIX] up [--mtu 1500|9000] [--loss PCT] [--net A.B.C] [--ifname NAME]
+#                                [--uiw PATH]
+#       create namespaces PREFIX-a and PREFIX-b, a veth pair (NAME in each, default veth0),
+#       addresses A.B.C.1/24 on host A and A.B.C.2/24 on host B (default 198.51.100, the
+#       RFC 5737 TEST-NET-2 range: it exists only inside these two namespaces), bring
+#       everything up and run `uiw up --netdev NAME` in each with UIW_STATE_DIR=STATE/{a,b}.
+#       The uiw device is uiw_NAME on both hosts. --loss as for `loss both PCT`.
+#   ci/testbed.sh [-p PREFIX] run a|b [--] CMD [ARGS...]
+#       run CMD on host A/B under `uiw run` (exec: the PID you get is CMD's)
+#   ci/testbed.sh [-p PREFIX] exec a|b [--] CMD [ARGS...]
+#       run CMD on host A/B without uiw's environment (ip, nft, ss, tcpdump, ...)
+#   ci/testbed.sh [-p PREFIX] loss a|b|both PCT
+#       drop PCT percent (0-100, fractions like 0.1 allowed; 0 removes the rule) of the
+#       IPv4/IPv6 frames host A/B sends on the veth, chosen at random by nftables `numgen
+#       random` (this kernel has no netem)
+#   ci/testbed.sh [-p PREFIX] cut a|b        remove the host's address (it "disappears":
+#                                            its peer's segments are silently dropped)
+#   ci/testbed.sh [-p PREFIX] restore a|b    put it back
+#   ci/testbed.sh [-p PREFIX] env            print shell assignments: TB_PREFIX TB_NS_A TB_NS_B
+#                                            TB_IF TB_DEV TB_ADDR_A TB_ADDR_B TB_STATE_A
+#                                            TB_STATE_B TB_MTU TB_UIW (eval "$(... env)")
+#   ci/testbed.sh [-p PREFIX] down           kill what runs in the namespaces, `uiw down`,
+#                                            delete the namespaces and the state
+#
+# PREFIX (default uiwtb, or $UIW_TESTBED_PREFIX) names the namespaces and the state dir
+# /tmp/PREFIX-testbed; give each concurrent user (test, helper) its own prefix. Needs root,
+# iproute2 and nftables. `up` on an existing testbed of the same prefix tears it down first.
+#
+# Example:
+#   ci/testbed.sh -p demo up --loss 1
+#   ci/testbed.sh -p demo run b ib_write_bw -d uiw_veth0 -x 0 & sleep 1
+#   ci/testbed.sh -p demo run a ib_write_bw -d uiw_veth0 -x 0 198.51.100.2; wait
+#   ci/testbed.sh -p demo down
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+prefix=${UIW_TESTBED_PREFIX:-uiwtb}
+
+die() { echo "testbed: $*" >&2; exit 2; }
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+
+while [[ $# -gt 0 ]]; do
+	case $1 in
+	-p|--prefix) prefix=$2; shift 2 ;;
+	-h|--help) usage; exit 0 ;;
+	*) break ;;
+	esac
+done
+[[ $# -gt 0 ]] || { usage >&2; exit 2; }
+cmd=$1; shift
+[[ $prefix =~ ^[A-Za-z0-9_-]{1,20}$ ]] || die "prefix '$prefix': use 1-20 of [A-Za-z0-9_-]"
+
+dir=/tmp/$prefix-testbed
+conf=$dir/env
+ns_a=$prefix-a
+ns_b=$prefix-b
+
+load() {
+	[[ -f $conf ]] || die "no testbed '$prefix' (run: $0 -p $prefix up)"
+	# shellcheck disable=SC1090
+	. "$conf"
+}
+
+ns_of() {
+	case $1 in
+	a|A) echo "$TB_NS_A" ;;
+	b|B) echo "$TB_NS_B" ;;
+	*) die "host '$1': say a or b" ;;
+	esac
+}
+
+# loss_rule NS PCT: (re)write the namespace's drop rule.
+set_loss() {
+	local ns=$1 pct=$2 per10k
+	per10k=$(awk -v p="$pct" 'BEGIN { if (p !~ /^[0-9]*\.?[0-9]+$/ || p > 100) exit 1; printf "%d", p * 100 + 0.5 }') ||
+		die "loss '$pct': give a percentage 0-100"
+	ip netns exec "$ns" nft delete table inet uiw_testbed 2>/dev/null || true
+	[[ $per10k -gt 0 ]] || return 0
+	ip netns exec "$ns" nft -f - <<EOF
+table inet uiw_testbed {
+	chain egress {
+		type filter hook output priority 0; policy accept;
+		oifname "$TB_IF" numgen random mod 10000 < $per10k counter drop
+	}
+}
+EOF
+}
+
+teardown() {
+	local ns st
+	for ns in "$ns_a" "$ns_b"; do
+		ip netns list | awk '{print $1}' | grep -qx "$ns" || continue
+		# Only processes inside our own namespaces: things this testbed's users started.
+		for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -TERM "$pid" 2>/dev/null || true; done
+	done
+	sleep 0.2
+	for ns in "$ns_a" "$ns_b"; do
+		ip netns list | awk '{print $1}' | grep -qx "$ns" || continue
+		for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
+	done
+	if [[ -f $conf ]]; then
+		# shellcheck disable=SC1090
+		. "$conf"
+		for st in "$TB_STATE_A" "$TB_STATE_B"; do
+			[[ -d $st ]] && UIW_STATE_DIR=$st "$TB_UIW" down >/dev/null 2>&1 || true
+		done
+	fi
+	for ns in "$ns_a" "$ns_b"; do ip netns del "$ns" 2>/dev/null || true; done
+	rm -rf "$dir"
+}
+
+case $cmd in
+up)
+	mtu=1500 loss=0 net=198.51.100 ifname=veth0
+	uiw=${UIW:-}
+	while [[ $# -gt 0 ]]; do
+		case $1 in
+		--mtu) mtu=$2; shift 2 ;;
+		--loss) loss=$2; shift 2 ;;
+		--net) net=$2; shift 2 ;;
+		--ifname) ifname=$2; shift 2 ;;
+		--uiw) uiw=$2; shift 2 ;;
+		*) die "up: unknown option $1" ;;
+		esac
+	done
+	[[ $(id -u) -eq 0 ]] || die "needs root (network namespaces, /dev/infiniband)"
+	[[ $mtu =~ ^[0-9]+$ && $mtu -ge 1280 && $mtu -le 65535 ]] || die "--mtu $mtu: give 1280..65535 (1500, 9000)"
+	[[ $net =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "--net $net: give three octets, e.g. 198.51.100"
+	[[ ${#ifname} -le 15 ]] || die "--ifname: at most 15 characters"
+	command -v nft >/dev/null || die "nftables is not installed (apt-get install nftables)"
+	if [[ -z $uiw ]]; then
+		for p in "$repo/target/${CARGO_PROFILE:-debug}/uiw" "$repo/target/debug/uiw" "$repo/target/release/uiw"; do
+			[[ -x $p ]] && { uiw=$p; break; }
+		done
+		[[ -n $uiw ]] || uiw=$(command -v uiw) || die "no uiw binary: cargo build, or pass --uiw PATH"
+	fi
+	uiw=$(readlink -f "$uiw")
+	teardown
+	mkdir -p "$dir"
+	cat >"$conf" <<EOF
+TB_PREFIX=$prefix
+TB_NS_A=$ns_a
+TB_NS_B=$ns_b
+TB_IF=$ifname
+TB_DEV=uiw_$ifname
+TB_ADDR_A=$net.1
+TB_ADDR_B=$net.2
+TB_PLEN=24
+TB_STATE_A=$dir/a
+TB_STATE_B=$dir/b
+TB_MTU=$mtu
+TB_UIW=$uiw
+EOF
+	. "$conf"
+	trap 'echo "testbed: up failed; tearing down" >&2; teardown' ERR
+	ip netns add "$ns_a"
+	ip netns add "$ns_b"
+	# Both ends are created directly inside the namespaces: no name in the host's namespace.
+	ip link add name "$ifname" mtu "$mtu" netns "$ns_a" type veth peer name "$ifname" mtu "$mtu" netns "$ns_b"
+	for h in a b; do
+		ns=$(ns_of $h)
+		addr=$([[ $h == a ]] && echo "$TB_ADDR_A" || echo "$TB_ADDR_B")
+		ip -n "$ns" link set lo up
+		ip -n "$ns" addr add "$addr/$TB_PLEN" dev "$ifname"
+		ip -n "$ns" link set "$ifname" up
+	done
+	# Wait for both ends to be up (carrier) so the first SYN is not lost to an unready link.
+	for _ in $(seq 50); do
+		if ip -n "$ns_a" -o link show "$ifname" | grep -q 'state UP' &&
+			ip -n "$ns_b" -o link show "$ifname" | grep -q 'state UP'; then break; fi
+		sleep 0.1
+	done
+	for h in a b; do
+		st=$([[ $h == a ]] && echo "$TB_STATE_A" || echo "$TB_STATE_B")
+		ip netns exec "$(ns_of $h)" env UIW_STATE_DIR="$st" "$uiw" up --netdev "$ifname" >/dev/null
+	done
+	[[ $loss == 0 ]] || { set_loss "$ns_a" "$loss"; set_loss "$ns_b" "$loss"; }
+	trap - ERR
+	echo "testbed $prefix: host a $ns_a $TB_ADDR_A, host b $ns_b $TB_ADDR_B, device $TB_DEV, mtu $mtu, loss ${loss}%"
+	;;
+run|exec)
+	load
+	[[ $# -gt 0 ]] || die "$cmd: say a or b, then the command"
+	ns=$(ns_of "$1"); h=${1,,}; shift
+	[[ ${1:-} == -- ]] && shift
+	[[ $# -gt 0 ]] || die "$cmd: no command"
+	st=$([[ $h == a ]] && echo "$TB_STATE_A" || echo "$TB_STATE_B")
+	if [[ $cmd == run ]]; then
+		exec ip netns exec "$ns" env UIW_STATE_DIR="$st" "$TB_UIW" run -- "$@"
+	fi
+	exec ip netns exec "$ns" env UIW_STATE_DIR="$st" "$@"
+	;;
+loss)
+	load
+	[[ $# -eq 2 ]] || die "loss: give a|b|both and a percentage"
+	case $1 in
+	both) set_loss "$TB_NS_A" "$2"; set_loss "$TB_NS_B" "$2" ;;
+	*) set_loss "$(ns_of "$1")" "$2" ;;
+	esac
+	;;
+cut|restore)
+	load
+	[[ $# -eq 1 ]] || die "$cmd: give a or b"
+	ns=$(ns_of "$1")
+	addr=$([[ ${1,,} == a ]] && echo "$TB_ADDR_A" || echo "$TB_ADDR_B")
+	if [[ $cmd == cut ]]; then
+		ip -n "$ns" addr del "$addr/$TB_PLEN" dev "$TB_IF"
+	else
+		ip -n "$ns" addr add "$addr/$TB_PLEN" dev "$TB_IF"
+	fi
+	;;
+env)
+	load
+	sed 's/^/export /' "$conf"
+	;;
+down)
+	[[ $(id -u) -eq 0 ]] || die "needs root"
+	teardown
+	;;
+*) die "unknown command '$cmd' (see --help)" ;;
+esac
