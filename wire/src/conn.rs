@@ -148,6 +148,11 @@ pub struct Config {
     /// for [`Connection::accept`] / [`Connection::reject`] (rdma_cm's
     /// listen/accept flow) instead of answering at once with this config.
     pub manual_accept: bool,
+    /// Largest ULPDU accepted from the peer (RFC 5044 §4.1: a sender never
+    /// exceeds its MULPDU, at most [`mpa::MAX_ULPDU`]). A longer one ends the
+    /// stream with a Terminate (DDP, local catastrophic) before its payload
+    /// is read.
+    pub max_rx_ulpdu: usize,
 }
 
 impl Config {
@@ -169,6 +174,7 @@ impl Config {
             private_data: Vec::new(),
             mpa_timeout_ms: 10_000,
             manual_accept: false,
+            max_rx_ulpdu: mpa::MAX_ULPDU,
         }
     }
 }
@@ -1332,6 +1338,7 @@ impl Connection {
                 let code = match e {
                     FrameError::UlpduTooShort(_) => TermCode::DDP_LOCAL_CATASTROPHIC,
                     FrameError::ControlTooLong(_) => TermCode::DDP_LOCAL_CATASTROPHIC,
+                    FrameError::UlpduTooLong(_) => TermCode::DDP_LOCAL_CATASTROPHIC,
                 };
                 self.terminate(Fault::bare(code), None, WcStatus::GeneralErr);
                 return data.len();
@@ -1514,7 +1521,7 @@ impl Connection {
             &mut self.mpa_out,
         );
         self.crc = crc;
-        self.deframer = Deframer::new(crc);
+        self.deframer = Deframer::new(crc).with_max_ulpdu(self.cfg.max_rx_ulpdu);
         let neg = Negotiated {
             revision: rev,
             crc,
@@ -1622,7 +1629,7 @@ impl Connection {
             }
         }
         self.crc = crc;
-        self.deframer = Deframer::new(crc);
+        self.deframer = Deframer::new(crc).with_max_ulpdu(self.cfg.max_rx_ulpdu);
         let neg = Negotiated {
             revision: f.hdr.revision,
             crc,
@@ -2141,7 +2148,10 @@ impl Connection {
         }
         if let Some(m) = self.cur_tx.take() {
             if let Some((seq, mut c)) = m.on_done {
-                c.status = WcStatus::WrFlushErr;
+                // No Read/Atomic took the peer's status: the message being sent when the
+                // Terminate arrived is the one it answers (a Write to a bad STag, a Send
+                // without a receive), so it carries the status, not a flush.
+                c.status = first.take().unwrap_or(WcStatus::WrFlushErr);
                 c.byte_len = 0;
                 self.sq_complete(seq, c);
             }

@@ -287,6 +287,10 @@ pub const fn fpdu_max(mss: usize) -> usize {
     }
 }
 
+/// The largest ULPDU any MPA sender forms: the MULPDU of the largest FPDU whose
+/// length still fits the 16-bit field with pad and CRC (65522).
+pub const MAX_ULPDU: usize = mulpdu(65535);
+
 /// Maximum ULPDU length (MULPDU, RFC 5044 §4.1) for a TCP MSS.
 pub const fn mulpdu(mss: usize) -> usize {
     fpdu_max(mss) - LEN_FIELD - CRC_LEN

@@ -367,6 +367,8 @@ pub enum FrameError {
     UlpduTooShort(u16),
     /// Control message longer than [`CONTROL_CAP`].
     ControlTooLong(u16),
+    /// ULPDU longer than the receiver accepts ([`Deframer::with_max_ulpdu`]).
+    UlpduTooLong(u16),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -392,6 +394,7 @@ pub struct Deframer {
     crc: Crc32c,
     trailer: Trailer,
     ulpdu_len: u16,
+    max_ulpdu: usize,
 }
 
 /// Bytes needed to know the header length: MPA length + DDP ctrl + RDMAP ctrl.
@@ -406,7 +409,15 @@ impl Deframer {
             crc: Crc32c::new(),
             trailer: Trailer::new(),
             ulpdu_len: 0,
+            max_ulpdu: crate::mpa::MAX_ULPDU,
         }
+    }
+
+    /// Refuse ULPDUs longer than `max` (default [`crate::mpa::MAX_ULPDU`]): the
+    /// length field is checked before any of the segment is consumed.
+    pub fn with_max_ulpdu(mut self, max: usize) -> Deframer {
+        self.max_ulpdu = max;
+        self
     }
 
     pub fn crc_on(&self) -> bool {
@@ -443,6 +454,9 @@ impl Deframer {
                 if need == PROBE {
                     let h = self.hdr.as_slice();
                     let ul = u16::from_be_bytes([h[0], h[1]]);
+                    if ul as usize > self.max_ulpdu {
+                        return Err(FrameError::UlpduTooLong(ul));
+                    }
                     let dl = DdpHeader::len_for_ctrl(h[2]);
                     let op = RdmapCtrl::from_byte(h[3]).op();
                     let ctl = match op {

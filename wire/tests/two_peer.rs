@@ -1040,3 +1040,34 @@ fn fence_waits_for_reads() {
     assert_eq!(c.iter().map(|c| c.wr_id).collect::<Vec<_>>(), vec![1, 2]);
     assert_eq!(b.completions()[0].byte_len, 5);
 }
+
+#[test]
+fn ulpdu_longer_than_accepted_is_terminated() {
+    // A tagged Write header announcing a 65534-byte ULPDU: larger than any MPA sender may
+    // form (MAX_ULPDU), refused from the length field alone.
+    let (_a, mut b) = default_pair();
+    let mut raw = vec![0xff, 0xfe];
+    let mut h = [0u8; 32];
+    let n = DdpHeader::tagged(0x1234_5600, 0, true, RdmapCtrl::new(Opcode::Write)).encode(&mut h);
+    raw.extend_from_slice(&h[..n]);
+    raw.extend_from_slice(&[0u8; 64]);
+    let used = b.c.handle_bytes(&raw, &mut b.m);
+    assert!(used <= raw.len());
+    let (sent, t) = b.terminate().expect("no Terminate for a 65534-byte ULPDU");
+    assert!(sent);
+    assert_eq!(t.code, TermCode::DDP_LOCAL_CATASTROPHIC);
+    assert_eq!(b.c.state(), State::Error);
+
+    // A receiver configured for smaller FPDUs refuses a peer that exceeds them, and the
+    // sender hears why.
+    let mut ca = Config::new(Role::Initiator);
+    ca.mss = 9000;
+    let mut cb = Config::new(Role::Responder);
+    cb.max_rx_ulpdu = 1448 - 6;
+    let (mut a, mut b) = pair(ca, cb);
+    b.post_recv(1, 4000);
+    a.post_send(1, &pattern(4000, 3), SendFlags::default());
+    pump(&mut a, &mut b);
+    assert_term(&mut b, &mut a, TermCode::DDP_LOCAL_CATASTROPHIC);
+    assert_eq!(b.completions()[0].status, WcStatus::WrFlushErr);
+}
