@@ -8,8 +8,7 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
-use super::context::Qp;
-use super::net::Pending;
+use super::transport::Pending;
 
 /// `enum uiw_cm_event_type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,12 +21,31 @@ pub enum CmEventKind {
     Disconnected = 5,
 }
 
+/// How a connection ended, or why it could not be made (an errno at the C surface).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CmStatus {
+    /// No error (0).
+    Ok,
+    /// The peer rejected the connection (`ECONNREFUSED`).
+    Refused,
+    /// The stream was lost or reset, or the peer sent a Terminate (`ECONNRESET`).
+    Reset,
+    /// A local error ended it (`EIO`).
+    LocalError,
+}
+
+/// The QP an rdma_cm connection carries, as the drop-in's `rdma_disconnect` reaches it.
+pub trait CmQp: Send + Sync {
+    /// `rdma_disconnect`: the QP goes to ERROR and DISCONNECTED is reported.
+    fn cm_disconnect(&self);
+}
+
 /// One event for the drop-in (`struct uiw_cm_event`).
 #[derive(Debug, Clone, Copy)]
 pub struct CmEvent<'a> {
     pub kind: CmEventKind,
-    /// 0, or an errno (CONNECT_ERROR, DISCONNECTED).
-    pub status: i32,
+    /// `Ok`, or why (CONNECT_ERROR, DISCONNECTED, REJECTED).
+    pub status: CmStatus,
     pub private_data: &'a [u8],
     pub ird: u16,
     pub ord: u16,
@@ -41,7 +59,7 @@ pub struct CmConn {
     /// Passive side, between the MPA Request and accept/reject.
     pub pending: Mutex<Option<Pending>>,
     /// The QP carrying the stream, once attached.
-    pub qp: Mutex<Weak<Qp>>,
+    pub qp: Mutex<Option<Weak<dyn CmQp>>>,
     established: AtomicBool,
     /// The last event (REJECTED, CONNECT_ERROR, DISCONNECTED) has been reported.
     finished: AtomicBool,
@@ -58,7 +76,7 @@ impl CmConn {
         Arc::new(CmConn {
             cb: Mutex::new(Some(cb)),
             pending: Mutex::new(None),
-            qp: Mutex::new(Weak::new()),
+            qp: Mutex::new(None),
             established: AtomicBool::new(false),
             finished: AtomicBool::new(false),
         })
@@ -72,30 +90,35 @@ impl CmConn {
 
     /// MPA Request received (passive side).
     pub fn connect_request(&self, private_data: &[u8], ird: u16, ord: u16) {
-        self.emit(&CmEvent { kind: CmEventKind::ConnectRequest, status: 0, private_data, ird, ord });
+        self.emit(&CmEvent { kind: CmEventKind::ConnectRequest, status: CmStatus::Ok, private_data, ird, ord });
     }
 
     /// MPA done: the QP is in RTS.
     pub fn established(&self, private_data: &[u8], ird: u16, ord: u16) {
         if !self.established.swap(true, Ordering::AcqRel) {
-            self.emit(&CmEvent { kind: CmEventKind::Established, status: 0, private_data, ird, ord });
+            self.emit(&CmEvent { kind: CmEventKind::Established, status: CmStatus::Ok, private_data, ird, ord });
         }
     }
 
     /// The peer rejected our Request.
     pub fn rejected(&self, private_data: &[u8]) {
         if !self.finished.swap(true, Ordering::AcqRel) {
-            self.emit(&CmEvent { kind: CmEventKind::Rejected, status: libc::ECONNREFUSED, private_data, ird: 0, ord: 0 });
+            self.emit(&CmEvent { kind: CmEventKind::Rejected, status: CmStatus::Refused, private_data, ird: 0, ord: 0 });
         }
     }
 
     /// The stream ended: DISCONNECTED if it had been established, CONNECT_ERROR otherwise.
-    pub fn ended(&self, status: i32) {
+    pub fn ended(&self, status: CmStatus) {
         if self.finished.swap(true, Ordering::AcqRel) {
             return;
         }
         let kind = if self.established.load(Ordering::Acquire) { CmEventKind::Disconnected } else { CmEventKind::ConnectError };
         self.emit(&CmEvent { kind, status, private_data: &[], ird: 0, ord: 0 });
+    }
+
+    /// The QP carrying the stream, if it is still there.
+    pub fn qp(&self) -> Option<std::sync::Arc<dyn CmQp>> {
+        self.qp.lock().as_ref().and_then(Weak::upgrade)
     }
 
     /// No callback after this returns.

@@ -3,6 +3,12 @@
 //! receive or any error completion, IBTA Vol 1 §11.4.2.2).
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
+
+use super::events::{event_type, AsyncSink, ChannelSink};
 
 /// `enum ibv_wc_opcode`.
 pub mod wc_opcode {
@@ -132,9 +138,9 @@ impl Cq {
     }
 
     /// `ibv_resize_cq`: grow or shrink; refuses to drop queued completions (EINVAL, as rxe).
-    pub fn resize(&mut self, capacity: usize) -> Result<(), i32> {
+    pub fn resize(&mut self, capacity: usize) -> Result<(), super::error::Error> {
         if capacity < self.entries.len() {
-            return Err(libc::EINVAL);
+            return Err(super::error::Error::Invalid);
         }
         self.capacity = capacity;
         Ok(())
@@ -143,6 +149,66 @@ impl Cq {
     /// Removes every completion of a QP that is being destroyed.
     pub fn purge_qp(&mut self, qp_num: u32) {
         self.entries.retain(|c| c.qp_num != qp_num);
+    }
+}
+
+/// A QP as the CQs it completes into see it: `ibv_poll_cq` on an empty CQ drives it.
+pub trait PolledQp: Send + Sync {
+    fn qpn(&self) -> u32;
+    /// Serve the QP's stream here unless another thread is at it.
+    fn try_progress(&self);
+}
+
+/// A completion queue and where its events go.
+#[derive(Debug)]
+pub struct CqObj {
+    /// The application's `ibv_cq*`, which completion events carry.
+    pub handle: AtomicU64,
+    pub q: Mutex<Cq>,
+    pub channel: Option<Arc<ChannelSink>>,
+    pub(crate) async_sink: Arc<AsyncSink>,
+    pub comp_events_reported: AtomicU32,
+    pub async_events_reported: AtomicU32,
+    /// QPs using this CQ (destroy fails with EBUSY while any do).
+    pub(crate) users: AtomicU32,
+    /// The same QPs, for progress driven by `ibv_poll_cq`.
+    pub(crate) qps: Mutex<Vec<Weak<dyn PolledQp>>>,
+}
+
+impl CqObj {
+    /// Completion events the application read for this CQ (what its destroy waits to see
+    /// acked); unread ones are taken back from the channel.
+    pub fn comp_events_to_ack(&self) -> u32 {
+        match &self.channel {
+            Some(ch) => ch.settle(self.handle.load(Ordering::Acquire), &self.comp_events_reported),
+            None => self.comp_events_reported.load(Ordering::Acquire),
+        }
+    }
+    /// Async events the application read for this CQ (what its destroy waits to see acked).
+    pub fn async_events_to_ack(&self) -> u32 {
+        self.async_sink.settle(self.handle.load(Ordering::Acquire), &self.async_events_reported)
+    }
+    /// `ibv_poll_cq` on an empty CQ: receive and transmit for its QPs right here, without
+    /// waiting for the progress thread to be scheduled (skipping QPs another thread is serving).
+    pub fn drive(&self) {
+        let qps: Vec<Arc<dyn PolledQp>> = self.qps.lock().iter().filter_map(Weak::upgrade).collect();
+        for qp in qps {
+            qp.try_progress();
+        }
+    }
+
+    pub fn push(&self, c: Completion) {
+        let pushed = self.q.lock().push(c);
+        let handle = self.handle.load(Ordering::Acquire);
+        match pushed {
+            Pushed::Queued => {}
+            Pushed::Notify => {
+                if let Some(ch) = &self.channel {
+                    ch.notify(handle, &self.comp_events_reported);
+                }
+            }
+            Pushed::Overflow => self.async_sink.raise(handle, event_type::CQ_ERR, &self.async_events_reported),
+        }
     }
 }
 
@@ -193,10 +259,10 @@ mod tests {
         let mut q = Cq::new(4);
         q.push(Completion { qp_num: 7, ..c(1) });
         q.push(Completion { qp_num: 8, ..c(2) });
-        assert_eq!(q.resize(1), Err(libc::EINVAL));
+        assert!(matches!(q.resize(1), Err(crate::engine::error::Error::Invalid)));
         q.purge_qp(7);
         assert_eq!(q.len(), 1);
-        assert_eq!(q.resize(1), Ok(()));
+        assert!(q.resize(1).is_ok());
         assert_eq!(q.capacity(), 1);
     }
 }

@@ -4,6 +4,12 @@
 
 use std::collections::VecDeque;
 
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::events::{event_type, AsyncSink};
 use super::wr::{PostError, RecvWqe};
 
 #[derive(Debug)]
@@ -56,15 +62,15 @@ impl Srq {
     }
 
     /// `ibv_modify_srq`: `max_wr` (resize, never below what is queued) and/or `srq_limit`.
-    pub fn modify(&mut self, max_wr: Option<u32>, limit: Option<u32>, hw_max: u32) -> Result<(), i32> {
+    pub fn modify(&mut self, max_wr: Option<u32>, limit: Option<u32>, hw_max: u32) -> Result<(), super::error::Error> {
         if let Some(m) = max_wr {
             if m == 0 || m > hw_max || (m as usize) < self.queue.len() {
-                return Err(libc::EINVAL);
+                return Err(super::error::Error::Invalid);
             }
         }
         if let Some(l) = limit {
             if l > max_wr.unwrap_or(self.max_wr) {
-                return Err(libc::EINVAL);
+                return Err(super::error::Error::Invalid);
             }
         }
         if let Some(m) = max_wr {
@@ -74,6 +80,37 @@ impl Srq {
             self.limit = l;
         }
         Ok(())
+    }
+}
+
+/// A shared receive queue.
+#[derive(Debug)]
+pub struct SrqObj {
+    pub handle: AtomicU64,
+    pub pd: u32,
+    pub inner: Mutex<Srq>,
+    pub(crate) async_sink: Arc<AsyncSink>,
+    pub async_events_reported: AtomicU32,
+    pub(crate) users: AtomicU32,
+}
+
+impl SrqObj {
+    /// Async events the application read for this SRQ.
+    pub fn async_events_to_ack(&self) -> u32 {
+        self.async_sink.settle(self.handle.load(Ordering::Acquire), &self.async_events_reported)
+    }
+    /// Returns a WR a failing QP took but did not use.
+    pub fn give_back(&self, w: RecvWqe) {
+        self.inner.lock().give_back(w);
+    }
+
+    /// Takes a receive WR for an incoming Send, raising the limit event if it fires.
+    pub fn take(&self) -> Option<RecvWqe> {
+        let (w, fired) = self.inner.lock().take()?;
+        if fired {
+            self.async_sink.raise(self.handle.load(Ordering::Acquire), event_type::SRQ_LIMIT_REACHED, &self.async_events_reported);
+        }
+        Some(w)
     }
 }
 
@@ -112,9 +149,9 @@ mod tests {
         let mut s = Srq::new(4, 1);
         s.post(w(1)).unwrap();
         s.post(w(2)).unwrap();
-        assert_eq!(s.modify(Some(1), None, 16), Err(libc::EINVAL));
-        assert_eq!(s.modify(Some(32), None, 16), Err(libc::EINVAL));
-        assert_eq!(s.modify(None, Some(5), 16), Err(libc::EINVAL));
-        assert_eq!(s.modify(Some(8), Some(5), 16), Ok(()));
+        assert!(matches!(s.modify(Some(1), None, 16), Err(crate::engine::error::Error::Invalid)));
+        assert!(matches!(s.modify(Some(32), None, 16), Err(crate::engine::error::Error::Invalid)));
+        assert!(matches!(s.modify(None, Some(5), 16), Err(crate::engine::error::Error::Invalid)));
+        assert!(s.modify(Some(8), Some(5), 16).is_ok());
     }
 }

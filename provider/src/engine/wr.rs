@@ -121,15 +121,6 @@ pub enum PostError {
     BadOpcode,
 }
 
-impl PostError {
-    pub fn errno(self) -> i32 {
-        match self {
-            PostError::QueueFull => libc::ENOMEM,
-            PostError::Unsupported => libc::EOPNOTSUPP,
-            _ => libc::EINVAL,
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -12,7 +12,8 @@ use uiw_kabi::verbs::{ibv_context, ibv_qp};
 
 use super::qp::qp_obj;
 use super::{engine, guard, set_errno};
-use crate::engine::cm::{CmConn, CmEvent};
+use super::errno::Errno;
+use crate::engine::cm::{CmConn, CmEvent, CmStatus};
 
 /// `struct uiw_cm_event`.
 #[repr(C)]
@@ -36,7 +37,7 @@ fn callback(cb: UiwCmCb, user: *mut c_void, conn: Arc<std::sync::atomic::AtomicU
     Box::new(move |ev: &CmEvent<'_>| {
         let e = UiwCmEvent {
             kind: ev.kind as c_int,
-            status: ev.status,
+            status: ev.status.errno(),
             private_data: ev.private_data.as_ptr() as *const c_void,
             private_data_len: ev.private_data.len().min(u16::MAX as usize) as u16,
             ird: ev.ird,
@@ -106,7 +107,7 @@ pub unsafe extern "C" fn uiw_cm_passive_v1(ctx: *mut ibv_context, fd: c_int, cb:
     guard(ptr::null_mut(), || {
         open(fd, cb, user, !ctx.is_null(), |sock, c| {
             // SAFETY: ctx is one of our contexts (the drop-in only passes uiw devices').
-            unsafe { engine(ctx) }.cm_passive(sock, c.clone())
+            unsafe { engine(ctx) }.cm_passive(sock, c.clone()).map_err(|e| e.errno())
         })
     })
 }
@@ -122,7 +123,7 @@ pub unsafe extern "C" fn uiw_cm_accept_v1(h: *mut c_void, qp: *mut ibv_qp, pd: *
         let (c, q, data) = unsafe { (conn(h), qp_obj(qp), bytes(pd, len)) };
         match q.cm_accept(c, data, ird, ord) {
             Ok(()) => 0,
-            Err(e) => e,
+            Err(e) => e.errno(),
         }
     })
 }
@@ -158,7 +159,7 @@ pub unsafe extern "C" fn uiw_cm_active_v1(
         open(fd, cb, user, !qp.is_null(), |sock, c| {
             // SAFETY: qp is one of our QPs; pd the caller's bytes.
             let (q, data) = unsafe { (qp_obj(qp), bytes(pd, len)) };
-            q.cm_connect(c, sock, data, ird, ord)
+            q.cm_connect(c, sock, data, ird, ord).map_err(|e| e.errno())
         })
     })
 }
@@ -175,10 +176,10 @@ pub unsafe extern "C" fn uiw_cm_disconnect_v1(h: *mut c_void) -> c_int {
         if let Some(p) = c.pending.lock().take() {
             p.reject(&[]);
         }
-        let qp = c.qp.lock().upgrade();
+        let qp = c.qp();
         match qp {
             Some(q) => q.cm_disconnect(),
-            None => c.ended(0),
+            None => c.ended(CmStatus::Ok),
         }
         0
     })

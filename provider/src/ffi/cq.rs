@@ -12,7 +12,8 @@ use uiw_kabi::verbs::*;
 
 use super::qp::wait_for_acks;
 use super::{engine, guard, set_errno};
-use crate::engine::context::CqObj;
+use super::errno::Errno;
+use crate::engine::cq::CqObj;
 use crate::engine::cq::Completion;
 
 #[repr(C)]
@@ -71,7 +72,7 @@ fn new_cq(ctx: *mut ibv_context, cqe: c_int, channel: *mut ibv_comp_channel, com
     let obj = match e.create_cq(cqe, sink) {
         Ok(o) => o,
         Err(err) => {
-            set_errno(err);
+            set_errno(err.errno());
             return ptr::null_mut();
         }
     };
@@ -144,7 +145,7 @@ pub(super) unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
         let (obj, ctx) = unsafe { (cq_obj(cq).clone(), (*cq).context) };
         // SAFETY: ctx is one of our contexts.
         if let Err(e) = unsafe { engine(ctx) }.destroy_cq(&obj) {
-            return e;
+            return e.errno();
         }
         // SAFETY: cq is ours; like the kernel, wait until the application has acknowledged
         // every event reported for it (ibv_ack_cq_events / ibv_ack_async_event).
@@ -216,7 +217,7 @@ pub(super) unsafe extern "C" fn resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int 
                 unsafe { (*cq).cqe = cqe };
                 0
             }
-            Err(e) => e,
+            Err(e) => e.errno(),
         }
     })
 }

@@ -24,7 +24,8 @@ use crate::engine::limits::DeviceLimits;
 
 mod cm;
 mod cq;
-mod dma;
+mod errno;
+mod user_memory;
 mod objects;
 mod qp;
 mod query;
@@ -235,7 +236,7 @@ unsafe extern "C" fn alloc_context(ibdev: *mut ibv_device, cmd_fd: c_int, _priva
             ctx.async_fd = async_r.into_raw_fd();
             ctx.num_comp_vectors = 1;
             let info = (*(ibdev as *mut UiwDevice)).info.clone();
-            let engine = Box::new(Context::new(info, DeviceLimits::UIW, sink, &dma::USER_MEMORY));
+            let engine = Box::new(Context::new(info, DeviceLimits::UIW, sink, &user_memory::USER_MEMORY));
             (*raw).engine = Box::into_raw(engine);
             (*raw).shim = serve_cmd_fd(ctx.cmd_fd, (*raw).engine);
             &mut (*raw).vctx

@@ -10,7 +10,8 @@ use uiw_kabi::verbs::*;
 
 use super::qp::{post_chain, recv_wqe, wait_for_acks};
 use super::{engine, guard, set_errno};
-use crate::engine::context::SrqObj;
+use super::errno::Errno;
+use crate::engine::srq::SrqObj;
 
 // ---- PD ----
 
@@ -36,7 +37,7 @@ pub(super) unsafe extern "C" fn alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
                 Box::into_raw(pd) as *mut ibv_pd
             }
             Err(e) => {
-                set_errno(e);
+                set_errno(e.errno());
                 ptr::null_mut()
             }
         }
@@ -54,7 +55,7 @@ pub(super) unsafe extern "C" fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
                 drop(unsafe { Box::from_raw(pd as *mut UiwPd) });
                 0
             }
-            Err(e) => e,
+            Err(e) => e.errno(),
         }
     })
 }
@@ -124,7 +125,7 @@ pub(super) unsafe extern "C" fn create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_i
         let obj = match e.create_srq(pdh, a.max_wr, a.max_sge, a.srq_limit) {
             Ok(o) => o,
             Err(err) => {
-                set_errno(err);
+                set_errno(err.errno());
                 return ptr::null_mut();
             }
         };
@@ -164,7 +165,7 @@ pub(super) unsafe extern "C" fn modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq
         let limit = (mask & LIMIT != 0).then_some(a.srq_limit);
         match obj.inner.lock().modify(max_wr, limit, hw_max) {
             Ok(()) => 0,
-            Err(e) => e,
+            Err(e) => e.errno(),
         }
     })
 }
@@ -187,7 +188,7 @@ pub(super) unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
         let (obj, ctx) = unsafe { (srq_obj(srq).clone(), (*srq).context) };
         // SAFETY: ctx is one of our contexts.
         if let Err(e) = unsafe { engine(ctx) }.destroy_srq(&obj) {
-            return e;
+            return e.errno();
         }
         // SAFETY: srq is ours; the application acknowledges events through these fields.
         unsafe {

@@ -13,7 +13,8 @@ use uiw_kabi::verbs::*;
 use super::cq::cq_obj;
 use super::objects::{pd_handle, srq_obj};
 use super::{engine, guard, set_errno, QP_EX_SLOTS};
-use crate::engine::context::{Qp, QpSpec};
+use super::errno::Errno;
+use crate::engine::qp::{Qp, QpSpec};
 use crate::engine::qp_state::{self, AhAttr, QpAttrs, QpCap, QpState};
 use crate::engine::wr::{opcode, Payload, PostError, RecvWqe, SendWqe, Sge};
 
@@ -253,7 +254,7 @@ fn new_qp(
     let obj = match e.create_qp(spec) {
         Ok(q) => q,
         Err(err) => {
-            set_errno(err);
+            set_errno(err.errno());
             return ptr::null_mut();
         }
     };

@@ -1,4 +1,4 @@
-//! [`Dma`] for the engine: raw access to the application's registered memory and zero-copy
+//! [`UserMemory`] for the engine: raw access to the application's registered memory and zero-copy
 //! socket I/O. The engine only passes addresses it has checked against a registered memory
 //! region (base, bounds, rights, protection domain) or buffers it owns; registering memory is
 //! the application's promise that those bytes stay mapped, which is what makes these calls
@@ -8,12 +8,12 @@ use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::engine::dma::{AtomicOp, Dma, IoPart};
+use crate::engine::user_memory::{AtomicOp, IoPart, UserMemory};
 
-pub(crate) struct UserMemory;
+pub(crate) struct RawUserMemory;
 
 /// The one instance the engine uses.
-pub(crate) static USER_MEMORY: UserMemory = UserMemory;
+pub(crate) static USER_MEMORY: RawUserMemory = RawUserMemory;
 
 fn iovec(p: &IoPart<'_>) -> libc::iovec {
     match *p {
@@ -22,7 +22,7 @@ fn iovec(p: &IoPart<'_>) -> libc::iovec {
     }
 }
 
-impl Dma for UserMemory {
+impl UserMemory for RawUserMemory {
     fn recv(&self, fd: RawFd, addr: u64, len: usize, tail: &mut [u8]) -> io::Result<usize> {
         let iov = [
             libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: len },

@@ -1,6 +1,6 @@
 //! What the engine needs from outside safe Rust to move payload: the application's registered
 //! memory, read and written at raw addresses, and socket I/O straight from and into it (no
-//! intermediate copy). The FFI layer implements [`Dma`]; the engine only ever passes ranges it
+//! intermediate copy). The FFI layer implements [`UserMemory`]; the engine only ever passes ranges it
 //! has checked against a registered memory region (or its own buffers), which is the contract
 //! that makes the implementation sound.
 
@@ -32,7 +32,7 @@ impl IoPart<'_> {
 }
 
 /// Access to registered application memory and zero-copy socket I/O.
-pub trait Dma: Send + Sync {
+pub trait UserMemory: Send + Sync {
     /// `readv(fd, [addr..addr+len, tail])`, non-blocking: payload lands directly in application
     /// memory, and whatever follows it in the stream in `tail`. Returns the total read (0 at EOF).
     fn recv(&self, fd: RawFd, addr: u64, len: usize, tail: &mut [u8]) -> io::Result<usize>;

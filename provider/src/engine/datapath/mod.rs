@@ -8,21 +8,24 @@
 //! queue completion is released only once its last byte has been handed to TCP.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::io::{self, Read};
 use std::net::TcpStream;
-use std::os::fd::AsRawFd;
 
-use uiw_wire::conn::{Completion as WireCompletion, Connection, Event, Failure, RxWant, SendFlags, Tx, WcOpcode};
-use uiw_wire::placement::{Access, Memory, Placement, Source};
+use uiw_wire::conn::{Completion as WireCompletion, Connection, Event, Failure, SendFlags, WcOpcode};
+use uiw_wire::placement::{Access, Memory, Placement};
 use uiw_wire::rdmap::AtomicOp;
 use uiw_wire::{PostError as WirePostError, TaggedError, WcStatus};
 
 use super::access;
-use super::context::{CqObj, SrqObj};
-use super::cq::{wc_flags, wc_opcode, wc_status, Completion};
-use super::dma::{Dma, IoPart};
+use super::cq::{wc_flags, wc_opcode, wc_status, Completion, CqObj};
 use super::mr::{AccessError, MrTable};
+use super::srq::SrqObj;
+use super::user_memory::UserMemory;
 use super::wr::{opcode, send_flags, Payload, PostError, RecvWqe, SendWqe, Sge};
+
+mod rx;
+mod tx;
+
+use tx::Piece;
 
 /// A contiguous run of application memory: (address in this process, length).
 pub type Run = (u64, u32);
@@ -72,7 +75,7 @@ pub struct Env<'a> {
     pub sq_sig_all: bool,
     pub qp_access: u32,
     pub mrs: &'a MrTable,
-    pub dma: &'a dyn Dma,
+    pub user_mem: &'a dyn UserMemory,
     pub send_cq: &'a CqObj,
     pub recv_cq: &'a CqObj,
     pub srq: Option<&'a SrqObj>,
@@ -91,36 +94,6 @@ pub enum Fatal {
     LocalError,
 }
 
-#[derive(Debug)]
-enum Piece {
-    Own(Vec<u8>),
-    Small([u8; 32], u8),
-    User(u64, u32),
-}
-
-impl Piece {
-    fn small(b: &[u8]) -> Piece {
-        let mut a = [0u8; 32];
-        a[..b.len()].copy_from_slice(b);
-        Piece::Small(a, b.len() as u8)
-    }
-
-    fn len(&self) -> usize {
-        match self {
-            Piece::Own(v) => v.len(),
-            Piece::Small(_, n) => *n as usize,
-            Piece::User(_, n) => *n as usize,
-        }
-    }
-
-    fn part(&self, skip: usize) -> IoPart<'_> {
-        match self {
-            Piece::Own(v) => IoPart::Bytes(&v[skip..]),
-            Piece::Small(a, n) => IoPart::Bytes(&a[skip..*n as usize]),
-            Piece::User(addr, n) => IoPart::User { addr: addr + skip as u64, len: *n as usize - skip },
-        }
-    }
-}
 
 /// One TCP stream carrying one QP's traffic.
 pub struct Link {
@@ -232,7 +205,7 @@ struct Mem<'a> {
     mrs: &'a MrTable,
     pd: u32,
     qp_access: u32,
-    dma: &'a dyn Dma,
+    user_mem: &'a dyn UserMemory,
     sinks: &'a HashMap<u32, u64>,
     sq: &'a BTreeMap<u64, SendEntry>,
 }
@@ -282,7 +255,7 @@ impl Memory for Mem<'_> {
 
     fn atomic(&mut self, stag: u32, to: u64, op: AtomicOp, add_swap: u64, compare: u64) -> u64 {
         match self.mrs.lookup_remote(stag) {
-            Some(mr) => self.dma.atomic(mr.addr + (to - mr.iova), op, add_swap, compare),
+            Some(mr) => self.user_mem.atomic(mr.addr + (to - mr.iova), op, add_swap, compare),
             None => 0,
         }
     }
@@ -462,211 +435,6 @@ impl DataPath {
         }
     }
 
-    /// Receives and transmits what the socket allows now. Returns whether there is more to do
-    /// (the receive budget ran out) and whether the QP must fail.
-    pub fn pump(&mut self, env: &Env) -> (bool, Option<Fatal>) {
-        let (more, f) = self.pump_rx(env);
-        if f.is_some() {
-            return (false, f);
-        }
-        (more, self.pump_tx(env))
-    }
-
-    /// Gives the connection a receive from the SRQ when it has none (one at a time: a QP never
-    /// hoards the shared queue).
-    fn top_up_srq(&mut self, env: &Env) {
-        let Some(srq) = env.srq else { return };
-        let Some(l) = self.link.as_ref() else { return };
-        if l.conn.recv_posted() > 0 {
-            return;
-        }
-        if let Some(w) = srq.take() {
-            let _ = self.post_recv(env, w, true);
-        }
-    }
-
-    fn pump_rx(&mut self, env: &Env) -> (bool, Option<Fatal>) {
-        let mut budget = RX_BUDGET;
-        if let Some(l) = self.link.as_mut() {
-            l.drained = false;
-        }
-        loop {
-            if budget == 0 {
-                return (true, self.drain_events(env));
-            }
-            let want = match self.link.as_ref() {
-                Some(l) if l.peer_closed.is_none() => l.conn.rx_want(),
-                _ => return (false, None),
-            };
-            if matches!(want, RxWant::Bytes(_)) && env.srq.is_some() {
-                self.top_up_srq(env);
-            }
-            let DataPath { sq, rq, sinks, link, .. } = self;
-            let l = link.as_mut().unwrap();
-            let mut mem = Mem { mrs: env.mrs, pd: env.pd, qp_access: env.qp_access, dma: env.dma, sinks, sq };
-            let step = match want {
-                RxWant::Wait => return (false, self.drain_events(env)),
-                RxWant::Bytes(_) | RxWant::Place { place: Placement::Discard, .. } | RxWant::Discard => {
-                    if l.st_lo < l.st_hi {
-                        let k = match want {
-                            RxWant::Discard => l.st_hi - l.st_lo,
-                            _ => l.conn.rx_bytes(&l.stage[l.st_lo..l.st_hi], &mut mem),
-                        };
-                        l.st_lo += k;
-                        Ok(k)
-                    } else {
-                        refill(l)
-                    }
-                }
-                RxWant::Place { len, place } => {
-                    let dst = place_at(place, env.mrs, mem.sinks, mem.sq, rq);
-                    let staged = l.st_hi - l.st_lo;
-                    match dst {
-                        Some((addr, avail)) => {
-                            let want = (len as u64).min(avail) as usize;
-                            if staged > 0 {
-                                let k = want.min(staged);
-                                let chunk = &l.stage[l.st_lo..l.st_lo + k];
-                                env.dma.write(addr, chunk);
-                                l.conn.rx_placed(chunk, &mut mem);
-                                l.st_lo += k;
-                                Ok(k)
-                            } else if l.drained {
-                                Err(io::ErrorKind::WouldBlock.into())
-                            } else if want >= DIRECT_MIN && !l.conn.crc() {
-                                // What follows the payload (trailer, next header) lands in
-                                // a short tail: a longer one would pull the next FPDU's payload
-                                // through the staging copy.
-                                match env.dma.recv(l.sock.as_raw_fd(), addr, want, &mut l.stage[..DIRECT_TAIL]) {
-                                    Ok(0) => Ok(0),
-                                    Ok(n) => {
-                                        l.drained = n < want + DIRECT_TAIL;
-                                        let placed = n.min(want);
-                                        l.conn.rx_placed_len(placed, &mut mem);
-                                        l.st_lo = 0;
-                                        l.st_hi = n - placed;
-                                        Ok(n)
-                                    }
-                                    Err(e) => Err(e),
-                                }
-                            } else {
-                                refill(l)
-                            }
-                        }
-                        // Checked placement that no longer resolves (region deregistered
-                        // meanwhile): the bytes are dropped, never written elsewhere.
-                        None => {
-                            if staged > 0 {
-                                let k = (len as usize).min(staged);
-                                let chunk = &l.stage[l.st_lo..l.st_lo + k];
-                                l.conn.rx_placed(chunk, &mut mem);
-                                l.st_lo += k;
-                                Ok(k)
-                            } else {
-                                refill(l)
-                            }
-                        }
-                    }
-                }
-            };
-            match step {
-                Ok(0) if l.st_lo >= l.st_hi => {
-                    // EOF: the peer closed its side. What arrived before the FIN has been
-                    // delivered; the QP fails a moment later (`peer_closed`), so that an
-                    // application finishing its last completions sees them before the flushes
-                    // (siw, too, handles a peer close from a work queue).
-                    l.peer_closed.get_or_insert(super::net::now_ms());
-                    return (false, self.drain_events(env));
-                }
-                // Staged bytes the core did not take: wait for the next event instead of
-                // spinning.
-                Ok(0) => return (false, self.drain_events(env)),
-                Ok(n) => budget = budget.saturating_sub(n),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return (false, self.drain_events(env)),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => {
-                    l.conn.handle_eof();
-                    let f = self.drain_events(env);
-                    return (false, f.or(Some(Fatal::Lost)));
-                }
-            }
-            if let Some(f) = self.drain_events(env) {
-                return (false, Some(f));
-            }
-        }
-    }
-
-    /// Moves transmit units from the protocol core to the socket until it would block.
-    pub fn pump_tx(&mut self, env: &Env) -> Option<Fatal> {
-        loop {
-            // Fill the backlog.
-            loop {
-                let l = self.link.as_mut()?;
-                if l.tx.len() >= TX_PIECES || l.backlog() >= TX_BYTES {
-                    break;
-                }
-                let Some(tx) = l.conn.next_tx() else { break };
-                match tx {
-                    Tx::Bytes(b) => l.push(Piece::Own(b)),
-                    Tx::Segment(s) => {
-                        let n = s.payload_len as usize;
-                        if l.conn.crc() {
-                            let mut buf = vec![0u8; n];
-                            gather(&self.sq, env, s.source, &mut buf);
-                            let t = s.trailer(&[&buf]);
-                            l.push(Piece::small(s.header.as_slice()));
-                            l.push(Piece::Own(buf));
-                            l.push(Piece::small(t.as_slice()));
-                        } else {
-                            l.push(Piece::small(s.header.as_slice()));
-                            let mut pieces = Vec::new();
-                            source_pieces(&self.sq, env, s.source, n, &mut pieces);
-                            for p in pieces {
-                                l.push(p);
-                            }
-                            l.push(Piece::small(s.trailer_no_crc().as_slice()));
-                        }
-                    }
-                }
-                if let Some(f) = self.drain_events(env) {
-                    return Some(f);
-                }
-            }
-            let l = self.link.as_mut()?;
-            if l.tx.is_empty() {
-                release_held(l, env);
-                return None;
-            }
-            let parts: Vec<IoPart<'_>> =
-                l.tx.iter().take(64).enumerate().map(|(i, p)| p.part(if i == 0 { l.tx_skip } else { 0 })).collect();
-            match env.dma.send(l.sock.as_raw_fd(), &parts) {
-                Ok(mut n) => {
-                    drop(parts);
-                    l.tx_sent += n as u64;
-                    while n > 0 {
-                        let left = l.tx.front().map(|p| p.len() - l.tx_skip).unwrap_or(0);
-                        if n >= left {
-                            n -= left;
-                            l.tx.pop_front();
-                            l.tx_skip = 0;
-                        } else {
-                            l.tx_skip += n;
-                            n = 0;
-                        }
-                    }
-                    release_held(l, env);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => {
-                    drop(parts);
-                    l.conn.handle_eof();
-                    return self.drain_events(env).or(Some(Fatal::Lost));
-                }
-            }
-        }
-    }
-
     /// Turns protocol events into completions and state changes.
     pub fn drain_events(&mut self, env: &Env) -> Option<Fatal> {
         let mut fatal = None;
@@ -731,7 +499,7 @@ impl DataPath {
         }
         if let (Some(v), Some(&(addr, _))) = (c.atomic_result, e.runs.first()) {
             if c.status == WcStatus::Success {
-                env.dma.write(addr, &v.to_ne_bytes());
+                env.user_mem.write(addr, &v.to_ne_bytes());
             }
         }
         let signaled = env.sq_sig_all || e.wqe.flags & send_flags::SIGNALED != 0;
@@ -795,82 +563,3 @@ impl DataPath {
     }
 }
 
-/// Reads what the socket has into the staging buffer.
-fn refill(l: &mut Link) -> io::Result<usize> {
-    if l.drained {
-        return Err(io::ErrorKind::WouldBlock.into());
-    }
-    l.st_lo = 0;
-    l.st_hi = 0;
-    let n = (&l.sock).read(&mut l.stage)?;
-    l.st_hi = n;
-    l.drained = n < l.stage.len();
-    Ok(n)
-}
-
-fn release_held(l: &mut Link, env: &Env) {
-    while let Some(&(mark, c)) = l.held.front() {
-        if mark > l.tx_sent {
-            break;
-        }
-        l.held.pop_front();
-        env.send_cq.push(c);
-    }
-}
-
-/// The pieces of `len` payload bytes at `src`.
-fn source_pieces(sq: &BTreeMap<u64, SendEntry>, env: &Env, src: Source, len: usize, out: &mut Vec<Piece>) {
-    match src {
-        Source::Wr { wr_id, offset } => {
-            let Some(e) = sq.get(&wr_id) else {
-                out.push(Piece::Own(vec![0; len]));
-                return;
-            };
-            match &e.wqe.payload {
-                Payload::Inline(b) => {
-                    let o = offset as usize;
-                    out.push(Piece::Own(b[o.min(b.len())..(o + len).min(b.len())].to_vec()));
-                }
-                Payload::Sges(_) => {
-                    let mut off = u64::from(offset);
-                    let mut left = len as u64;
-                    while left > 0 {
-                        let Some((addr, avail)) = run_at(&e.runs, off) else {
-                            out.push(Piece::Own(vec![0; left as usize]));
-                            return;
-                        };
-                        let k = avail.min(left);
-                        out.push(Piece::User(addr, k as u32));
-                        off += k;
-                        left -= k;
-                    }
-                }
-            }
-        }
-        Source::Tagged { stag, to } => match env.mrs.lookup(stag) {
-            Some(mr) if to >= mr.iova && to - mr.iova + len as u64 <= mr.length => {
-                out.push(Piece::User(mr.addr + (to - mr.iova), len as u32))
-            }
-            _ => out.push(Piece::Own(vec![0; len])),
-        },
-        Source::None => {}
-    }
-}
-
-/// With CRC: the payload copied into `buf` (the CRC must see the bytes).
-fn gather(sq: &BTreeMap<u64, SendEntry>, env: &Env, src: Source, buf: &mut [u8]) {
-    let mut pieces = Vec::new();
-    source_pieces(sq, env, src, buf.len(), &mut pieces);
-    let mut at = 0usize;
-    for p in pieces {
-        let k = p.len();
-        match p {
-            Piece::User(a, n) => {
-                env.dma.read(a, &mut buf[at..at + n as usize]);
-            }
-            Piece::Own(v) => buf[at..at + k].copy_from_slice(&v),
-            Piece::Small(s, n) => buf[at..at + n as usize].copy_from_slice(&s[..n as usize]),
-        }
-        at += k;
-    }
-}

@@ -1,0 +1,519 @@
+//! A queue pair: its attributes and state (RC, `ibv_modify_qp`), its data path, the stream
+//! that carries it (opened at RTR or handed over by rdma_cm), and who drives it.
+
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use uiw_wire::conn::{Connection, Role};
+
+use super::cm::{CmConn, CmQp, CmStatus};
+use super::cq::{CqObj, PolledQp};
+use super::datapath::{DataPath, Env, Fatal, Link, Notice};
+use super::device::{gid_ipv4, DeviceInfo};
+use super::error::{Error, Result};
+use super::events::{event_type, AsyncSink};
+use super::limits::DeviceLimits;
+use super::mr::MrTable;
+use super::net::{Endpoint, Net, Progress};
+use super::qp_state::{self, QpAttrs, QpState};
+use super::srq::SrqObj;
+use super::transport::{config, is_initiator, now_ms, prepare, qp_address, Pending, QpHello};
+use super::wr::{PostError, RecvWqe, SendWqe};
+
+/// What `ibv_create_qp` asks for.
+pub struct QpSpec {
+    pub pd: u32,
+    pub qp_type: u32,
+    pub cap: qp_state::QpCap,
+    pub sq_sig_all: bool,
+    pub send_cq: Arc<CqObj>,
+    pub recv_cq: Arc<CqObj>,
+    pub srq: Option<Arc<SrqObj>>,
+}
+
+#[derive(Debug)]
+pub struct QpInner {
+    pub attrs: QpAttrs,
+    pub dp: DataPath,
+    /// A stream that arrived for this QP before it reached RTR.
+    pub(crate) parked: Option<Pending>,
+    /// rdma_cm connection this QP belongs to (the librdmacm drop-in).
+    pub(crate) cm: Option<Arc<CmConn>>,
+}
+
+/// A queue pair.
+#[derive(Debug)]
+pub struct Qp {
+    pub qpn: u32,
+    pub pd: u32,
+    pub sq_sig_all: bool,
+    /// The capabilities actually granted (reported back by create and query).
+    pub cap: qp_state::QpCap,
+    pub send_cq: Arc<CqObj>,
+    pub recv_cq: Arc<CqObj>,
+    pub srq: Option<Arc<SrqObj>>,
+    pub handle: AtomicU64,
+    pub(crate) async_sink: Arc<AsyncSink>,
+    pub async_events_reported: AtomicU32,
+    pub(crate) mrs: Arc<MrTable>,
+    pub(crate) device: Arc<DeviceInfo>,
+    pub(crate) net: Arc<Net>,
+    pub(crate) destroyed: AtomicBool,
+    /// When an application thread last drove this QP from `ibv_poll_cq` (engine clock, ms).
+    pub(crate) polled_ms: AtomicU64,
+    pub inner: Mutex<QpInner>,
+}
+
+/// How long after reading a peer's FIN its QP goes to ERROR (see `Link::peer_closed`).
+const PEER_CLOSE_GRACE_MS: u64 = 100;
+
+/// How long after an application thread last polled the progress thread leaves a QP to it.
+const POLLER_GRACE_MS: u64 = 2;
+
+impl std::fmt::Debug for Net {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Net(slot {})", self.slot)
+    }
+}
+
+impl Qp {
+    /// Async events the application read for this QP.
+    pub fn async_events_to_ack(&self) -> u32 {
+        self.async_sink.settle(self.handle.load(Ordering::Acquire), &self.async_events_reported)
+    }
+
+    pub fn state(&self) -> QpState {
+        self.inner.lock().attrs.qp_state
+    }
+
+    pub(crate) fn env(&self, qp_access: u32) -> Env<'_> {
+        Env {
+            qpn: self.qpn,
+            pd: self.pd,
+            sq_sig_all: self.sq_sig_all,
+            qp_access,
+            mrs: &self.mrs,
+            user_mem: self.net.user_mem,
+            send_cq: &self.send_cq,
+            recv_cq: &self.recv_cq,
+            srq: self.srq.as_deref(),
+        }
+    }
+
+    /// `ibv_modify_qp`: validates against the RC state machine, applies, and performs what the
+    /// transition implies (connect on RTR, flush on ERR, empty queues on RESET).
+    pub fn modify(&self, req: &QpAttrs, mask: u32, limits: &DeviceLimits) -> std::result::Result<(), qp_state::ModifyError> {
+        let mut inner = self.inner.lock();
+        let t = qp_state::validate_modify(&inner.attrs, req, mask, limits)?;
+        qp_state::apply(&mut inner.attrs, req, mask);
+        match t.to {
+            QpState::Err if t.state_change => {
+                self.stop_locked(&mut inner);
+            }
+            QpState::Reset => {
+                if let Some(l) = inner.dp.link.as_ref() {
+                    self.net.unwatch(&l.sock);
+                }
+                inner.dp.reset();
+                inner.parked = None;
+                inner.attrs = qp_state::init_attrs_from_create(&self.cap);
+            }
+            _ => {}
+        }
+        if t.connect {
+            match self.connect_locked(&mut inner) {
+                Some(f) => self.fail_locked(inner, f),
+                // Send the MPA Request, or the Reply to a parked Request, now.
+                None => self.kick(inner),
+            }
+        }
+        Ok(())
+    }
+
+    /// INIT→RTR: open the stream to the peer QP, or take the one it already opened.
+    fn connect_locked(&self, inner: &mut QpInner) -> Option<Fatal> {
+        let a = inner.attrs;
+        let remote = std::net::Ipv4Addr::from(qp_state::gid_to_ipv4(&a.ah.dgid)?);
+        let local = self.device.gids.get(a.ah.sgid_index as usize).and_then(gid_ipv4).unwrap_or(std::net::Ipv4Addr::LOCALHOST);
+        if !is_initiator(local, self.qpn, remote, a.dest_qp_num) {
+            if let Some(p) = inner.parked.take() {
+                let hello = QpHello { to_qpn: self.qpn, from_qpn: a.dest_qp_num };
+                return self.adopt_locked(inner, hello, p).err().map(|_| Fatal::Rejected);
+            }
+            return None;
+        }
+        let Some(addr) = qp_address(remote, a.dest_qp_num, self.net.port_base) else {
+            return Some(Fatal::Lost);
+        };
+        let sock = match TcpStream::connect_timeout(&addr.into(), Duration::from_secs(5)) {
+            Ok(s) => s,
+            Err(e) => {
+                if std::env::var_os("UIW_DEBUG").is_some() {
+                    eprintln!("uiw: QP 0x{:06x}: cannot reach QP 0x{:06x} at {addr}: {e}", self.qpn, a.dest_qp_num);
+                }
+                return Some(Fatal::Lost);
+            }
+        };
+        let Ok(mss) = prepare(&sock) else {
+            return Some(Fatal::Lost);
+        };
+        let hello = QpHello { to_qpn: a.dest_qp_num, from_qpn: self.qpn };
+        let cfg = config(Role::Initiator, ird(&a), ord(&a), hello.encode(), mss);
+        let link = Link::new(Connection::new(cfg, now_ms()), sock);
+        if self.net.watch(&link.sock, self.qpn).is_err() {
+            return Some(Fatal::Lost);
+        }
+        inner.dp.link = Some(link);
+        None
+    }
+
+    /// A stream the listener matched to this QP (its MPA Request names us). Taken if we are in
+    /// RTR/RTS and expect that peer; parked if we have not reached RTR yet.
+    #[allow(clippy::result_large_err)] // the stream goes back to the caller, to be rejected
+    pub fn offer(&self, net: &Net, hello: QpHello, p: Pending) -> std::result::Result<(), Pending> {
+        let mut inner = self.inner.lock();
+        if self.destroyed.load(Ordering::Acquire) || inner.dp.link.is_some() {
+            return Err(p);
+        }
+        match inner.attrs.qp_state {
+            QpState::Reset | QpState::Init => {
+                let _ = net.watch(&p.sock, self.qpn);
+                inner.parked = Some(p);
+                Ok(())
+            }
+            QpState::Rtr | QpState::Rts if inner.attrs.dest_qp_num == hello.from_qpn => {
+                self.adopt_locked(&mut inner, hello, p)?;
+                self.kick(inner);
+                Ok(())
+            }
+            _ => Err(p),
+        }
+    }
+
+    #[allow(clippy::result_large_err)] // the stream goes back to the caller, to be rejected
+    fn adopt_locked(&self, inner: &mut QpInner, hello: QpHello, mut p: Pending) -> std::result::Result<(), Pending> {
+        if inner.attrs.dest_qp_num != hello.from_qpn {
+            return Err(p);
+        }
+        let a = inner.attrs;
+        let reply = QpHello { to_qpn: hello.from_qpn, from_qpn: self.qpn };
+        if p.conn.accept(ird(&a), ord(&a), &reply.encode(), now_ms()).is_err() {
+            return Err(p);
+        }
+        if self.net.watch(&p.sock, self.qpn).is_err() {
+            return Err(p);
+        }
+        inner.dp.link = Some(Link::new(p.conn, p.sock));
+        Ok(())
+    }
+
+    /// The progress thread: serve this QP's stream, unless an application thread is polling
+    /// it (then that thread receives, and the two do not fight over the QP: a progress thread
+    /// preempted while holding the lock would stall a spinning poller for a whole time slice)
+    /// or holds the QP right now.
+    pub fn progress(&self, now: u64) -> Progress {
+        if now.saturating_sub(self.polled_ms.load(Ordering::Relaxed)) < POLLER_GRACE_MS {
+            return Progress::Deferred;
+        }
+        let Some(mut inner) = self.inner.try_lock() else {
+            return Progress::Deferred;
+        };
+        match self.pump_locked(&mut inner) {
+            Some((_, Some(f))) => {
+                self.fail_locked(inner, f);
+                Progress::Done
+            }
+            Some((true, None)) => Progress::More,
+            _ => Progress::Done,
+        }
+    }
+
+    /// `ibv_poll_cq` found nothing: serve the stream here unless another thread is at it.
+    pub fn try_progress(&self) {
+        self.polled_ms.store(now_ms(), Ordering::Relaxed);
+        if let Some(mut inner) = self.inner.try_lock() {
+            if let Some((_, Some(f))) = self.pump_locked(&mut inner) {
+                self.fail_locked(inner, f);
+            }
+        }
+    }
+
+    fn pump_locked(&self, inner: &mut QpInner) -> Option<(bool, Option<Fatal>)> {
+        if inner.dp.link.is_none() || inner.attrs.qp_state == QpState::Err {
+            return None;
+        }
+        if inner.dp.link.as_ref().and_then(|l| l.peer_closed).is_some_and(|t| now_ms().saturating_sub(t) >= PEER_CLOSE_GRACE_MS) {
+            return Some((false, Some(Fatal::Lost)));
+        }
+        let env = self.env(inner.attrs.qp_access_flags);
+        let r = inner.dp.pump(&env);
+        self.after(inner);
+        Some(r)
+    }
+
+    /// Reports what negotiation produced to connection management (rdma_cm): ESTABLISHED
+    /// (the QP moves to RTS, as iw_cm moves it) or REJECTED.
+    fn after(&self, inner: &mut QpInner) {
+        if inner.dp.notices.is_empty() {
+            return;
+        }
+        for n in std::mem::take(&mut inner.dp.notices) {
+            let Some(cm) = inner.cm.clone() else { continue };
+            match n {
+                Notice::Established(neg) => {
+                    if inner.attrs.qp_state == QpState::Rtr {
+                        inner.attrs.qp_state = QpState::Rts;
+                    }
+                    cm.established(&neg.private_data, neg.ird, neg.ord);
+                }
+                Notice::Rejected(pd) => cm.rejected(&pd),
+            }
+        }
+    }
+
+    /// MPA negotiation deadlines, the QP of a peer that closed its stream, and a periodic look
+    /// at the stream (every 100 ms, from the progress thread's sweep).
+    pub fn handle_timeout(&self, now: u64) {
+        let Some(mut inner) = self.inner.try_lock() else {
+            return;
+        };
+        let Some(l) = inner.dp.link.as_mut() else {
+            return;
+        };
+        if l.peer_closed.is_some_and(|t| now.saturating_sub(t) >= PEER_CLOSE_GRACE_MS) {
+            l.conn.handle_eof();
+            self.fail_locked(inner, Fatal::Lost);
+            return;
+        }
+        if l.conn.poll_timeout().is_some_and(|d| d <= now) {
+            l.conn.handle_timeout(now);
+            let env = self.env(inner.attrs.qp_access_flags);
+            if let Some(f) = inner.dp.drain_events(&env) {
+                self.fail_locked(inner, f);
+            }
+            return;
+        }
+        // A pump stops reading at a short read; an end of stream that came with the last
+        // bytes raises no new event. Look once in a while, unless an application thread is
+        // polling this QP anyway.
+        if now.saturating_sub(self.polled_ms.load(Ordering::Relaxed)) >= POLLER_GRACE_MS {
+            if let Some((_, Some(f))) = self.pump_locked(&mut inner) {
+                self.fail_locked(inner, f);
+            }
+        }
+    }
+
+    /// The QP goes to ERROR from the inside (peer Terminate, lost stream, local WR error): the
+    /// stream closes, every outstanding WR is flushed, `IBV_EVENT_QP_FATAL` is raised.
+    fn fail_locked(&self, mut inner: parking_lot::MutexGuard<'_, QpInner>, why: Fatal) {
+        if inner.attrs.qp_state == QpState::Err {
+            return;
+        }
+        if std::env::var_os("UIW_DEBUG").is_some() {
+            eprintln!("uiw: QP 0x{:06x} to ERROR: {why:?}", self.qpn);
+        }
+        self.after(&mut inner);
+        inner.attrs.qp_state = QpState::Err;
+        self.stop_locked(&mut inner);
+        let cm = inner.cm.clone();
+        drop(inner);
+        if let Some(cm) = &cm {
+            // rdma_cm reports the end of the connection; a lost or refused stream is not a QP
+            // error of its own (iw_cm raises no async event for it), a Terminate is.
+            cm.ended(match why {
+                Fatal::Rejected => CmStatus::Refused,
+                Fatal::LocalError => CmStatus::LocalError,
+                _ => CmStatus::Reset,
+            });
+            if !matches!(why, Fatal::Terminated | Fatal::LocalError) {
+                return;
+            }
+        }
+        if !self.destroyed.load(Ordering::Acquire) {
+            self.async_sink.raise(self.handle.load(Ordering::Acquire), event_type::QP_FATAL, &self.async_events_reported);
+        }
+    }
+
+    // ---- connection management (the librdmacm drop-in, uiw_cm.h) ----
+
+    /// `rdma_accept`: the stream of a CONNECT_REQUEST becomes this QP's (INIT or RTR); the MPA
+    /// Reply carries `private_data` and our IRD/ORD; the QP moves to RTS.
+    pub fn cm_accept(self: &Arc<Self>, cm: &Arc<CmConn>, private_data: &[u8], ird: u16, ord: u16) -> Result<()> {
+        let mut inner = self.cm_ready(ird, ord)?;
+        let mut p = cm.pending.lock().take().ok_or(Error::Invalid)?;
+        if p.conn.accept(ird.max(1), ord.max(1), private_data, now_ms()).is_err() {
+            return Err(Error::Invalid);
+        }
+        self.cm_attach(&mut inner, cm, Link::new(p.conn, p.sock))?;
+        self.kick(inner);
+        Ok(())
+    }
+
+    /// `rdma_connect`: MPA Request with `private_data` and our IRD/ORD on `sock` (connected or
+    /// connecting); the QP (INIT or RTR) moves to RTS when the Reply accepts.
+    pub fn cm_connect(self: &Arc<Self>, cm: &Arc<CmConn>, sock: TcpStream, private_data: &[u8], ird: u16, ord: u16) -> Result<()> {
+        let mut inner = self.cm_ready(ird, ord)?;
+        let mss = prepare(&sock)?;
+        let cfg = config(Role::Initiator, ird.max(1), ord.max(1), private_data.to_vec(), mss);
+        self.cm_attach(&mut inner, cm, Link::new(Connection::new(cfg, now_ms()), sock))?;
+        self.kick(inner);
+        Ok(())
+    }
+
+    /// The QP side of accept/connect: RC in INIT or RTR without a stream (EINVAL otherwise);
+    /// records the IRD/ORD the connection is made with.
+    fn cm_ready(&self, ird: u16, ord: u16) -> Result<parking_lot::MutexGuard<'_, QpInner>> {
+        let mut inner = self.inner.lock();
+        if inner.dp.link.is_some() || !matches!(inner.attrs.qp_state, QpState::Init | QpState::Rtr) {
+            return Err(Error::Invalid);
+        }
+        inner.attrs.max_dest_rd_atomic = ird.min(255) as u8;
+        inner.attrs.max_rd_atomic = ord.min(255) as u8;
+        Ok(inner)
+    }
+
+    /// Gives the QP its rdma_cm stream: served by the progress thread, the QP in RTR until MPA
+    /// completes (then RTS, see `after`).
+    fn cm_attach(self: &Arc<Self>, inner: &mut QpInner, cm: &Arc<CmConn>, link: Link) -> Result<()> {
+        self.net.watch(&link.sock, self.qpn)?;
+        inner.cm = Some(cm.clone());
+        *cm.qp.lock() = Some(Arc::downgrade(&(self.clone() as Arc<dyn CmQp>)));
+        inner.attrs.qp_state = QpState::Rtr;
+        inner.dp.link = Some(link);
+        Ok(())
+    }
+
+    /// `rdma_disconnect`: the QP goes to ERROR (WRs flushed), the stream closes, and
+    /// DISCONNECTED is reported.
+    pub fn cm_disconnect(&self) {
+        let mut inner = self.inner.lock();
+        if inner.attrs.qp_state != QpState::Err {
+            inner.attrs.qp_state = QpState::Err;
+            self.stop_locked(&mut inner);
+        }
+        let cm = inner.cm.clone();
+        drop(inner);
+        if let Some(cm) = cm {
+            cm.ended(CmStatus::Ok);
+        }
+    }
+
+    /// Serves the stream now (after attaching it), failing the QP if that fails.
+    fn kick(&self, mut inner: parking_lot::MutexGuard<'_, QpInner>) {
+        if let Some((_, Some(f))) = self.pump_locked(&mut inner) {
+            self.fail_locked(inner, f);
+        }
+    }
+
+    /// Closes the stream and flushes everything outstanding.
+    fn stop_locked(&self, inner: &mut QpInner) {
+        if let Some(l) = inner.dp.link.as_ref() {
+            self.net.unwatch(&l.sock);
+        }
+        let env = self.env(inner.attrs.qp_access_flags);
+        inner.dp.shutdown(&env, true);
+        inner.parked = None;
+    }
+
+    /// `ibv_post_recv` for one WR. A QP with an SRQ takes receives from it only (EINVAL here,
+    /// as the kernel's providers). In ERROR the WR completes at once, flushed.
+    pub fn post_recv(&self, wqe: RecvWqe) -> std::result::Result<(), PostError> {
+        if self.srq.is_some() {
+            return Err(PostError::BadState);
+        }
+        if wqe.sges.len() > self.cap.max_recv_sge as usize {
+            return Err(PostError::TooManySges);
+        }
+        let mut inner = self.inner.lock();
+        if inner.attrs.qp_state == QpState::Err {
+            drop(inner);
+            self.recv_cq.push(wqe.flushed(self.qpn));
+            return Ok(());
+        }
+        if inner.dp.rq.len() >= self.cap.max_recv_wr as usize {
+            return Err(PostError::QueueFull);
+        }
+        let env = self.env(inner.attrs.qp_access_flags);
+        if let Some(f) = inner.dp.post_recv(&env, wqe, false) {
+            self.fail_locked(inner, f);
+        }
+        Ok(())
+    }
+
+    /// `ibv_post_send` for one WR: checked as the kernel's providers check at post time. In
+    /// ERROR the WR completes at once, flushed; before RTR it is refused (EINVAL). Posted before
+    /// the stream is up, it waits.
+    pub fn post_send(&self, wqe: SendWqe) -> std::result::Result<(), PostError> {
+        use super::wr::{opcode, Payload};
+        if wqe.opcode > opcode::SEND_WITH_INV || matches!(wqe.opcode, opcode::LOCAL_INV | opcode::BIND_MW) {
+            return Err(if wqe.opcode > opcode::SEND_WITH_INV { PostError::BadOpcode } else { PostError::Unsupported });
+        }
+        match &wqe.payload {
+            Payload::Sges(s) if s.len() > self.cap.max_send_sge as usize => return Err(PostError::TooManySges),
+            Payload::Inline(b) if b.len() > self.cap.max_inline_data as usize => return Err(PostError::InlineTooLong),
+            _ => {}
+        }
+        let mut inner = self.inner.lock();
+        match inner.attrs.qp_state {
+            QpState::Err => {
+                drop(inner);
+                self.send_cq.push(wqe.flushed(self.qpn));
+                Ok(())
+            }
+            // iWARP has no RTR of its own (RFC 5040's QP states: Idle, RTS, Closing,
+            // Terminate, Error): the stream is set up at RTR, so sends posted there are queued
+            // and go out once it is up. perftest's send tests need it: their server stays in
+            // RTR and posts credit Writes.
+            QpState::Rtr | QpState::Rts | QpState::Sqd => {
+                let env = self.env(inner.attrs.qp_access_flags);
+                if let Some(f) = inner.dp.post_send(&env, wqe, self.cap.max_send_wr)? {
+                    self.fail_locked(inner, f);
+                }
+                Ok(())
+            }
+            _ => Err(PostError::BadState),
+        }
+    }
+}
+
+/// Our IRD (inbound Reads we serve at once): `max_dest_rd_atomic`, at least 1.
+fn ird(a: &QpAttrs) -> u16 {
+    u16::from(a.max_dest_rd_atomic.max(1))
+}
+
+/// Our ORD (Reads we issue at once): `max_rd_atomic`, at least 1.
+fn ord(a: &QpAttrs) -> u16 {
+    u16::from(a.max_rd_atomic.max(1))
+}
+impl Endpoint for Qp {
+    fn qpn(&self) -> u32 {
+        self.qpn
+    }
+    fn progress(&self, now: u64) -> Progress {
+        Qp::progress(self, now)
+    }
+    fn offer(&self, net: &Net, hello: QpHello, p: Pending) -> std::result::Result<(), Pending> {
+        Qp::offer(self, net, hello, p)
+    }
+    fn handle_timeout(&self, now: u64) {
+        Qp::handle_timeout(self, now)
+    }
+}
+
+impl PolledQp for Qp {
+    fn qpn(&self) -> u32 {
+        self.qpn
+    }
+    fn try_progress(&self) {
+        Qp::try_progress(self)
+    }
+}
+
+impl CmQp for Qp {
+    fn cm_disconnect(&self) {
+        Qp::cm_disconnect(self)
+    }
+}
