@@ -6,7 +6,7 @@ NAME
 
 SYNOPSIS
     uiw [--state-dir DIR] COMMAND [OPTIONS]
-    uiw up [--netdev NAME]...
+    uiw up [--rootless] [--netdev NAME]...
     uiw down [--netdev NAME]...
     uiw show [-d]
     uiw env
@@ -25,8 +25,9 @@ DESCRIPTION
     peers.
 
 COMMANDS
-    up        Publish devices (default: uiw_lo on lo). Needs root once, for
-              /dev/infiniband. Idempotent; re-run it after address changes.
+    up        Publish devices (default: uiw_lo on lo). As root it also creates
+              /dev/infiniband nodes; as any other user it publishes in rootless
+              mode (no node needed). Idempotent; re-run it after address changes.
     down      Withdraw devices (default: all) and remove the nodes only uiw used.
     show      List published devices, like `rdma link show`.
     env       Print `export VAR=...` lines for a POSIX shell: eval \"$(uiw env)\".
@@ -39,7 +40,10 @@ COMMANDS
     `uiw COMMAND --help` describes each command in detail.
 
 GLOBAL OPTIONS
-    --state-dir DIR   State directory (default: $UIW_STATE_DIR, else /run/uiw).
+    --state-dir DIR   State directory (default: $UIW_STATE_DIR, else /run/uiw for
+                      root, else $XDG_RUNTIME_DIR/uiw or ~/.local/state/uiw; show,
+                      env and run fall back to /run/uiw when the user has
+                      published nothing and root has).
     -h, --help        Show this help.
     -V, --version     Show the version.
 
@@ -51,7 +55,8 @@ FILES
     /run/uiw-nodes/uverbsN/      which state directories use each node
 
 ENVIRONMENT
-    UIW_STATE_DIR      state directory (default /run/uiw)
+    UIW_STATE_DIR      state directory (default: see --state-dir)
+    UIW_ROOTLESS=1     `up` publishes in rootless mode even as root
     UIW_LIBDIR         colon-separated directories searched first for
                        libuiw_rdmav34.so and libuiw_preload.so
     UIW_NODE_REGISTRY  node ownership registry (default /run/uiw-nodes)
@@ -72,7 +77,7 @@ NAME
     uiw up - publish uiw devices
 
 SYNOPSIS
-    uiw up [--netdev NAME]...
+    uiw up [--rootless] [--netdev NAME]...
 
 DESCRIPTION
     Publishes one RDMA device named uiw_<NAME> for each --netdev (default: lo),
@@ -103,8 +108,26 @@ DESCRIPTION
 
     Creating /dev/infiniband needs root once, like `rdma link add`.
 
+ROOTLESS MODE
+    A user who cannot create /dev/infiniband nodes (not root, no CAP_MKNOD, a
+    container without /dev/infiniband), or `--rootless`, publishes without a
+    node: the state directory defaults to $XDG_RUNTIME_DIR/uiw, else
+    ~/.local/state/uiw; `uverbsN/dev` says 1:3 and N is an index that no
+    kernel device and no existing file uses. Programs started with `uiw run`
+    (or with `uiw env`'s LD_PRELOAD) find the device anyway: the shim answers
+    libibverbs' stat/open of an absent /dev/infiniband/uverbsN of a uiw device
+    with /dev/null, and redirects reads of /sys/class/infiniband and
+    /sys/class/infiniband_verbs to the published tree, so programs that read
+    sysfs themselves (rdma-core's tests, hwloc, Open MPI, UCX) see the same
+    devices. The devices are private to the user (other users' programs and
+    programs started without the shim do not see them); nothing outside the
+    state directory is written. Existing nodes and kernel devices are never
+    hidden: the shim answers only for nodes that do not exist.
+
 OPTIONS
     --netdev NAME   Network device to attach to; repeatable. Default: lo.
+    --rootless      Publish without /dev/infiniband nodes even when able to
+                    create them (also: UIW_ROOTLESS=1).
 ";
 
 pub const DOWN: &str = "\
@@ -158,7 +181,10 @@ DESCRIPTION
                          omitted when `uiw install` installed the provider
         LD_PRELOAD       appends libuiw_preload.so, which makes NETLINK_RDMA
                          sockets fail (so hosts with an RDMA kernel stack use
-                         SYSFS_PATH too) and serves completion-channel commands
+                         SYSFS_PATH too), serves completion-channel commands,
+                         redirects /sys/class/infiniband{,_verbs} to SYSFS_PATH
+                         and answers absent /dev/infiniband/uverbsN of uiw
+                         devices (rootless mode)
         LD_LIBRARY_PATH  prepends <libdir>/rdmacm (the librdmacm drop-in), if
                          that directory exists
 ";
@@ -174,7 +200,7 @@ DESCRIPTION
     Executes CMD with the variables `uiw env` describes set (an existing
     LD_PRELOAD is kept, the shim is appended; an existing RDMAV_DRIVERS is kept,
     uiw's is appended). If no device is published yet, publishes uiw_lo first
-    when running as root, and otherwise explains how to publish one.
+    (`uiw up`; rootless mode when not root).
 
 EXAMPLES
     uiw run -- ibv_devinfo -v

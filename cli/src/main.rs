@@ -67,7 +67,8 @@ fn real_main(args: Vec<OsString>) -> Res {
         }
     };
     let rest: Vec<OsString> = it.collect();
-    let paths = Paths::from_env(state_override);
+    // Commands that only use devices may fall back to root's /run/uiw (see state.rs).
+    let paths = Paths::from_env_for(state_override, matches!(cmd.as_str(), "show" | "list" | "env" | "run" | "stat"));
     let page = match cmd.as_str() {
         "up" => help::UP,
         "down" => help::DOWN,
@@ -85,7 +86,11 @@ fn real_main(args: Vec<OsString>) -> Res {
         return Ok(());
     }
     match cmd.as_str() {
-        "up" => cmd_up(&paths, netdev_opts(&rest, "up")?, true),
+        "up" => {
+            let rootless = rest.iter().any(|a| a == "--rootless");
+            let rest: Vec<OsString> = rest.into_iter().filter(|a| a != "--rootless").collect();
+            cmd_up(&paths, netdev_opts(&rest, "up")?, true, rootless)
+        }
         "down" => cmd_down(&paths, netdev_opts(&rest, "down")?),
         "show" | "list" => cmd_show(&paths, parse_show(&rest)?),
         "env" => {
@@ -170,26 +175,55 @@ fn io_fail(what: &str, p: &Path, e: std::io::Error) -> Fail {
     Fail(1, format!("{what} {}: {e}", p.display()))
 }
 
+/// Can `up` create nodes in `dev`: root, or a writable (nearest existing) directory there?
+fn can_make_nodes(dev: &Path) -> bool {
+    if uiw_kabi::sys::geteuid() == 0 {
+        return true;
+    }
+    let mut d = Some(dev);
+    while let Some(p) = d {
+        if p.exists() {
+            return uiw_kabi::sys::is_writable(p);
+        }
+        d = p.parent();
+    }
+    false
+}
+
+const ROOTLESS_NOTE: &str = "rootless mode (not root): no /dev/infiniband/uverbsN node was created and none is needed; \
+programs see the devices when started with `uiw run` (or with `eval \"$(uiw env)\"`), whose shim answers libibverbs' \
+opens of /dev/infiniband and /sys/class/infiniband from this state directory. Other users' programs do not see them.";
+
 /// `uiw up`: add `want` (default lo, when nothing is published yet) and refresh all.
-fn cmd_up(paths: &Paths, mut want: Vec<String>, verbose: bool) -> Res {
+/// `rootless`: publish without /dev/infiniband nodes (also chosen by itself when this user
+/// cannot create them).
+fn cmd_up(paths: &Paths, mut want: Vec<String>, verbose: bool, rootless: bool) -> Res {
     for c in [':', ';'] {
         if paths.state.to_string_lossy().contains(c) {
             return fail(format!("state directory {} must not contain '{c}' (RDMAV_DRIVERS splits on it)", paths.state.display()));
         }
     }
-    let reg = match nodes::Registry::open_locked(&paths.registry) {
-        Ok(r) => r,
-        Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EROFS)) => {
-            return fail(format!(
-                "up: cannot write the node registry {} ({e}); publishing devices needs root once (like `rdma link add`): sudo uiw up",
-                paths.registry.display()
-            ))
+    let old = state::read_manifest(&paths.manifest());
+    let rootless = rootless
+        || std::env::var_os("UIW_ROOTLESS").is_some_and(|v| v == "1")
+        || old.iter().any(|e| e.rootless)
+        || !can_make_nodes(&paths.dev_dir);
+    let reg = if rootless {
+        None
+    } else {
+        match nodes::Registry::open_locked(&paths.registry) {
+            Ok(r) => Some(r),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EROFS)) => {
+                return fail(format!(
+                    "up: cannot write the node registry {} ({e}); publish as root (sudo uiw up), or without device nodes: uiw up --rootless",
+                    paths.registry.display()
+                ))
+            }
+            Err(e) => return Err(io_fail("up: cannot open node registry", &paths.registry, e)),
         }
-        Err(e) => return Err(io_fail("up: cannot open node registry", &paths.registry, e)),
     };
     fs::create_dir_all(&paths.state).map_err(|e| io_fail("up: cannot create state directory", &paths.state, e))?;
 
-    let old = state::read_manifest(&paths.manifest());
     if want.is_empty() && old.is_empty() {
         want.push("lo".into());
     }
@@ -197,7 +231,7 @@ fn cmd_up(paths: &Paths, mut want: Vec<String>, verbose: bool) -> Res {
     let mut entries: Vec<Entry> = old.clone();
     for n in &want {
         if !entries.iter().any(|e| &e.netdev == n) {
-            entries.push(Entry { ibdev: ibdev_for(n), netdev: n.clone(), uverbs: u32::MAX });
+            entries.push(Entry { ibdev: ibdev_for(n), netdev: n.clone(), uverbs: u32::MAX, rootless });
         }
     }
     let mut netdevs = Vec::new();
@@ -215,6 +249,8 @@ fn cmd_up(paths: &Paths, mut want: Vec<String>, verbose: bool) -> Res {
     let mut entries = kept;
 
     // Allocate nodes: keep each device's index when still valid, else the lowest free one.
+    // Rootless: an index whose node does not exist at all (the shim answers only for absent
+    // nodes) or is a uiw node (opens as /dev/null all the same).
     let kernel = tree::kernel_uverbs(&paths.host_sysfs);
     let mut taken: Vec<u32> = Vec::new();
     #[allow(clippy::needless_range_loop)]
@@ -234,26 +270,36 @@ fn cmd_up(paths: &Paths, mut want: Vec<String>, verbose: bool) -> Res {
         };
         taken.push(n);
         entries[i].uverbs = n;
+        entries[i].rootless = rootless;
     }
     let mut devices = Vec::new();
     for (e, nd) in entries.iter().zip(netdevs) {
-        let node = paths.node(e.uverbs);
-        let rdev = match nodes::ensure(&node) {
-            Ok(r) => r,
-            Err(nodes::NodeError::NeedRoot(p)) => return fail(need_root_msg(&p)),
-            Err(nodes::NodeError::Io(p, err)) => return Err(io_fail("up: cannot create", &p, err)),
+        let rdev = match &reg {
+            // The shim opens /dev/null for the node: its numbers are what libibverbs checks.
+            None => (1, 3),
+            Some(reg) => {
+                let node = paths.node(e.uverbs);
+                let rdev = match nodes::ensure(&node) {
+                    Ok(r) => r,
+                    Err(nodes::NodeError::NeedRoot(p)) => return fail(need_root_msg(&p)),
+                    Err(nodes::NodeError::Io(p, err)) => return Err(io_fail("up: cannot create", &p, err)),
+                };
+                reg.register(&format!("uverbs{}", e.uverbs), &paths.state)
+                    .map_err(|err| io_fail("up: cannot register node in", &paths.registry, err))?;
+                rdev
+            }
         };
-        reg.register(&format!("uverbs{}", e.uverbs), &paths.state)
-            .map_err(|err| io_fail("up: cannot register node in", &paths.registry, err))?;
         devices.push(tree::Device { ibdev: e.ibdev.clone(), uverbs: e.uverbs, rdev, netdev: nd });
     }
     let mirror = tree::scan_kernel(&paths.host_sysfs, &devices);
     tree::publish(&paths.sysfs(), &devices, &mirror).map_err(|e| io_fail("up: cannot write", &paths.sysfs(), e))?;
     state::write_manifest(&paths.manifest(), &entries).map_err(|e| io_fail("up: cannot write", &paths.manifest(), e))?;
     // Nodes an earlier `up` of this state dir used and no longer does.
-    for o in &old {
-        if !entries.iter().any(|e| e.uverbs == o.uverbs) {
-            release_node(paths, &reg, o.uverbs);
+    if let Some(reg) = &reg {
+        for o in old.iter().filter(|o| !o.rootless) {
+            if !entries.iter().any(|e| e.uverbs == o.uverbs) {
+                release_node(paths, reg, o.uverbs);
+            }
         }
     }
     let missing = link_libs(paths);
@@ -263,6 +309,9 @@ fn cmd_up(paths: &Paths, mut want: Vec<String>, verbose: bool) -> Res {
         }
         for m in missing {
             eprintln!("uiw: note: {m}");
+        }
+        if rootless {
+            eprintln!("uiw: {ROOTLESS_NOTE}\nuiw: state directory: {}", paths.state.display());
         }
     }
     Ok(())
@@ -322,10 +371,21 @@ fn cmd_down(paths: &Paths, which: Vec<String>) -> Res {
         remove_state(paths);
         return Ok(());
     }
-    let reg = nodes::Registry::open_locked(&paths.registry)
-        .map_err(|e| io_fail("down: cannot open node registry", &paths.registry, e))?;
     let (gone, keep): (Vec<Entry>, Vec<Entry>) =
         old.into_iter().partition(|e| which.is_empty() || which.contains(&e.netdev));
+    // Rootless devices have no node and no registry entry.
+    let reg = if gone.iter().all(|e| e.rootless) {
+        None
+    } else {
+        Some(nodes::Registry::open_locked(&paths.registry).map_err(|e| io_fail("down: cannot open node registry", &paths.registry, e))?)
+    };
+    let release = |gone: &[Entry]| {
+        if let Some(reg) = &reg {
+            for e in gone.iter().filter(|e| !e.rootless) {
+                release_node(paths, reg, e.uverbs);
+            }
+        }
+    };
     for w in &which {
         if !gone.iter().any(|e| &e.netdev == w) {
             eprintln!("uiw: down: {} is not published", ibdev_for(w));
@@ -333,19 +393,15 @@ fn cmd_down(paths: &Paths, which: Vec<String>) -> Res {
     }
     if keep.is_empty() {
         let _ = fs::remove_file(paths.manifest());
-        for e in &gone {
-            release_node(paths, &reg, e.uverbs);
-        }
+        release(&gone);
         remove_state(paths);
         return Ok(());
     }
     state::write_manifest(&paths.manifest(), &keep).map_err(|e| io_fail("down: cannot write", &paths.manifest(), e))?;
-    for e in &gone {
-        release_node(paths, &reg, e.uverbs);
-    }
+    release(&gone);
     drop(reg);
     // Rebuild the tree from what is left (also refreshes it).
-    cmd_up(paths, Vec::new(), false)
+    cmd_up(paths, Vec::new(), false, false)
 }
 
 fn remove_state(paths: &Paths) {
@@ -520,15 +576,8 @@ fn cmd_run(paths: &Paths, rest: Vec<OsString>) -> Res {
         return usage("run: no command given (uiw run -- CMD [ARGS]...)");
     }
     if state::read_manifest(&paths.manifest()).is_empty() {
-        if uiw_kabi::sys::geteuid() == 0 {
-            eprintln!("uiw: run: no device published yet; publishing uiw_lo (uiw up)");
-            cmd_up(paths, Vec::new(), false)?;
-        } else {
-            return fail(format!(
-                "run: no uiw device is published from {}; publish one first (once, as root): sudo uiw up [--netdev NAME]",
-                paths.state.display()
-            ));
-        }
+        eprintln!("uiw: run: no device published yet; publishing uiw_lo (uiw up)");
+        cmd_up(paths, Vec::new(), false, false)?;
     }
     let mut cmd = std::process::Command::new(&argv[0]);
     cmd.args(&argv[1..]);

@@ -40,9 +40,38 @@ pub fn absolute(p: &Path) -> PathBuf {
     }
 }
 
+/// The state directory of a user who is not root (rootless mode): `$XDG_RUNTIME_DIR/uiw`
+/// (per-login tmpfs, like /run for root), else `$HOME/.local/state/uiw`, else
+/// `/tmp/uiw-<uid>`.
+pub fn user_state_dir() -> PathBuf {
+    if let Some(d) = env_path("XDG_RUNTIME_DIR").filter(|d| d.is_absolute() && d.is_dir()) {
+        return d.join("uiw");
+    }
+    if let Some(h) = env_path("HOME").filter(|h| h.is_absolute() && h.is_dir()) {
+        return h.join(".local/state/uiw");
+    }
+    PathBuf::from(format!("/tmp/uiw-{}", uiw_kabi::sys::geteuid()))
+}
+
+/// The default state directory when neither `--state-dir` nor `UIW_STATE_DIR` names one:
+/// /run/uiw for root; for other users their own [`user_state_dir`] — except that commands
+/// which only use devices (`for_use`: show, env, run, stat) fall back to /run/uiw when the
+/// user has published nothing and root has.
+pub fn default_state_dir(for_use: bool) -> PathBuf {
+    if uiw_kabi::sys::geteuid() == 0 {
+        return DEFAULT_STATE_DIR.into();
+    }
+    let own = user_state_dir();
+    if for_use && read_manifest(&own.join("devices")).is_empty() && !read_manifest(&Path::new(DEFAULT_STATE_DIR).join("devices")).is_empty() {
+        return DEFAULT_STATE_DIR.into();
+    }
+    own
+}
+
 impl Paths {
-    pub fn from_env(state_override: Option<PathBuf>) -> Paths {
-        let state = absolute(&state_override.or_else(|| env_path("UIW_STATE_DIR")).unwrap_or_else(|| DEFAULT_STATE_DIR.into()));
+    /// `for_use`: see [`default_state_dir`].
+    pub fn from_env_for(state_override: Option<PathBuf>, for_use: bool) -> Paths {
+        let state = absolute(&state_override.or_else(|| env_path("UIW_STATE_DIR")).unwrap_or_else(|| default_state_dir(for_use)));
         let dev_dir = absolute(&env_path("UIW_DEV_DIR").unwrap_or_else(|| DEFAULT_DEV_DIR.into()));
         let registry = env_path("UIW_NODE_REGISTRY").map(|p| absolute(&p)).unwrap_or_else(|| {
             if dev_dir == Path::new(DEFAULT_DEV_DIR) {
@@ -80,12 +109,15 @@ impl Paths {
 }
 
 /// One published device, as recorded in `<state>/devices`:
-/// `<ibdev> <netdev> uverbs<N>` per line.
+/// `<ibdev> <netdev> uverbs<N> [rootless]` per line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     pub ibdev: String,
     pub netdev: String,
     pub uverbs: u32,
+    /// Published without a /dev/infiniband node (rootless mode): the shim answers for it,
+    /// and the node registry does not know this state directory.
+    pub rootless: bool,
 }
 
 pub fn read_manifest(path: &Path) -> Vec<Entry> {
@@ -96,15 +128,16 @@ pub fn read_manifest(path: &Path) -> Vec<Entry> {
             let ibdev = it.next()?.to_string();
             let netdev = it.next()?.to_string();
             let uverbs = it.next()?.strip_prefix("uverbs")?.parse().ok()?;
-            Some(Entry { ibdev, netdev, uverbs })
+            let rootless = it.next() == Some("rootless");
+            Some(Entry { ibdev, netdev, uverbs, rootless })
         })
         .collect()
 }
 
 pub fn write_manifest(path: &Path, entries: &[Entry]) -> std::io::Result<()> {
-    let mut s = String::from("# uiw devices published from this state dir: <ibdev> <netdev> <uverbs node>\n");
+    let mut s = String::from("# uiw devices published from this state dir: <ibdev> <netdev> <uverbs node> [rootless]\n");
     for e in entries {
-        s.push_str(&format!("{} {} uverbs{}\n", e.ibdev, e.netdev, e.uverbs));
+        s.push_str(&format!("{} {} uverbs{}{}\n", e.ibdev, e.netdev, e.uverbs, if e.rootless { " rootless" } else { "" }));
     }
     let tmp = path.with_extension("tmp");
     fs::write(&tmp, s)?;
@@ -113,5 +146,5 @@ pub fn write_manifest(path: &Path, entries: &[Entry]) -> std::io::Result<()> {
 
 /// Does the state dir at `state` currently use node `node` ("uverbsN")?
 pub fn manifest_lists(state: &Path, node: &str) -> bool {
-    read_manifest(&state.join("devices")).iter().any(|e| format!("uverbs{}", e.uverbs) == node)
+    read_manifest(&state.join("devices")).iter().any(|e| !e.rootless && format!("uverbs{}", e.uverbs) == node)
 }

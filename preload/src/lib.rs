@@ -1,6 +1,6 @@
 //! `libuiw_preload.so`: the LD_PRELOAD shim `uiw run` starts programs with.
 //!
-//! It does two things, and nothing else:
+//! It does three things, and nothing else:
 //!
 //! 1. `socket(AF_NETLINK, *, NETLINK_RDMA)` fails with `EPROTONOSUPPORT` while
 //!    `SYSFS_PATH` is set, so libibverbs falls back to the sysfs-shaped tree
@@ -11,12 +11,17 @@
 //!    [`uiw_preload_register_cmd_fd_v1`]; `write()` on a registered fd calls the
 //!    provider's handler synchronously and returns its result. `close()`,
 //!    `dup2()`, `dup3()` and `close_range()` over a registered fd unregister it.
+//! 3. Rootless mode ([`redirect`]): `/sys/class/infiniband{,_verbs}` read from the
+//!    published tree, and an absent `/dev/infiniband/uverbsN` of a uiw device answered
+//!    by `/dev/null`, so no node (and no root) is needed.
 //!
 //! The C interface is in `include/uiw_preload.h`. Hot path cost for an
 //! unregistered fd: one relaxed atomic load (no fd registered) or one more
 //! atomic load of the fd's slot. Nothing here allocates or panics.
 
 #![allow(clippy::missing_safety_doc, clippy::needless_range_loop, clippy::manual_c_str_literals)]
+
+mod redirect;
 
 use core::ffi::{c_char, c_int, c_uint, c_void};
 use core::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
@@ -94,6 +99,8 @@ extern "C" fn init() {
     resolve(&REAL_DUP2, b"dup2\0");
     resolve(&REAL_DUP3, b"dup3\0");
     resolve(&REAL_CLOSE_RANGE, b"close_range\0");
+    redirect::resolve_all();
+    redirect::init();
 }
 
 /// Resolve the real functions at load time, before the program can call them from
