@@ -1,0 +1,459 @@
+//! Two stacks joined by a simulated Ethernet link with a virtual clock: handshakes, bulk
+//! transfer checked byte for byte under loss, reordering and duplication, flow control,
+//! FIN/RST. Everything is deterministic (seeded PRNG, virtual time).
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::time::{Duration, Instant};
+
+use uiw_utcp::packet::{self, flags};
+use uiw_utcp::{Config, Event, Handle, Stack, StackConfig, State};
+
+const A_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
+const B_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 2);
+const A_MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
+const B_MAC: [u8; 6] = [2, 0, 0, 0, 0, 2];
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// true with probability p percent (in hundredths of a percent).
+    fn chance(&mut self, per10k: u64) -> bool {
+        self.next() % 10_000 < per10k
+    }
+}
+
+#[derive(Clone, Copy, Default)]
+struct Impair {
+    loss: u64,    // per 10 000
+    dup: u64,     // per 10 000
+    reorder: u64, // per 10 000: delayed by a few extra link times
+}
+
+struct Net {
+    t0: Instant,
+    now: Instant,
+    a: Stack,
+    b: Stack,
+    /// (deliver at, to b?, frame)
+    wire: Vec<(Instant, bool, Vec<u8>)>,
+    rng: Rng,
+    imp: Impair,
+    delay: Duration,
+    frames: usize,
+    dropped: usize,
+    /// Every frame that crossed, for checks (to_b, frame).
+    log: Vec<(bool, Vec<u8>)>,
+    keep_log: bool,
+}
+
+fn stack(mac: [u8; 6], ip: Ipv4Addr, mtu: usize, tcp: Config, seed: u64) -> Stack {
+    Stack::new(StackConfig { mac, ip, mtu, tcp, seed })
+}
+
+impl Net {
+    fn new(mtu: usize, tcp: Config, imp: Impair, seed: u64) -> Net {
+        let t0 = Instant::now();
+        let mut a = stack(A_MAC, A_IP, mtu, tcp.clone(), seed);
+        let mut b = stack(B_MAC, B_IP, mtu, tcp, seed.wrapping_mul(7) + 1);
+        a.set_neighbour(B_IP, B_MAC);
+        b.set_neighbour(A_IP, A_MAC);
+        Net {
+            t0,
+            now: t0,
+            a,
+            b,
+            wire: Vec::new(),
+            rng: Rng(seed | 1),
+            imp,
+            delay: Duration::from_micros(50),
+            frames: 0,
+            dropped: 0,
+            log: Vec::new(),
+            keep_log: false,
+        }
+    }
+
+    /// Move every frame both stacks want to send onto the wire.
+    fn flush(&mut self) {
+        let mut buf = vec![0u8; 10_000];
+        for to_b in [true, false] {
+            loop {
+                let s = if to_b { &mut self.a } else { &mut self.b };
+                let Some(n) = s.poll_transmit(self.now, &mut buf) else { break };
+                let f = buf[..n].to_vec();
+                self.frames += 1;
+                if self.keep_log {
+                    self.log.push((to_b, f.clone()));
+                }
+                if self.rng.chance(self.imp.loss) {
+                    self.dropped += 1;
+                    continue;
+                }
+                let mut at = self.now + self.delay;
+                if self.rng.chance(self.imp.reorder) {
+                    at += self.delay * (2 + (self.rng.next() % 6) as u32);
+                }
+                if self.rng.chance(self.imp.dup) {
+                    self.wire.push((at + self.delay, to_b, f.clone()));
+                }
+                self.wire.push((at, to_b, f));
+            }
+        }
+    }
+
+    /// Advance to the next event (delivery or timer) and process it. False if nothing is
+    /// pending at all.
+    fn step(&mut self) -> bool {
+        self.flush();
+        let next_frame = self.wire.iter().map(|w| w.0).min();
+        let next_timer = [self.a.poll_timeout(), self.b.poll_timeout()].into_iter().flatten().min();
+        let Some(t) = [next_frame, next_timer].into_iter().flatten().min() else { return false };
+        if t > self.now {
+            self.now = t;
+        }
+        let now = self.now;
+        let mut due: Vec<(Instant, bool, Vec<u8>)> = Vec::new();
+        let mut i = 0;
+        while i < self.wire.len() {
+            if self.wire[i].0 <= now {
+                due.push(self.wire.swap_remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        due.sort_by_key(|d| d.0);
+        for (_, to_b, f) in due {
+            let s = if to_b { &mut self.b } else { &mut self.a };
+            let _ = s.on_frame(&f, now);
+        }
+        self.a.on_timeout(now);
+        self.b.on_timeout(now);
+        self.flush();
+        true
+    }
+
+    fn elapsed(&self) -> Duration {
+        self.now - self.t0
+    }
+}
+
+fn pattern(i: usize) -> u8 {
+    (i.wrapping_mul(2654435761) >> 13) as u8
+}
+
+fn drain_events(s: &mut Stack, h: Handle) -> Vec<Event> {
+    let mut v = Vec::new();
+    if let Some(t) = s.tcb(h) {
+        while let Some(e) = t.poll_event() {
+            v.push(e);
+        }
+    }
+    v
+}
+
+/// Connect A→B, send `len` bytes A→B and `back` bytes B→A, close both sides; check every byte.
+fn transfer(mtu: usize, tcp: Config, imp: Impair, seed: u64, len: usize, back: usize) -> Net {
+    let mut net = Net::new(mtu, tcp, imp, seed);
+    net.b.listen(20_001);
+    let ha = net.a.connect(40_000, SocketAddrV4::new(B_IP, 20_001));
+    let mut hb = None;
+    let (mut sent_a, mut got_b, mut sent_b, mut got_a) = (0usize, 0usize, 0usize, 0usize);
+    let (mut closed_a, mut closed_b) = (false, false);
+    let mut buf = vec![0u8; 65536];
+    let mut steps = 0u64;
+    loop {
+        steps += 1;
+        assert!(steps < 5_000_000, "no progress: sent {sent_a} got {got_b}");
+        assert!(net.elapsed() < Duration::from_secs(600), "virtual time ran away");
+        if hb.is_none() {
+            hb = net.b.accept();
+        }
+        // A: send
+        let ta = net.a.tcb(ha).unwrap();
+        if matches!(ta.state(), State::Established | State::CloseWait) && sent_a < len {
+            let chunk: Vec<u8> = (sent_a..(sent_a + 40_000).min(len)).map(pattern).collect();
+            sent_a += ta.send(&chunk).unwrap();
+        }
+        if sent_a == len && !closed_a && ta.state() != State::SynSent {
+            ta.close();
+            closed_a = true;
+        }
+        let n = ta.recv(&mut buf);
+        for (k, &x) in buf[..n].iter().enumerate() {
+            assert_eq!(x, pattern(got_a + k + 7), "A received a wrong byte at {}", got_a + k);
+        }
+        got_a += n;
+        if let Some(hb) = hb {
+            let tb = net.b.tcb(hb).unwrap();
+            let n = tb.recv(&mut buf);
+            for (k, &x) in buf[..n].iter().enumerate() {
+                assert_eq!(x, pattern(got_b + k), "B received a wrong byte at {}", got_b + k);
+            }
+            got_b += n;
+            if matches!(tb.state(), State::Established | State::CloseWait) && sent_b < back {
+                let chunk: Vec<u8> = (sent_b..(sent_b + 40_000).min(back)).map(|i| pattern(i + 7)).collect();
+                sent_b += tb.send(&chunk).unwrap();
+            }
+            if tb.at_eof() && sent_b == back && !closed_b {
+                tb.close();
+                closed_b = true;
+            }
+        }
+        let done_a = matches!(net.a.tcb(ha).unwrap().state(), State::TimeWait | State::Closed);
+        let done_b = hb.map_or(false, |h| net.b.tcb(h).unwrap().state() == State::Closed);
+        if done_a && done_b {
+            break;
+        }
+        let readable = hb.map_or(false, |h| net.b.tcb(h).unwrap().recv_available() > 0)
+            || net.a.tcb(ha).unwrap().recv_available() > 0;
+        if !net.step() && !readable {
+            let ta = format!("{:?}", net.a.tcb(ha).unwrap()); let tb = format!("{:?}", net.b.tcb(hb.unwrap()).unwrap());
+            panic!("deadlock: nothing pending, sent {sent_a} got {got_b}\nA {}\nB {}", &ta[..ta.len().min(3000)], &tb[..tb.len().min(3000)]);
+        }
+    }
+    assert_eq!(got_b, len);
+    assert_eq!(got_a, back);
+    assert!(net.a.tcb(ha).unwrap().at_eof());
+    net
+}
+
+#[test]
+fn handshake_negotiates_options() {
+    let mut net = Net::new(9000, Config::default(), Impair::default(), 1);
+    net.keep_log = true;
+    net.b.listen(20_001);
+    let ha = net.a.connect(40_000, SocketAddrV4::new(B_IP, 20_001));
+    for _ in 0..10 {
+        net.step();
+    }
+    let hb = net.b.accept().expect("B accepted");
+    assert_eq!(drain_events(&mut net.a, ha), vec![Event::Connected]);
+    assert_eq!(drain_events(&mut net.b, hb), vec![Event::Connected]);
+    let ta = net.a.tcb(ha).unwrap();
+    assert_eq!(ta.state(), State::Established);
+    assert_eq!(ta.mss(), 8960);
+    assert!(ta.sack_enabled());
+    // The SYN and the SYN-ACK carried MSS, window scale and SACK-permitted; the third
+    // segment is a plain ACK.
+    let (_, syn) = packet::parse_frame(&net.log[0].1).unwrap();
+    assert!(net.log[0].0);
+    assert_eq!(syn.tcp.flags, flags::SYN);
+    assert_eq!(syn.tcp.mss, Some(8960));
+    assert_eq!(syn.tcp.wscale, Some(5)); // 1 MiB buffer >> 5 fits 16 bits
+    assert!(syn.tcp.sack_permitted);
+    let (_, synack) = packet::parse_frame(&net.log[1].1).unwrap();
+    assert_eq!(synack.tcp.flags, flags::SYN | flags::ACK);
+    assert_eq!(synack.tcp.ack, syn.tcp.seq.wrapping_add(1));
+    assert_eq!(synack.tcp.wscale, Some(5));
+    let (_, ack) = packet::parse_frame(&net.log[2].1).unwrap();
+    assert_eq!(ack.tcp.flags, flags::ACK);
+    assert_eq!(ack.tcp.ack, synack.tcp.seq.wrapping_add(1));
+    assert_eq!(ack.tcp.mss, None);
+}
+
+#[test]
+fn clean_transfer_both_ways() {
+    let net = transfer(1500, Config::default(), Impair::default(), 2, 3_000_000, 500_000);
+    assert_eq!(net.dropped, 0);
+}
+
+#[test]
+fn jumbo_frames() {
+    transfer(9000, Config::default(), Impair::default(), 3, 2_000_000, 10);
+}
+
+#[test]
+fn one_percent_loss() {
+    let imp = Impair { loss: 100, ..Impair::default() };
+    let net = transfer(1500, Config::default(), imp, 4, 2_000_000, 100_000);
+    assert!(net.dropped > 0);
+}
+
+#[test]
+fn five_percent_loss_reorder_duplication() {
+    let imp = Impair { loss: 500, dup: 200, reorder: 300 };
+    for seed in [5, 6, 7] {
+        let net = transfer(1500, Config::default(), imp, seed, 1_000_000, 200_000);
+        assert!(net.dropped > 0);
+    }
+}
+
+#[test]
+fn twenty_percent_loss_still_delivers() {
+    let imp = Impair { loss: 2000, dup: 0, reorder: 0 };
+    transfer(1500, Config::default(), imp, 8, 200_000, 1000);
+}
+
+#[test]
+fn small_buffers_exercise_flow_control() {
+    let cfg = Config { recv_buf: 4096, send_buf: 3000, ..Config::default() };
+    let imp = Impair { loss: 300, dup: 100, reorder: 200 };
+    transfer(1500, cfg, imp, 9, 300_000, 300_000);
+}
+
+#[test]
+fn sequence_numbers_wrap() {
+    // Many seeds: some ISS lands close enough to 2^32 that 4 MB crosses the wrap.
+    let imp = Impair { loss: 100, ..Impair::default() };
+    for seed in 10..14 {
+        transfer(9000, Config::default(), imp, seed, 400_000, 400_000);
+    }
+}
+
+/// Drop exactly one data segment: fast retransmit (three duplicate ACKs) must repair it long
+/// before the RTO would fire.
+#[test]
+fn fast_retransmit_beats_the_rto() {
+    let mut net = Net::new(1500, Config::default(), Impair::default(), 20);
+    net.b.listen(20_001);
+    let ha = net.a.connect(40_000, SocketAddrV4::new(B_IP, 20_001));
+    for _ in 0..10 {
+        net.step();
+    }
+    let hb = net.b.accept().unwrap();
+    let data: Vec<u8> = (0..100_000).map(pattern).collect();
+    assert_eq!(net.a.tcb(ha).unwrap().send(&data), Ok(100_000));
+    // Send the first flight, then drop its third data frame.
+    net.flush();
+    let to_b: Vec<usize> = (0..net.wire.len()).filter(|&i| net.wire[i].1).collect();
+    assert!(to_b.len() >= 5, "a flight of several segments");
+    net.wire.remove(to_b[2]);
+    let start = net.now;
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 65536];
+    while got.len() < data.len() {
+        assert!(net.step());
+        let n = net.b.tcb(hb).unwrap().recv(&mut buf);
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert_eq!(got, data);
+    let rto_min = Config::default().rto_min;
+    assert!(net.now - start < rto_min, "repaired by fast retransmit, not by the RTO");
+}
+
+#[test]
+fn zero_window_then_reopen() {
+    let cfg = Config { recv_buf: 8192, ..Config::default() };
+    let mut net = Net::new(1500, cfg, Impair::default(), 21);
+    net.b.listen(20_001);
+    let ha = net.a.connect(40_000, SocketAddrV4::new(B_IP, 20_001));
+    for _ in 0..10 {
+        net.step();
+    }
+    let hb = net.b.accept().unwrap();
+    let data: Vec<u8> = (0..50_000).map(pattern).collect();
+    let n = net.a.tcb(ha).unwrap().send(&data).unwrap();
+    assert_eq!(n, 50_000);
+    // B does not read: A fills the 8 KiB window and stops.
+    for _ in 0..200 {
+        net.step();
+    }
+    assert_eq!(net.b.tcb(hb).unwrap().recv_available(), 8192);
+    assert!(net.a.tcb(ha).unwrap().send_queued() >= 50_000 - 8192);
+    // Advance through several persist-timer probes: still nothing beyond the window.
+    let t = net.now;
+    while net.now - t < Duration::from_secs(3) {
+        assert!(net.step());
+    }
+    assert_eq!(net.b.tcb(hb).unwrap().recv_available(), 8192);
+    // Reading reopens the window; everything arrives.
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    while got.len() < data.len() {
+        let n = net.b.tcb(hb).unwrap().recv(&mut buf);
+        got.extend_from_slice(&buf[..n]);
+        assert!(net.step() || n > 0);
+    }
+    assert_eq!(got, data);
+}
+
+#[test]
+fn rst_for_closed_port_and_refused_connect() {
+    let mut net = Net::new(1500, Config::default(), Impair::default(), 22);
+    let ha = net.a.connect(40_000, SocketAddrV4::new(B_IP, 20_009)); // nobody listens
+    for _ in 0..10 {
+        net.step();
+    }
+    let ev = drain_events(&mut net.a, ha);
+    assert_eq!(ev, vec![Event::Reset, Event::Closed]);
+    assert_eq!(net.a.tcb(ha).unwrap().state(), State::Closed);
+}
+
+#[test]
+fn abort_resets_the_peer() {
+    let mut net = Net::new(1500, Config::default(), Impair::default(), 23);
+    net.b.listen(20_001);
+    let ha = net.a.connect(40_000, SocketAddrV4::new(B_IP, 20_001));
+    for _ in 0..10 {
+        net.step();
+    }
+    let hb = net.b.accept().unwrap();
+    drain_events(&mut net.b, hb);
+    net.a.tcb(ha).unwrap().abort();
+    for _ in 0..10 {
+        net.step();
+    }
+    assert_eq!(drain_events(&mut net.b, hb), vec![Event::Reset, Event::Closed]);
+}
+
+#[test]
+fn rst_with_wrong_sequence_gets_a_challenge_ack() {
+    let mut net = Net::new(1500, Config::default(), Impair::default(), 24);
+    net.keep_log = true;
+    net.b.listen(20_001);
+    let ha = net.a.connect(40_000, SocketAddrV4::new(B_IP, 20_001));
+    for _ in 0..10 {
+        net.step();
+    }
+    let hb = net.b.accept().unwrap();
+    // Forge a RST from A to B with an in-window but inexact sequence number.
+    let (_, last_to_b) = net.log.iter().rev().find(|l| l.0).cloned().unwrap();
+    let (_, p) = packet::parse_frame(&last_to_b).unwrap();
+    let mut h = p.tcp;
+    h.seq = h.seq.wrapping_add(100);
+    h.flags = flags::RST;
+    h.mss = None;
+    h.wscale = None;
+    h.sack_permitted = false;
+    let a = packet::FrameAddrs { src_mac: A_MAC, dst_mac: B_MAC, src: A_IP, dst: B_IP, ip_id: 1 };
+    let mut f = vec![0u8; packet::frame_len(&h, 0)];
+    packet::emit_frame(&a, &h, &[], &mut f);
+    let before = net.log.len();
+    net.b.on_frame(&f, net.now).unwrap();
+    net.flush();
+    assert_eq!(net.b.tcb(hb).unwrap().state(), State::Established);
+    let (to_b, ack) = &net.log[before];
+    assert!(!to_b);
+    let (_, p) = packet::parse_frame(ack).unwrap();
+    assert_eq!(p.tcp.flags, flags::ACK, "challenge ACK (RFC 5961 §3.2)");
+    assert_eq!(net.a.tcb(ha).unwrap().state(), State::Established);
+}
+
+#[test]
+fn lost_syn_and_synack_are_retransmitted() {
+    let mut net = Net::new(1500, Config::default(), Impair::default(), 25);
+    net.b.listen(20_001);
+    let ha = net.a.connect(40_000, SocketAddrV4::new(B_IP, 20_001));
+    net.flush();
+    net.wire.clear(); // the SYN is lost
+    while net.b.handles().is_empty() {
+        assert!(net.step());
+    }
+    assert!(net.elapsed() >= Duration::from_secs(1), "SYN retransmitted after the initial RTO");
+    net.wire.retain(|w| w.1); // the SYN-ACK is lost
+    let mut n = 0;
+    while net.a.tcb(ha).unwrap().state() != State::Established {
+        assert!(net.step());
+        n += 1;
+        assert!(n < 100);
+    }
+    for _ in 0..10 {
+        net.step();
+    }
+    assert!(net.b.accept().is_some());
+}
