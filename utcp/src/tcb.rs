@@ -869,11 +869,21 @@ impl Tcb {
         h
     }
 
+    /// Bytes the SACK option takes in our next segment (as `base_header` builds it).
+    fn sack_option_len(&self) -> usize {
+        if self.sack_ok && !self.ooo.is_empty() {
+            4 + 8 * self.ooo.ranges(3).len()
+        } else {
+            0
+        }
+    }
+
     /// Data (and FIN) that may go in a segment starting at `at`: (bytes, fin).
     fn segment_at(&self, at: u32, limit: usize) -> (usize, bool) {
         let off = seq::dist(self.tx_seq, at);
         let avail = self.tx.len().saturating_sub(off);
-        let mut len = avail.min(self.snd_mss).min(limit);
+        // The MSS bounds data plus options (RFC 9293 §3.7.1): SACK blocks take room.
+        let mut len = avail.min(self.snd_mss - self.sack_option_len()).min(limit);
         // Do not run into data the peer already holds (SACK).
         for &(l, r) in &self.sacked {
             if seq::le(l, at) && seq::lt(at, r) {

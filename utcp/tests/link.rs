@@ -44,6 +44,7 @@ struct Net {
     rng: Rng,
     imp: Impair,
     delay: Duration,
+    mtu: usize,
     frames: usize,
     dropped: usize,
     /// Every frame that crossed, for checks (to_b, frame).
@@ -71,6 +72,7 @@ impl Net {
             rng: Rng(seed | 1),
             imp,
             delay: Duration::from_micros(50),
+            mtu,
             frames: 0,
             dropped: 0,
             log: Vec::new(),
@@ -86,6 +88,7 @@ impl Net {
                 let s = if to_b { &mut self.a } else { &mut self.b };
                 let Some(n) = s.poll_transmit(self.now, &mut buf) else { break };
                 let f = buf[..n].to_vec();
+                assert!(n <= packet::ETH_HDR + self.mtu, "a {n}-byte frame exceeds the MTU {}", self.mtu);
                 self.frames += 1;
                 if self.keep_log {
                     self.log.push((to_b, f.clone()));

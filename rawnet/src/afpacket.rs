@@ -1,0 +1,248 @@
+//! The AF_PACKET fallback: a `SOCK_RAW` packet socket bound to one interface.
+//!
+//! Receive is plain non-blocking `recv` (TPACKET_V3's block timeout adds about a
+//! millisecond; TPACKET_V2 rings are a possible later step). A classic BPF filter attached
+//! before `bind` lets only IPv4/TCP to uiw's address and port range, unfragmented, reach the
+//! socket; `PACKET_IGNORE_OUTGOING` keeps our own transmissions out of it. The kernel sees
+//! the same frames: pair the socket with [`crate::guard::RstGuard`].
+
+use std::io;
+use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use crate::{FrameIo, Iface};
+
+/// One classic BPF instruction (`struct sock_filter`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub struct SockFilter {
+    pub code: u16,
+    pub jt: u8,
+    pub jf: u8,
+    pub k: u32,
+}
+
+const fn ins(code: u16, jt: u8, jf: u8, k: u32) -> SockFilter {
+    SockFilter { code, jt, jf, k }
+}
+
+// Classic BPF opcodes (linux/filter.h).
+const LD_H_ABS: u16 = 0x28;
+const LD_B_ABS: u16 = 0x30;
+const LD_W_ABS: u16 = 0x20;
+const LDX_B_MSH: u16 = 0xb1;
+const LD_H_IND: u16 = 0x48;
+const JEQ_K: u16 = 0x15;
+const JGE_K: u16 = 0x35;
+const JGT_K: u16 = 0x25;
+const JSET_K: u16 = 0x45;
+const RET_K: u16 = 0x06;
+
+/// The filter: Ethernet/IPv4, protocol TCP, destination `ip`, not a fragment, TCP
+/// destination port in `ports` → whole frame; anything else → dropped (the kernel still
+/// gets its own copy).
+pub fn filter(ip: Ipv4Addr, ports: (u16, u16)) -> Vec<SockFilter> {
+    vec![
+        ins(LD_H_ABS, 0, 0, 12),                 // 0: ethertype
+        ins(JEQ_K, 0, 10, 0x0800),               // 1: IPv4 ? : drop
+        ins(LD_B_ABS, 0, 0, 23),                 // 2: IP protocol
+        ins(JEQ_K, 0, 8, 6),                     // 3: TCP ? : drop
+        ins(LD_W_ABS, 0, 0, 30),                 // 4: destination address
+        ins(JEQ_K, 0, 6, u32::from(ip)),         // 5: ours ? : drop
+        ins(LD_H_ABS, 0, 0, 20),                 // 6: flags + fragment offset
+        ins(JSET_K, 4, 0, 0x3fff),               // 7: fragment ? drop
+        ins(LDX_B_MSH, 0, 0, 14),                // 8: X = IP header length
+        ins(LD_H_IND, 0, 0, 16),                 // 9: TCP destination port
+        ins(JGE_K, 0, 1, u32::from(ports.0)),    // 10: >= lo ? : drop
+        ins(JGT_K, 0, 1, u32::from(ports.1)),    // 11: > hi ? drop : accept
+        ins(RET_K, 0, 0, 0),                     // 12: drop
+        ins(RET_K, 0, 0, 0x0004_0000),           // 13: accept (whole frame)
+    ]
+}
+
+/// An AF_PACKET socket on one interface.
+#[derive(Debug)]
+pub struct PacketSocket {
+    fd: OwnedFd,
+    buf: Vec<u8>,
+}
+
+fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+impl PacketSocket {
+    /// Open on `iface`, passing uiw's TCP to `iface.ip` on `ports`. Needs CAP_NET_RAW.
+    pub fn open(iface: &Iface, ports: (u16, u16)) -> io::Result<PacketSocket> {
+        // Protocol 0: receive nothing until bound, i.e. until the filter is in place.
+        // SAFETY: plain socket(2); the result is checked before it is owned.
+        let raw = cvt(unsafe {
+            libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0)
+        })
+        .map_err(|e| io::Error::new(e.kind(), format!("AF_PACKET socket (needs CAP_NET_RAW): {e}")))?;
+        // SAFETY: `raw` is a fresh descriptor nobody else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let prog = filter(iface.ip, ports);
+        let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut libc::sock_filter };
+        // SAFETY: fprog points at `prog`, which outlives the call; the kernel copies it.
+        // SockFilter is repr(C) with sock_filter's layout.
+        cvt(unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_ATTACH_FILTER,
+                &fprog as *const libc::sock_fprog as *const libc::c_void,
+                std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+            )
+        })?;
+        let one: libc::c_int = 1;
+        // SAFETY: an int option, pointer and length match.
+        cvt(unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_IGNORE_OUTGOING,
+                &one as *const libc::c_int as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        })?;
+        // SAFETY: sockaddr_ll is plain old data; all-zero is valid before we fill it.
+        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_protocol = (libc::ETH_P_IP as u16).to_be();
+        sll.sll_ifindex = iface.index as i32;
+        // SAFETY: sll is a valid sockaddr_ll and the length says so.
+        cvt(unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                &sll as *const libc::sockaddr_ll as *const libc::sockaddr,
+                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            )
+        })?;
+        Ok(PacketSocket { fd, buf: vec![0; 65536] })
+    }
+}
+
+impl FrameIo for PacketSocket {
+    fn recv(&mut self, budget: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+        let mut n = 0;
+        while n < budget {
+            // SAFETY: the buffer is ours and writable for its whole length.
+            let r = unsafe {
+                libc::recv(self.fd.as_raw_fd(), self.buf.as_mut_ptr() as *mut libc::c_void, self.buf.len(), libc::MSG_DONTWAIT | libc::MSG_TRUNC)
+            };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::WouldBlock {
+                    break;
+                }
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            let len = r as usize;
+            if len <= self.buf.len() {
+                f(&self.buf[..len]);
+            }
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    fn send(&mut self, frame: &[u8]) -> io::Result<bool> {
+        loop {
+            // SAFETY: `frame` is a readable slice for the call's duration.
+            let r = unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr() as *const libc::c_void, frame.len(), libc::MSG_DONTWAIT) };
+            if r >= 0 {
+                return Ok(true);
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN) | Some(libc::ENOBUFS) => return Ok(false),
+                _ => return Err(e),
+            }
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    fn kind(&self) -> &'static str {
+        "packet"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Run the classic BPF program the way the kernel would (the subset it uses).
+    fn run(prog: &[SockFilter], p: &[u8]) -> u32 {
+        let (mut a, mut x, mut pc) = (0u32, 0u32, 0usize);
+        let ld = |off: usize, n: usize| -> Option<u32> {
+            p.get(off..off + n).map(|b| b.iter().fold(0u32, |acc, &v| acc << 8 | u32::from(v)))
+        };
+        loop {
+            let i = prog[pc];
+            pc += 1;
+            match i.code {
+                LD_H_ABS => a = match ld(i.k as usize, 2) { Some(v) => v, None => return 0 },
+                LD_B_ABS => a = match ld(i.k as usize, 1) { Some(v) => v, None => return 0 },
+                LD_W_ABS => a = match ld(i.k as usize, 4) { Some(v) => v, None => return 0 },
+                LD_H_IND => a = match ld((x + i.k) as usize, 2) { Some(v) => v, None => return 0 },
+                LDX_B_MSH => x = match ld(i.k as usize, 1) { Some(v) => (v & 0xf) * 4, None => return 0 },
+                JEQ_K | JGE_K | JGT_K | JSET_K => {
+                    let t = match i.code {
+                        JEQ_K => a == i.k,
+                        JGE_K => a >= i.k,
+                        JGT_K => a > i.k,
+                        _ => a & i.k != 0,
+                    };
+                    pc += usize::from(if t { i.jt } else { i.jf });
+                }
+                RET_K => return i.k,
+                c => panic!("opcode {c:#x}"),
+            }
+        }
+    }
+
+    fn frame(dst: Ipv4Addr, port: u16, frag: u16) -> Vec<u8> {
+        use uiw_utcp::packet::{emit_frame, frame_len, FrameAddrs, TcpHeader};
+        let h = TcpHeader { src_port: 5000, dst_port: port, ..TcpHeader::default() };
+        let a = FrameAddrs { src_mac: [2; 6], dst_mac: [4; 6], src: Ipv4Addr::new(10, 0, 0, 9), dst, ip_id: 1 };
+        let mut f = vec![0; frame_len(&h, 3)];
+        emit_frame(&a, &h, b"abc", &mut f);
+        f[20..22].copy_from_slice(&frag.to_be_bytes());
+        f
+    }
+
+    #[test]
+    fn filter_takes_only_our_tcp() {
+        let ip = Ipv4Addr::new(10, 0, 0, 1);
+        let p = filter(ip, (20000, 24095));
+        assert!(run(&p, &frame(ip, 20000, 0x4000)) > 0);
+        assert!(run(&p, &frame(ip, 24095, 0)) > 0);
+        assert_eq!(run(&p, &frame(ip, 19999, 0x4000)), 0);
+        assert_eq!(run(&p, &frame(ip, 24096, 0x4000)), 0);
+        assert_eq!(run(&p, &frame(ip, 22, 0x4000)), 0, "ssh stays with the kernel");
+        assert_eq!(run(&p, &frame(Ipv4Addr::new(10, 0, 0, 2), 20000, 0)), 0);
+        assert_eq!(run(&p, &frame(ip, 20000, 0x2000)), 0, "fragments are not ours");
+        let mut arp = frame(ip, 20000, 0);
+        arp[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
+        assert_eq!(run(&p, &arp), 0, "ARP stays with the kernel");
+        let mut udp = frame(ip, 20000, 0);
+        udp[23] = 17;
+        assert_eq!(run(&p, &udp), 0);
+    }
+}

@@ -1,0 +1,67 @@
+//! Keep the kernel out of uiw's flows on the AF_PACKET path.
+//!
+//! An AF_PACKET socket receives a *copy* of each frame; the kernel still processes the
+//! original, finds no socket for uiw's port and answers with RST (RFC 9293 §3.10.7.1),
+//! killing the flow. [`RstGuard`] installs an nftables table in the current network
+//! namespace that drops IPv4/TCP to uiw's address and port range arriving on the interface,
+//! at the input hook — after the AF_PACKET tap has seen it — and removes the table when
+//! dropped. (The AF_XDP path needs none: its XDP program redirects those frames before the
+//! kernel's stack sees them.)
+
+use std::io::{self, Write};
+use std::net::Ipv4Addr;
+use std::process::{Command, Stdio};
+
+/// The nftables table, removed on drop.
+#[derive(Debug)]
+pub struct RstGuard {
+    table: String,
+}
+
+fn nft(script: Option<&str>, args: &[&str]) -> io::Result<()> {
+    let mut c = Command::new("nft");
+    c.args(args).stdin(if script.is_some() { Stdio::piped() } else { Stdio::null() });
+    c.stdout(Stdio::null()).stderr(Stdio::piped());
+    let mut child = c.spawn().map_err(|e| {
+        io::Error::new(e.kind(), format!("cannot run nft (apt-get install nftables): {e}"))
+    })?;
+    if let (Some(s), Some(mut stdin)) = (script, child.stdin.take()) {
+        stdin.write_all(s.as_bytes())?;
+    }
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("nft {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()),
+        ));
+    }
+    Ok(())
+}
+
+impl RstGuard {
+    /// Drop TCP to `ip`:`ports` arriving on `ifname` before the kernel's TCP sees it.
+    pub fn install(ifname: &str, ip: Ipv4Addr, ports: (u16, u16)) -> io::Result<RstGuard> {
+        if !ifname.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "bad interface name"));
+        }
+        let table = format!("uiw_rawnet_{}", ifname.replace(['-', '.'], "_"));
+        let _ = nft(None, &["delete", "table", "ip", &table]);
+        let script = format!(
+            "table ip {table} {{\n\
+             \tchain input {{\n\
+             \t\ttype filter hook input priority -300; policy accept;\n\
+             \t\tiifname \"{ifname}\" ip daddr {ip} tcp dport {}-{} drop\n\
+             \t}}\n\
+             }}\n",
+            ports.0, ports.1
+        );
+        nft(Some(&script), &["-f", "-"])?;
+        Ok(RstGuard { table })
+    }
+}
+
+impl Drop for RstGuard {
+    fn drop(&mut self) {
+        let _ = nft(None, &["delete", "table", "ip", &self.table]);
+    }
+}

@@ -1,0 +1,68 @@
+//! uiw-rawnet: raw-frame drivers for uiw's userspace TCP (`uiw-utcp`).
+//!
+//! **This is an FFI-edge crate**, like `kabi` and the provider's `ffi`: sockets of families
+//! `AF_PACKET` and `AF_XDP`, `mmap`ed rings, the `bpf(2)` system call and `setns(2)` need
+//! `unsafe`. Every `unsafe` block carries a `// SAFETY:` comment, and none leaves its
+//! module: the rest of uiw sees the safe [`FrameIo`] trait and [`Host`].
+//!
+//! - [`afpacket`]: an `AF_PACKET` socket bound to one interface, a classic BPF filter that
+//!   passes only IPv4/TCP to uiw's address and port range, and [`guard::RstGuard`], the
+//!   nftables rule that keeps the kernel from answering uiw's flows with RST.
+//! - [`xdp`]: an `AF_XDP` socket (copy mode where the driver has no zero-copy, as veth)
+//!   and [`ebpf`], the XDP program — assembled here as raw eBPF instructions and loaded
+//!   with `bpf(2)`, so running uiw needs no clang, libbpf or aya — that steers uiw's TCP
+//!   into the socket and passes everything else (ARP, ND, ssh, …) to the kernel.
+//! - [`neigh`]: the peer's MAC from the kernel's neighbour table.
+//! - [`host`]: a `Stack` driven over a `FrameIo`.
+//! - [`netns`]: entering a network namespace on the calling thread (tests, test bed).
+
+pub mod afpacket;
+pub mod ebpf;
+pub mod guard;
+pub mod host;
+pub mod iface;
+pub mod neigh;
+pub mod netns;
+pub mod xdp;
+
+use std::io;
+use std::os::fd::RawFd;
+
+pub use host::Host;
+pub use iface::Iface;
+
+/// uiw's TCP port range (the provider's QP-number ports, `UIW_PORT_BASE` + 0..4096).
+pub const DEFAULT_PORTS: (u16, u16) = (20000, 24095);
+
+/// A queue of Ethernet frames in and out of one interface.
+pub trait FrameIo {
+    /// Hand up to `budget` received frames to `f`, without blocking; returns how many.
+    fn recv(&mut self, budget: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<usize>;
+    /// Queue one frame for transmission. `Ok(false)`: the queue is full, try again after
+    /// `flush`/`recv` (the frame was not taken).
+    fn send(&mut self, frame: &[u8]) -> io::Result<bool>;
+    /// Push queued frames to the wire (a `sendto` kick for AF_XDP).
+    fn flush(&mut self) -> io::Result<()>;
+    /// A descriptor that polls readable when frames arrive.
+    fn fd(&self) -> RawFd;
+    /// Short name for `uiw show` and logs ("packet", "xdp (copy)").
+    fn kind(&self) -> &'static str;
+}
+
+impl<T: FrameIo + ?Sized> FrameIo for Box<T> {
+    fn recv(&mut self, budget: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+        (**self).recv(budget, f)
+    }
+    fn send(&mut self, frame: &[u8]) -> io::Result<bool> {
+        (**self).send(frame)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        (**self).flush()
+    }
+    fn fd(&self) -> RawFd {
+        (**self).fd()
+    }
+    fn kind(&self) -> &'static str {
+        (**self).kind()
+    }
+}

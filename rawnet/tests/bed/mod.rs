@@ -1,0 +1,131 @@
+//! A two-namespace test bed for the raw-frame drivers: `xdp<id>a` and `xdp<id>b` joined by
+//! a veth pair with offloads off, addresses 198.51.100.1 (a: the userspace TCP) and .2 (b:
+//! the kernel's TCP), optional random loss in both directions applied in b (nftables: the
+//! `output` hook for what b's kernel sends, the netdev `ingress` hook for what a's raw
+//! socket sends, which passes no netfilter hook in a).
+
+#![allow(dead_code)]
+
+use std::net::Ipv4Addr;
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+pub const A_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
+pub const B_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 2);
+pub const IF: &str = "veth0";
+
+pub struct Bed {
+    pub a: String,
+    pub b: String,
+}
+
+fn run(args: &[&str]) -> Result<(), String> {
+    let out = Command::new(args[0]).args(&args[1..]).output().map_err(|e| format!("{}: {e}", args[0]))?;
+    if !out.status.success() {
+        return Err(format!("{}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    Ok(())
+}
+
+fn nft_in(ns: &str, script: &str) -> Result<(), String> {
+    use std::io::Write;
+    let mut c = Command::new("ip")
+        .args(["netns", "exec", ns, "nft", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    c.stdin.take().unwrap().write_all(script.as_bytes()).map_err(|e| e.to_string())?;
+    let out = c.wait_with_output().map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!("nft: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    Ok(())
+}
+
+/// Whether this run may set up namespaces. Not root: a skip — unless the run demands
+/// everything (`UIW_TEST_REQUIRE_ALL=1`, as ci/test.sh does as root), then a failure.
+pub fn privileged(test: &str) -> bool {
+    // SAFETY-free check: the effective uid via /proc.
+    let root = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(2) == Some("0")))
+        .unwrap_or(false);
+    let tools = ["ip", "nft", "ethtool"].iter().all(|t| Command::new(t).arg("-V").output().is_ok()
+        || Command::new(t).arg("--version").output().is_ok());
+    if root && tools {
+        return true;
+    }
+    let why = if !root { "not root" } else { "ip, nft or ethtool missing (apt-get install iproute2 nftables ethtool)" };
+    if std::env::var("UIW_TEST_REQUIRE_ALL").as_deref() == Ok("1") {
+        panic!("{test}: cannot run ({why}) and UIW_TEST_REQUIRE_ALL=1");
+    }
+    eprintln!("{test}: SKIPPED: {why}");
+    false
+}
+
+static SEQ: AtomicUsize = AtomicUsize::new(0);
+
+impl Bed {
+    pub fn new(mtu: u32) -> Bed {
+        let id = format!("{}-{}", std::process::id() % 100000, SEQ.fetch_add(1, Ordering::Relaxed));
+        let bed = Bed { a: format!("xdp{id}a"), b: format!("xdp{id}b") };
+        let mtu = mtu.to_string();
+        run(&["ip", "netns", "add", &bed.a]).unwrap();
+        run(&["ip", "netns", "add", &bed.b]).unwrap();
+        run(&["ip", "link", "add", "name", IF, "mtu", &mtu, "netns", &bed.a, "type", "veth", "peer", "name", IF, "mtu", &mtu, "netns", &bed.b]).unwrap();
+        for (ns, ip) in [(&bed.a, A_IP), (&bed.b, B_IP)] {
+            run(&["ip", "-n", ns, "link", "set", "lo", "up"]).unwrap();
+            run(&["ip", "-n", ns, "addr", "add", &format!("{ip}/24"), "dev", IF]).unwrap();
+            // Offloads off: the userspace TCP computes and checks every checksum, and GRO
+            // must not merge frames beyond the MTU before a raw socket sees them.
+            run(&["ip", "netns", "exec", ns, "ethtool", "-K", IF, "tx", "off", "tso", "off", "gso", "off", "gro", "off"]).unwrap();
+            run(&["ip", "-n", ns, "link", "set", IF, "up"]).unwrap();
+        }
+        for _ in 0..100 {
+            let out = Command::new("ip").args(["-n", &bed.a, "-o", "link", "show", IF]).output().unwrap();
+            if String::from_utf8_lossy(&out.stdout).contains("state UP") {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        bed
+    }
+
+    /// Drop `pct` percent of the frames in each direction at random (0 removes the rules).
+    pub fn loss(&self, pct: f64) {
+        let per10k = (pct * 100.0).round() as u32;
+        let _ = run(&["ip", "netns", "exec", &self.b, "nft", "delete", "table", "inet", "xdp_loss"]);
+        let _ = run(&["ip", "netns", "exec", &self.b, "nft", "delete", "table", "netdev", "xdp_loss"]);
+        if per10k == 0 {
+            return;
+        }
+        nft_in(&self.b, &format!(
+            "table inet xdp_loss {{\n\tchain out {{\n\t\ttype filter hook output priority 0; policy accept;\n\
+             \t\toifname \"{IF}\" meta l4proto tcp numgen random mod 10000 < {per10k} counter drop\n\t}}\n}}\n\
+             table netdev xdp_loss {{\n\tchain in {{\n\t\ttype filter hook ingress device \"{IF}\" priority 0; policy accept;\n\
+             \t\tip protocol tcp numgen random mod 10000 < {per10k} counter drop\n\t}}\n}}\n"
+        ))
+        .unwrap();
+    }
+
+    /// Frames the loss rules dropped so far (both directions).
+    pub fn dropped(&self) -> u64 {
+        let mut n = 0;
+        for fam in ["inet", "netdev"] {
+            let out = Command::new("ip").args(["netns", "exec", &self.b, "nft", "list", "table", fam, "xdp_loss"]).output().unwrap();
+            let s = String::from_utf8_lossy(&out.stdout);
+            if let Some(i) = s.find("packets ") {
+                n += s[i + 8..].split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            }
+        }
+        n
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        let _ = run(&["ip", "netns", "del", &self.a]);
+        let _ = run(&["ip", "netns", "del", &self.b]);
+    }
+}

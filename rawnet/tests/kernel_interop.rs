@@ -1,0 +1,246 @@
+//! The userspace TCP on raw frames against the kernel's TCP, across a veth pair between two
+//! network namespaces: both directions of connection set-up, data echoed and checked byte for
+//! byte, with 0 %, 1 % and 5 % random frame loss. Needs root (namespaces, raw sockets);
+//! as root under CI (`UIW_TEST_REQUIRE_ALL=1`) it must run.
+
+mod bed;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddrV4, TcpListener, TcpStream};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use bed::{Bed, A_IP, B_IP, IF};
+use uiw_rawnet::{afpacket::PacketSocket, guard::RstGuard, neigh, netns, FrameIo, Host, Iface, DEFAULT_PORTS};
+use uiw_utcp::{Config, Handle, StackConfig, State};
+
+fn pattern(i: usize) -> u8 {
+    (i.wrapping_mul(2654435761) >> 11) as u8
+}
+
+fn seed() -> u64 {
+    let mut b = [0u8; 8];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        let _ = f.read_exact(&mut b);
+    }
+    u64::from_ne_bytes(b)
+}
+
+/// Which raw-frame driver host A uses.
+#[derive(Clone, Copy, Debug)]
+pub enum Driver {
+    Packet,
+    Xdp,
+}
+
+/// Host A's userspace stack on `driver`, built inside namespace `ns` (call on A's thread).
+fn open_host(driver: Driver) -> (Host<Box<dyn FrameIo>>, Option<RstGuard>) {
+    let iface = Iface::lookup(IF).expect("veth0 in namespace a");
+    assert_eq!(iface.ip, A_IP);
+    let (io, guard): (Box<dyn FrameIo>, _) = match driver {
+        Driver::Packet => {
+            let guard = RstGuard::install(IF, iface.ip, DEFAULT_PORTS).expect("nftables RST guard");
+            (Box::new(PacketSocket::open(&iface, DEFAULT_PORTS).expect("AF_PACKET socket")), Some(guard))
+        }
+        Driver::Xdp => todo!("xdp"),
+    };
+    let cfg = StackConfig { mac: iface.mac, ip: iface.ip, mtu: iface.mtu, tcp: Config::default(), seed: seed() };
+    let mut host = Host::new(cfg, io);
+    let peer = neigh::resolve(B_IP, Duration::from_secs(5)).expect("ARP for the kernel peer");
+    host.stack.set_neighbour(B_IP, peer);
+    (host, guard)
+}
+
+/// Drive host A's connection `h`: send `len` bytes, expect them echoed, then close and wait
+/// for the peer's FIN. Panics (with what is known) on a wrong byte or after `limit`.
+fn echo_client(host: &mut Host<Box<dyn FrameIo>>, h: Handle, len: usize, limit: Duration) {
+    let start = Instant::now();
+    let (mut sent, mut got) = (0usize, 0usize);
+    let mut closed = false;
+    let mut buf = vec![0u8; 65536];
+    loop {
+        assert!(start.elapsed() < limit, "stalled: sent {sent} got {got} of {len}; {:?}", host.stats);
+        host.poll(64).unwrap();
+        let t = host.stack.tcb(h).unwrap();
+        assert!(t.state() != State::Closed || got == len, "connection closed early: sent {sent} got {got}");
+        if matches!(t.state(), State::Established | State::CloseWait) && sent < len {
+            let chunk: Vec<u8> = (sent..(sent + 65536).min(len)).map(pattern).collect();
+            sent += t.send(&chunk).unwrap();
+        }
+        let n = t.recv(&mut buf);
+        for (k, &x) in buf[..n].iter().enumerate() {
+            assert_eq!(x, pattern(got + k), "echoed byte {} differs", got + k);
+        }
+        got += n;
+        if got == len && !closed {
+            t.close();
+            closed = true;
+        }
+        if closed && t.at_eof() && matches!(t.state(), State::TimeWait | State::Closed) {
+            break;
+        }
+        if !host.poll(64).unwrap() {
+            host.wait(Duration::from_millis(5)).unwrap();
+        }
+    }
+}
+
+/// Echo everything the connection `h` receives until the peer's FIN, then close.
+fn echo_server(host: &mut Host<Box<dyn FrameIo>>, h: Handle, limit: Duration) -> usize {
+    let start = Instant::now();
+    let mut pending: Vec<u8> = Vec::new();
+    let mut total = 0;
+    let mut buf = vec![0u8; 65536];
+    loop {
+        assert!(start.elapsed() < limit, "echo server stalled after {total} bytes; {:?}", host.stats);
+        host.poll(64).unwrap();
+        let t = host.stack.tcb(h).unwrap();
+        if t.send_capacity() > 0 {
+            let n = t.recv(&mut buf[..t.send_capacity().min(65536)]);
+            total += n;
+            pending.extend_from_slice(&buf[..n]);
+        }
+        if !pending.is_empty() {
+            let n = t.send(&pending).unwrap_or(0);
+            pending.drain(..n);
+        }
+        if t.at_eof() && pending.is_empty() && t.state() == State::CloseWait {
+            t.close();
+        }
+        if t.state() == State::Closed {
+            return total;
+        }
+        if !host.poll(64).unwrap() {
+            host.wait(Duration::from_millis(5)).unwrap();
+        }
+    }
+}
+
+/// The kernel's echo server in namespace b: accept one connection, echo until EOF.
+fn kernel_echo_server(ns: String, port: u16, ready: mpsc::Sender<()>) -> std::thread::JoinHandle<usize> {
+    std::thread::spawn(move || {
+        netns::enter(&ns).unwrap();
+        let l = TcpListener::bind(SocketAddrV4::new(B_IP, port)).unwrap();
+        ready.send(()).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let mut buf = vec![0u8; 65536];
+        let mut total = 0;
+        loop {
+            let n = s.read(&mut buf).expect("kernel echo read");
+            if n == 0 {
+                break;
+            }
+            s.write_all(&buf[..n]).expect("kernel echo write");
+            total += n;
+        }
+        total
+    })
+}
+
+fn userspace_to_kernel(driver: Driver, mtu: u32, loss: f64, len: usize) {
+    let bed = Bed::new(mtu);
+    bed.loss(loss);
+    let (tx, rx) = mpsc::channel();
+    let server = kernel_echo_server(bed.b.clone(), 7000, tx);
+    rx.recv().unwrap();
+    let a = bed.a.clone();
+    let client = std::thread::spawn(move || {
+        netns::enter(&a).unwrap();
+        let (mut host, _guard) = open_host(driver);
+        let h = host.stack.connect(DEFAULT_PORTS.0 + 1, SocketAddrV4::new(B_IP, 7000));
+        echo_client(&mut host, h, len, Duration::from_secs(120));
+        // Let the final ACKs out, then show what happened.
+        for _ in 0..20 {
+            host.poll(64).unwrap();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        host.stats
+    });
+    let stats = client.join().expect("userspace client");
+    assert_eq!(server.join().expect("kernel server"), len);
+    let dropped = bed.dropped();
+    eprintln!("{driver:?} mtu {mtu} loss {loss}%: {len} bytes echoed; {stats:?}; frames dropped by the bed {dropped}");
+    if loss > 0.0 {
+        assert!(dropped > 0, "the loss rule dropped nothing");
+    }
+}
+
+fn kernel_to_userspace(driver: Driver, mtu: u32, loss: f64, len: usize) {
+    let bed = Bed::new(mtu);
+    bed.loss(loss);
+    let a = bed.a.clone();
+    let (tx, rx) = mpsc::channel();
+    let port = DEFAULT_PORTS.0 + 2;
+    let server = std::thread::spawn(move || {
+        netns::enter(&a).unwrap();
+        let (mut host, _guard) = open_host(driver);
+        host.stack.listen(port);
+        tx.send(()).unwrap();
+        let start = Instant::now();
+        let h = loop {
+            assert!(start.elapsed() < Duration::from_secs(30), "no connection accepted");
+            host.poll(64).unwrap();
+            if let Some(h) = host.stack.accept() {
+                break h;
+            }
+            host.wait(Duration::from_millis(5)).unwrap();
+        };
+        echo_server(&mut host, h, Duration::from_secs(120))
+    });
+    rx.recv().unwrap();
+    netns::enter(&bed.b).unwrap();
+    let mut s = TcpStream::connect_timeout(&SocketAddrV4::new(A_IP, port).into(), Duration::from_secs(10)).expect("kernel connect to userspace listener");
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut r = s.try_clone().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut got = Vec::with_capacity(len);
+        r.read_to_end(&mut got).expect("kernel read echo");
+        got
+    });
+    let data: Vec<u8> = (0..len).map(pattern).collect();
+    s.write_all(&data).unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let got = reader.join().unwrap();
+    assert_eq!(got.len(), len);
+    assert!(got == data, "echo differs");
+    assert_eq!(server.join().expect("userspace echo server"), len);
+}
+
+fn run_privileged(name: &str, f: impl FnOnce() + Send + 'static) {
+    if !bed::privileged(name) {
+        return;
+    }
+    // A thread of its own: netns::enter must not leak into the test harness's threads.
+    std::thread::spawn(f).join().unwrap_or_else(|e| std::panic::resume_unwind(e));
+}
+
+#[test]
+fn packet_userspace_to_kernel_clean() {
+    run_privileged("packet_userspace_to_kernel_clean", || userspace_to_kernel(Driver::Packet, 1500, 0.0, 4 << 20));
+}
+
+#[test]
+fn packet_userspace_to_kernel_jumbo() {
+    run_privileged("packet_userspace_to_kernel_jumbo", || userspace_to_kernel(Driver::Packet, 9000, 0.0, 4 << 20));
+}
+
+#[test]
+fn packet_userspace_to_kernel_loss_1pct() {
+    run_privileged("packet_userspace_to_kernel_loss_1pct", || userspace_to_kernel(Driver::Packet, 1500, 1.0, 1 << 20));
+}
+
+#[test]
+fn packet_userspace_to_kernel_loss_5pct() {
+    run_privileged("packet_userspace_to_kernel_loss_5pct", || userspace_to_kernel(Driver::Packet, 1500, 5.0, 1 << 20));
+}
+
+#[test]
+fn packet_kernel_to_userspace_clean() {
+    run_privileged("packet_kernel_to_userspace_clean", || kernel_to_userspace(Driver::Packet, 1500, 0.0, 4 << 20));
+}
+
+#[test]
+fn packet_kernel_to_userspace_loss_5pct() {
+    run_privileged("packet_kernel_to_userspace_loss_5pct", || kernel_to_userspace(Driver::Packet, 1500, 5.0, 1 << 20));
+}
