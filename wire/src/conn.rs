@@ -1946,7 +1946,9 @@ impl Connection {
                 mem.check_tagged(a.stag, a.to, 8, Access::RemoteAtomic)
                     .map_err(|e| Fault::echo(e.rdmap_code()))?;
                 self.rx_msn[qn::ATOMIC_REQUEST as usize] += 1;
-                let orig = mem.atomic(a.stag, a.to, aop, a.add_swap, a.compare);
+                let orig = mem
+                    .atomic(a.stag, a.to, aop, a.add_swap, a.compare)
+                    .map_err(|e| Fault::echo(e.rdmap_code()))?;
                 let resp = AtomicResponse {
                     req_id: a.req_id,
                     orig_value: orig,
@@ -2096,6 +2098,19 @@ impl Connection {
             sent: true,
             term: t,
         });
+    }
+
+    /// The memory a transmit unit's [`Source`] names is gone (its region was
+    /// deregistered after the request was checked), and the unit's header has
+    /// not been sent: instead of the rest of the message, a Terminate goes out
+    /// (RDMAP Remote Protection Error, Invalid STag, RFC 5040 §7.2), the
+    /// connection goes to ERROR and outstanding work requests are flushed.
+    pub fn abort_source(&mut self) {
+        self.terminate(
+            Fault::bare(TermCode::RDMAP_INVALID_STAG),
+            None,
+            WcStatus::LocProtErr,
+        );
     }
 
     fn fail(&mut self, why: Failure) {

@@ -96,11 +96,13 @@ pub trait Memory {
     }
 
     /// Perform an RFC 7306 atomic on the 8 bytes at `(stag, to)` (already
-    /// checked) and return the original value. Default: returns 0 and does
-    /// nothing (engines that never negotiate extensions need not care).
-    fn atomic(&mut self, stag: u32, to: u64, op: AtomicOp, add_swap: u64, compare: u64) -> u64 {
+    /// checked) and return the original value. An error (the region went away
+    /// since the check) answers the Atomic Request with a Terminate (RFC 7306
+    /// §5, RFC 5040 §7.2), never a made-up value. Default: refuses
+    /// (`InvalidStag`) — engines that never negotiate extensions need not care.
+    fn atomic(&mut self, stag: u32, to: u64, op: AtomicOp, add_swap: u64, compare: u64) -> Result<u64, TaggedError> {
         let _ = (stag, to, op, add_swap, compare);
-        0
+        Err(TaggedError::InvalidStag)
     }
 }
 

@@ -89,7 +89,7 @@ impl Memory for Mem {
         r.valid = false;
         Ok(())
     }
-    fn atomic(&mut self, stag: u32, to: u64, op: AtomicOp, add_swap: u64, compare: u64) -> u64 {
+    fn atomic(&mut self, stag: u32, to: u64, op: AtomicOp, add_swap: u64, compare: u64) -> Result<u64, TaggedError> {
         let r = self.regions.get_mut(&stag).unwrap();
         let o = (to - r.base) as usize;
         let cur = u64::from_ne_bytes(r.data[o..o + 8].try_into().unwrap());
@@ -105,7 +105,7 @@ impl Memory for Mem {
             }
         };
         r.data[o..o + 8].copy_from_slice(&new.to_ne_bytes());
-        cur
+        Ok(cur)
     }
 }
 
@@ -541,6 +541,32 @@ fn read_errors_match_siw() {
         assert!(st.contains(&(2, WcStatus::WrFlushErr)), "{st:?}");
         assert!(st.contains(&(7, WcStatus::WrFlushErr)), "{st:?}");
     }
+}
+
+/// The engine found a Read Response's source region gone (deregistered after the Read
+/// Request was checked) before sending the segment: a Terminate goes out instead (RFC 5040
+/// §7.2 Invalid STag), and the reader gets an error completion, never bytes of nothing.
+#[test]
+fn read_response_whose_source_is_gone_becomes_a_terminate() {
+    let (mut a, mut b) = default_pair();
+    a.m.region(0xa00, 0, 4096, ALL);
+    b.m.region(0xb00, 0x1000, 100, ALL);
+    a.c.post_read(1, 0xa00, 0, 0xb00, 0x1000, 64).unwrap();
+    let mut buf = Vec::new();
+    while a.c.poll_transmit(&mut buf, &a.m) {}
+    let mut off = 0;
+    while off < buf.len() {
+        off += b.c.handle_bytes(&buf[off..], &mut b.m);
+    }
+    match b.c.next_tx() {
+        Some(Tx::Segment(s)) => assert_eq!(s.source, Source::Tagged { stag: 0xb00, to: 0x1000 }),
+        _ => panic!("expected the Read Response's first segment"),
+    }
+    b.c.abort_source();
+    pump(&mut a, &mut b);
+    assert_term(&mut b, &mut a, TermCode::RDMAP_INVALID_STAG);
+    let st: Vec<_> = a.completions().iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(st, [(1, WcStatus::RemAccessErr)]);
 }
 
 #[test]

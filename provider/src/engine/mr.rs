@@ -2,11 +2,17 @@
 //! (`ib_check_mr_access`) and at every access (RFC 5040 §5 / RFC 5041 §7: invalid STag,
 //! base-and-bounds, access rights, protection domain).
 //!
+//! **Reaching user memory.** The engine never names an address on its own: the checks here
+//! hand out a [`Span`] (a range inside a live region), and [`Span::pin`] turns it into a
+//! [`Pinned`] range, the only thing [`super::user_memory::UserMemory`] reads, writes and does
+//! socket I/O on. [`MrTable::deregister`] makes a region's spans unpinnable and returns only
+//! when no pin is left: no transfer touches the memory after `ibv_dereg_mr` returns.
+//!
 //! uiw uses one STag as both lkey and rkey, shaped like siw's: a 24-bit index and an 8-bit key
 //! (`0xIIIIIIKK`), so that a stale STag of a re-used index does not match.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -16,7 +22,7 @@ pub use super::access;
 /// A registered region. `iova` is the address the peer and the lkeys use (the virtual address,
 /// or 0 with `IBV_ACCESS_ZERO_BASED`, or the `hca_va` of `ibv_reg_mr_iova`); `addr` is where the
 /// bytes are in this process.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Mr {
     pub stag: u32,
     pub pd: u32,
@@ -24,6 +30,93 @@ pub struct Mr {
     pub iova: u64,
     pub length: u64,
     pub access: u32,
+    /// Pins held on the region (low bits) and [`GONE`] once deregistration started. Private:
+    /// only this module makes an `Mr`, so no other code can make up a region's address.
+    pins: AtomicU64,
+}
+
+/// Set in [`Mr::pins`] when the region is being deregistered: no new pin succeeds.
+const GONE: u64 = 1 << 63;
+
+/// A checked range of a registered region (base, bounds, rights and protection domain were
+/// checked when it was made). Holding one does not keep the memory registered: pin it for
+/// the duration of an access.
+#[derive(Debug, Clone)]
+pub struct Span {
+    mr: Arc<Mr>,
+    addr: u64,
+    len: u64,
+}
+
+impl Span {
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The region it is in.
+    pub fn mr(&self) -> &Arc<Mr> {
+        &self.mr
+    }
+
+    /// `[offset, offset+len)` of this span; `None` unless entirely inside it (checked
+    /// arithmetic: offsets can come from a peer).
+    pub fn sub(&self, offset: u64, len: u64) -> Option<Span> {
+        let end = offset.checked_add(len)?;
+        (end <= self.len).then(|| Span { mr: self.mr.clone(), addr: self.addr + offset, len })
+    }
+
+    /// From `offset` to the end of the span.
+    pub fn tail(&self, offset: u64) -> Option<Span> {
+        self.sub(offset, self.len.checked_sub(offset)?)
+    }
+
+    /// Whether the span starts on an 8-byte boundary of this process's memory (RFC 7306 §4.2
+    /// alignment of atomics).
+    pub fn aligned8(&self) -> bool {
+        self.addr % 8 == 0
+    }
+
+    /// Pins the range for an access; `None` once its region is being deregistered.
+    pub fn pin(&self) -> Option<Pinned> {
+        let prev = self.mr.pins.fetch_add(1, Ordering::AcqRel);
+        if prev & GONE != 0 {
+            self.mr.pins.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(Pinned { span: self.clone() })
+    }
+}
+
+/// A pinned range of registered memory: while it exists, deregistering its region waits. What
+/// [`super::user_memory::UserMemory`] accesses.
+#[derive(Debug)]
+pub struct Pinned {
+    span: Span,
+}
+
+impl Pinned {
+    /// Where the range is in this process (for the FFI layer's raw access).
+    pub fn addr(&self) -> u64 {
+        self.span.addr
+    }
+
+    pub fn len(&self) -> usize {
+        self.span.len as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.span.len == 0
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        self.span.mr.pins.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Why an access through an STag was refused (RFC 5041 §7.2 tagged-buffer errors, RFC 5040 §7.1).
@@ -56,6 +149,35 @@ impl Mr {
             return Err(AccessError::AccessRights);
         }
         Ok(off)
+    }
+
+    /// [`Mr::check`], and the checked range as a [`Span`].
+    pub fn span(self: &Arc<Mr>, pd: u32, to: u64, len: u64, needed: u32) -> Result<Span, AccessError> {
+        let off = self.check(pd, to, len, needed)?;
+        Ok(Span { mr: self.clone(), addr: self.addr + off, len })
+    }
+
+    /// The region from `to` (iova space) to its end, for placement whose length the protocol
+    /// core has already checked; `None` if `to` is outside.
+    pub fn span_from(self: &Arc<Mr>, to: u64) -> Option<Span> {
+        let off = to.checked_sub(self.iova)?;
+        (off < self.length).then(|| Span { mr: self.clone(), addr: self.addr + off, len: self.length - off })
+    }
+
+    /// Stops new pins and waits until the pins held are released (each covers one system call
+    /// or copy, never a wait for the network).
+    fn retire(&self) {
+        let mut prev = self.pins.fetch_or(GONE, Ordering::AcqRel);
+        let mut spins = 0u32;
+        while prev & !GONE != 0 {
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+            prev = self.pins.load(Ordering::Acquire);
+        }
     }
 }
 
@@ -118,14 +240,18 @@ impl MrTable {
                 break stag;
             }
         };
-        let mr = Arc::new(Mr { stag, pd, addr, iova, length, access: access_flags });
+        let mr = Arc::new(Mr { stag, pd, addr, iova, length, access: access_flags, pins: AtomicU64::new(0) });
         regions.insert(stag, mr.clone());
         Ok(mr)
     }
 
+    /// `ibv_dereg_mr`: returns once no transfer touches the region any more (see the module
+    /// documentation); later accesses through its STag or its spans fail.
     pub fn deregister(&self, stag: u32) -> Option<Arc<Mr>> {
         self.invalidated.write().remove(&stag);
-        self.regions.write().remove(&stag)
+        let mr = self.regions.write().remove(&stag)?;
+        mr.retire();
+        Some(mr)
     }
 
     /// The region a peer may address with `stag` (not invalidated).
@@ -157,9 +283,15 @@ impl MrTable {
         let mut regions = self.regions.write();
         let stags: Vec<u32> = regions.values().filter(|m| m.pd == pd).map(|m| m.stag).collect();
         let mut invalidated = self.invalidated.write();
+        let mut gone = Vec::new();
         for s in &stags {
-            regions.remove(s);
+            gone.extend(regions.remove(s));
             invalidated.remove(s);
+        }
+        drop(invalidated);
+        drop(regions);
+        for mr in gone {
+            mr.retire();
         }
         stags.len()
     }
@@ -236,5 +368,47 @@ mod tests {
         assert_eq!(mr.check(2, 0x7000, 8, 0), Err(AccessError::PdMismatch));
         let z = t.register(1, 0x9000, 32, 0x9000, ZERO_BASED).unwrap();
         assert_eq!(z.check(1, 0, 32, 0), Ok(0));
+    }
+
+    #[test]
+    fn spans_are_checked_and_sub_ranges_never_leave_them() {
+        let t = MrTable::new(4);
+        let mr = t.register(1, 0x1000, 64, 0x9000, LOCAL_WRITE).unwrap();
+        assert!(mr.span(2, 0x9000, 8, 0).is_err(), "other PD");
+        assert!(mr.span(1, 0x9000 + 60, 8, 0).is_err(), "past the end");
+        assert!(mr.span(1, u64::MAX, 2, 0).is_err(), "wraps");
+        let s = mr.span(1, 0x9010, 16, 0).unwrap();
+        assert_eq!((s.pin().unwrap().addr(), s.len()), (0x1010, 16));
+        assert_eq!(s.sub(8, 8).unwrap().pin().unwrap().addr(), 0x1018);
+        assert!(s.sub(8, 9).is_none());
+        assert!(s.sub(u64::MAX, 2).is_none(), "offset arithmetic is checked");
+        assert!(s.tail(17).is_none());
+        assert_eq!(mr.span_from(0x9000 + 63).unwrap().len(), 1);
+        assert!(mr.span_from(0x9000 + 64).is_none());
+        assert!(mr.span_from(0x8fff).is_none());
+    }
+
+    #[test]
+    fn deregister_waits_for_pins_and_later_pins_fail() {
+        use std::sync::mpsc;
+        let t = Arc::new(MrTable::new(4));
+        let mr = t.register(1, 0x1000, 64, 0x1000, LOCAL_WRITE).unwrap();
+        let span = mr.span(1, 0x1000, 64, 0).unwrap();
+        let pin = span.pin().unwrap();
+        let (tx, rx) = mpsc::channel();
+        let (t2, stag) = (t.clone(), mr.stag);
+        let h = std::thread::spawn(move || {
+            t2.deregister(stag);
+            tx.send(()).unwrap();
+        });
+        // Still pinned: the deregistration must not have returned (it cannot, whatever the
+        // timing, until the pin goes).
+        assert!(rx.recv_timeout(std::time::Duration::from_millis(100)).is_err(), "deregister returned while pinned");
+        assert!(t.lookup(stag).is_none(), "no new lookups while it waits");
+        drop(pin);
+        rx.recv().unwrap();
+        h.join().unwrap();
+        assert!(span.pin().is_none(), "a span of a deregistered region cannot be pinned");
+        assert!(span.sub(0, 8).unwrap().pin().is_none());
     }
 }

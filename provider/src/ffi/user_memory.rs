@@ -1,14 +1,15 @@
 //! [`UserMemory`] for the engine: raw access to the application's registered memory and zero-copy
-//! socket I/O. The engine only passes addresses it has checked against a registered memory
-//! region (base, bounds, rights, protection domain) or buffers it owns; registering memory is
-//! the application's promise that those bytes stay mapped, which is what makes these calls
-//! sound (as for a kernel provider pinning user pages).
+//! socket I/O. The engine can only pass [`Pinned`] ranges: made by the memory-region table's
+//! checks (base, bounds, rights, protection domain) and pinned, so `ibv_dereg_mr` waits until
+//! the access is over. Registering memory is the application's promise that those bytes stay
+//! mapped until it deregisters them, which is what makes these calls sound (as for a kernel
+//! provider pinning user pages).
 
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::engine::user_memory::{AtomicOp, IoPart, UserMemory};
+use crate::engine::user_memory::{AtomicOp, IoPart, Pinned, UserMemory};
 
 pub(crate) struct RawUserMemory;
 
@@ -18,20 +19,20 @@ pub(crate) static USER_MEMORY: RawUserMemory = RawUserMemory;
 fn iovec(p: &IoPart<'_>) -> libc::iovec {
     match *p {
         IoPart::Bytes(b) => libc::iovec { iov_base: b.as_ptr() as *mut libc::c_void, iov_len: b.len() },
-        IoPart::User { addr, len } => libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: len },
+        IoPart::User(p) => libc::iovec { iov_base: p.addr() as *mut libc::c_void, iov_len: p.len() },
     }
 }
 
 impl UserMemory for RawUserMemory {
-    fn recv(&self, fd: RawFd, addr: u64, len: usize, tail: &mut [u8]) -> io::Result<usize> {
+    fn recv(&self, fd: RawFd, dst: &Pinned, tail: &mut [u8]) -> io::Result<usize> {
         let iov = [
-            libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: len },
+            libc::iovec { iov_base: dst.addr() as *mut libc::c_void, iov_len: dst.len() },
             libc::iovec { iov_base: tail.as_mut_ptr() as *mut libc::c_void, iov_len: tail.len() },
         ];
         let mut msg: libc::msghdr = unsafe_zeroed_msghdr();
         msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
         msg.msg_iovlen = if tail.is_empty() { 1 } else { 2 };
-        // SAFETY: the first iovec is checked registered memory (engine contract), the second is
+        // SAFETY: the first iovec is pinned registered memory (see the module doc), the second is
         // `tail`, exclusively borrowed; msg points at them for the duration of the call.
         let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT) };
         if n < 0 {
@@ -50,8 +51,8 @@ impl UserMemory for RawUserMemory {
         let mut msg: libc::msghdr = unsafe_zeroed_msghdr();
         msg.msg_iov = iov.as_mut_ptr();
         msg.msg_iovlen = n;
-        // SAFETY: every iovec is either a borrowed engine buffer or checked registered memory
-        // (engine contract), read-only for sendmsg, valid for the duration of the call.
+        // SAFETY: every iovec is either a borrowed engine buffer or pinned registered memory
+        // (see the module doc), read-only for sendmsg, valid for the duration of the call.
         let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
         if r < 0 {
             Err(io::Error::last_os_error())
@@ -60,22 +61,25 @@ impl UserMemory for RawUserMemory {
         }
     }
 
-    fn read(&self, addr: u64, out: &mut [u8]) {
-        // SAFETY: addr..addr+out.len() is checked registered memory (engine contract); `out` is
-        // an engine buffer, so the ranges do not overlap.
-        unsafe { core::ptr::copy_nonoverlapping(addr as *const u8, out.as_mut_ptr(), out.len()) }
+    fn read(&self, src: &Pinned, out: &mut [u8]) {
+        let n = out.len().min(src.len());
+        // SAFETY: src is pinned registered memory of at least n bytes (see the module doc);
+        // `out` is an engine buffer, so the ranges do not overlap.
+        unsafe { core::ptr::copy_nonoverlapping(src.addr() as *const u8, out.as_mut_ptr(), n) }
     }
 
-    fn write(&self, addr: u64, data: &[u8]) {
-        // SAFETY: addr..addr+data.len() is checked registered memory with local write access
-        // (engine contract); `data` is an engine buffer.
-        unsafe { core::ptr::copy_nonoverlapping(data.as_ptr(), addr as *mut u8, data.len()) }
+    fn write(&self, dst: &Pinned, data: &[u8]) {
+        let n = data.len().min(dst.len());
+        // SAFETY: dst is pinned registered memory of at least n bytes, checked for local write
+        // access (see the module doc); `data` is an engine buffer.
+        unsafe { core::ptr::copy_nonoverlapping(data.as_ptr(), dst.addr() as *mut u8, n) }
     }
 
-    fn atomic(&self, addr: u64, op: AtomicOp, add_swap: u64, compare: u64) -> u64 {
-        // SAFETY: addr is 8-byte aligned, inside a region registered with remote atomic access
-        // (engine contract); other processes' and threads' atomics on it are atomic too.
-        let a = unsafe { &*(addr as *const AtomicU64) };
+    fn atomic(&self, dst: &Pinned, op: AtomicOp, add_swap: u64, compare: u64) -> u64 {
+        assert!(dst.len() >= 8 && dst.addr() % 8 == 0, "atomic on an unaligned or short range");
+        // SAFETY: dst is 8-byte aligned (asserted), pinned registered memory with remote atomic
+        // access (see the module doc); other processes' and threads' atomics on it are atomic too.
+        let a = unsafe { &*(dst.addr() as *const AtomicU64) };
         match op {
             AtomicOp::FetchAdd => a.fetch_add(add_swap, Ordering::SeqCst),
             AtomicOp::Swap => a.swap(add_swap, Ordering::SeqCst),

@@ -10,14 +10,14 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::TcpStream;
 
-use uiw_wire::conn::{Completion as WireCompletion, Connection, Event, Failure, SendFlags, WcOpcode};
+use uiw_wire::conn::{Completion as WireCompletion, Connection, Event, Failure, SendFlags, State, WcOpcode};
 use uiw_wire::placement::{Access, Memory, Placement};
 use uiw_wire::rdmap::AtomicOp;
 use uiw_wire::{PostError as WirePostError, TaggedError, WcStatus};
 
 use super::access;
 use super::cq::{wc_flags, wc_opcode, wc_status, Completion, CqObj};
-use super::mr::{AccessError, MrTable};
+use super::mr::{AccessError, MrTable, Span};
 use super::srq::SrqObj;
 use super::user_memory::UserMemory;
 use super::wr::{opcode, send_flags, Payload, PostError, RecvWqe, SendWqe, Sge};
@@ -26,9 +26,6 @@ mod rx;
 mod tx;
 
 use tx::Piece;
-
-/// A contiguous run of application memory: (address in this process, length).
-pub type Run = (u64, u32);
 
 /// STags of the engine's own Read/Atomic sinks (a Read's local SGE list, an atomic's result
 /// buffer): never valid for a peer, which only ever names registered regions.
@@ -51,7 +48,7 @@ pub const RX_BUDGET: usize = 4 << 20;
 pub struct SendEntry {
     pub wqe: SendWqe,
     /// The gather list resolved to memory (Read: the sink; atomics: the result buffer).
-    pub runs: Vec<Run>,
+    pub runs: Vec<Span>,
     /// Handed to the protocol core.
     pub fed: bool,
     /// The sink STag of a Read or atomic.
@@ -62,7 +59,7 @@ pub struct SendEntry {
 #[derive(Debug)]
 pub struct RecvEntry {
     pub wqe: RecvWqe,
-    pub runs: Vec<Run>,
+    pub runs: Vec<Span>,
     pub fed: bool,
     /// Taken from the QP's SRQ (given back, not flushed, if the QP fails before using it).
     pub from_srq: bool,
@@ -175,29 +172,28 @@ impl std::fmt::Debug for DataPath {
 
 /// Resolves an SGE list against registered memory with the rights `needed` (local read is
 /// always granted). Zero-length SGEs are skipped, as the kernel's providers do.
-pub fn resolve(mrs: &MrTable, pd: u32, sges: &[Sge], needed: u32) -> Result<Vec<Run>, AccessError> {
+pub fn resolve(mrs: &MrTable, pd: u32, sges: &[Sge], needed: u32) -> Result<Vec<Span>, AccessError> {
     let mut runs = Vec::with_capacity(sges.len());
     for s in sges.iter().filter(|s| s.length > 0) {
         let mr = mrs.lookup(s.lkey).ok_or(AccessError::InvalidStag)?;
-        let off = mr.check(pd, s.addr, u64::from(s.length), needed)?;
-        runs.push((mr.addr + off, s.length));
+        runs.push(mr.span(pd, s.addr, u64::from(s.length), needed)?);
     }
     Ok(runs)
 }
 
-/// The contiguous run at byte `offset` of a gather/scatter list: (address, bytes available).
-fn run_at(runs: &[Run], mut offset: u64) -> Option<(u64, u64)> {
-    for &(addr, len) in runs {
-        if offset < u64::from(len) {
-            return Some((addr + offset, u64::from(len) - offset));
+/// The rest of the run at byte `offset` of a gather/scatter list.
+fn run_at(runs: &[Span], mut offset: u64) -> Option<Span> {
+    for r in runs {
+        if offset < r.len() {
+            return r.tail(offset);
         }
-        offset -= u64::from(len);
+        offset -= r.len();
     }
     None
 }
 
-fn total(runs: &[Run]) -> u64 {
-    runs.iter().map(|r| u64::from(r.1)).sum()
+fn total(runs: &[Span]) -> u64 {
+    runs.iter().map(Span::len).sum()
 }
 
 /// The protocol core's view of this QP's memory.
@@ -235,11 +231,11 @@ impl Memory for Mem<'_> {
             Access::RemoteAtomic => access::REMOTE_ATOMIC,
         };
         let mr = self.mrs.lookup_remote(stag).ok_or(TaggedError::InvalidStag)?;
-        let off = mr.check(self.pd, to, u64::from(len), needed).map_err(tagged_error)?;
+        let span = mr.span(self.pd, to, u64::from(len), needed).map_err(tagged_error)?;
         if self.qp_access & needed == 0 {
             return Err(TaggedError::AccessRights);
         }
-        if acc == Access::RemoteAtomic && (mr.addr + off) % 8 != 0 {
+        if acc == Access::RemoteAtomic && !span.aligned8() {
             return Err(TaggedError::BaseBounds);
         }
         Ok(())
@@ -253,30 +249,30 @@ impl Memory for Mem<'_> {
         }
     }
 
-    fn atomic(&mut self, stag: u32, to: u64, op: AtomicOp, add_swap: u64, compare: u64) -> u64 {
-        match self.mrs.lookup_remote(stag) {
-            Some(mr) => self.user_mem.atomic(mr.addr + (to - mr.iova), op, add_swap, compare),
-            None => 0,
-        }
+    /// The region may have gone since the check: then the peer gets a Terminate, never a
+    /// made-up original value.
+    fn atomic(&mut self, stag: u32, to: u64, op: AtomicOp, add_swap: u64, compare: u64) -> Result<u64, TaggedError> {
+        let mr = self.mrs.lookup_remote(stag).ok_or(TaggedError::InvalidStag)?;
+        let span = mr.span(self.pd, to, 8, access::REMOTE_ATOMIC).map_err(tagged_error)?;
+        let p = span.pin().ok_or(TaggedError::InvalidStag)?;
+        Ok(self.user_mem.atomic(&p, op, add_swap, compare))
     }
 }
 
-/// Where received payload goes: (address, bytes available there), or `None` to drop it.
+/// Where received payload goes (the rest of the run it starts in), or `None` to drop it.
 fn place_at(
     place: Placement,
     mrs: &MrTable,
     sinks: &HashMap<u32, u64>,
     sq: &BTreeMap<u64, SendEntry>,
     rq: &BTreeMap<u64, RecvEntry>,
-) -> Option<(u64, u64)> {
+) -> Option<Span> {
     match place {
         Placement::Tagged { stag, to } => {
             if let Some(id) = sinks.get(&stag) {
                 return run_at(&sq.get(id)?.runs, to);
             }
-            let mr = mrs.lookup(stag)?;
-            let off = to.checked_sub(mr.iova)?;
-            (off < mr.length).then(|| (mr.addr + off, mr.length - off))
+            mrs.lookup(stag)?.span_from(to)
         }
         Placement::Recv { wr_id, offset } => run_at(&rq.get(&wr_id)?.runs, u64::from(offset)),
         Placement::Discard => None,
@@ -305,7 +301,7 @@ impl DataPath {
             (opcode::ATOMIC_CMP_AND_SWP | opcode::ATOMIC_FETCH_AND_ADD, Payload::Sges(s)) => {
                 let r = resolve(env.mrs, env.pd, s, access::LOCAL_WRITE);
                 match &r {
-                    Ok(runs) if runs.len() != 1 || runs[0].1 < 8 => return Err(PostError::BadState),
+                    Ok(runs) if runs.len() != 1 || runs[0].len() < 8 => return Err(PostError::BadState),
                     _ => {}
                 }
                 (r, true)
@@ -497,9 +493,9 @@ impl DataPath {
         if let Some(s) = e.sink {
             self.sinks.remove(&s);
         }
-        if let (Some(v), Some(&(addr, _))) = (c.atomic_result, e.runs.first()) {
+        if let (Some(v), Some(p)) = (c.atomic_result, e.runs.first().and_then(Span::pin)) {
             if c.status == WcStatus::Success {
-                env.user_mem.write(addr, &v.to_ne_bytes());
+                env.user_mem.write(&p, &v.to_ne_bytes());
             }
         }
         let signaled = env.sq_sig_all || e.wqe.flags & send_flags::SIGNALED != 0;
@@ -524,6 +520,12 @@ impl DataPath {
     /// outstanding WR — held send completions whose bytes never left become flushes — in
     /// posting order. Receives taken from an SRQ and never used go back to it.
     pub fn shutdown(&mut self, env: &Env, deliver: bool) {
+        // A Terminate the protocol core queued goes out before the stream closes (RFC 5040
+        // §6: the Terminate is the last message of the stream), as far as the socket takes it
+        // without blocking.
+        if self.link.as_ref().is_some_and(|l| l.conn.state() == State::Error) {
+            let _ = self.pump_tx(env);
+        }
         if let Some(l) = self.link.as_mut() {
             l.conn.close();
         }

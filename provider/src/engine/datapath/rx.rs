@@ -71,22 +71,28 @@ impl DataPath {
                     let dst = place_at(place, env.mrs, mem.sinks, mem.sq, rq);
                     let staged = l.st_hi - l.st_lo;
                     match dst {
-                        Some((addr, avail)) => {
-                            let want = (len as u64).min(avail) as usize;
+                        Some(span) => {
+                            let want = (len as u64).min(span.len()) as usize;
                             if staged > 0 {
                                 let k = want.min(staged);
                                 let chunk = &l.stage[l.st_lo..l.st_lo + k];
-                                env.user_mem.write(addr, chunk);
+                                // A region deregistered meanwhile cannot be pinned: the
+                                // bytes are dropped, never written elsewhere.
+                                if let Some(p) = span.sub(0, k as u64).and_then(|s| s.pin()) {
+                                    env.user_mem.write(&p, chunk);
+                                }
                                 l.conn.rx_placed(chunk, &mut mem);
                                 l.st_lo += k;
                                 Ok(k)
                             } else if l.drained {
                                 Err(io::ErrorKind::WouldBlock.into())
-                            } else if want >= DIRECT_MIN && !l.conn.crc() {
+                            } else if let Some(p) =
+                                span.sub(0, want as u64).filter(|_| want >= DIRECT_MIN && !l.conn.crc()).and_then(|s| s.pin())
+                            {
                                 // What follows the payload (trailer, next header) lands in
                                 // a short tail: a longer one would pull the next FPDU's payload
                                 // through the staging copy.
-                                match env.user_mem.recv(l.sock.as_raw_fd(), addr, want, &mut l.stage[..DIRECT_TAIL]) {
+                                match env.user_mem.recv(l.sock.as_raw_fd(), &p, &mut l.stage[..DIRECT_TAIL]) {
                                     Ok(0) => Ok(0),
                                     Ok(n) => {
                                         l.drained = n < want + DIRECT_TAIL;

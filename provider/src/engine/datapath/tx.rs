@@ -9,6 +9,7 @@ use std::os::fd::AsRawFd;
 use uiw_wire::conn::Tx;
 use uiw_wire::placement::Source;
 
+use super::super::mr::Span;
 use super::super::user_memory::IoPart;
 use super::{run_at, DataPath, Env, Fatal, Link, SendEntry, TX_BYTES, TX_PIECES};
 use crate::engine::wr::Payload;
@@ -18,7 +19,8 @@ use crate::engine::wr::Payload;
 pub(super) enum Piece {
     Own(Vec<u8>),
     Small([u8; 32], u8),
-    User(u64, u32),
+    /// Application memory, pinned only for the `sendmsg` that sends it.
+    User(Span),
 }
 
 impl Piece {
@@ -32,18 +34,27 @@ impl Piece {
         match self {
             Piece::Own(v) => v.len(),
             Piece::Small(_, n) => *n as usize,
-            Piece::User(_, n) => *n as usize,
+            Piece::User(s) => s.len() as usize,
         }
     }
 
-    pub(super) fn part(&self, skip: usize) -> IoPart<'_> {
+    /// The engine-owned bytes of this piece from `skip` on (`None` for application memory).
+    fn bytes(&self, skip: usize) -> Option<&[u8]> {
         match self {
-            Piece::Own(v) => IoPart::Bytes(&v[skip..]),
-            Piece::Small(a, n) => IoPart::Bytes(&a[skip..*n as usize]),
-            Piece::User(addr, n) => IoPart::User { addr: addr + skip as u64, len: *n as usize - skip },
+            Piece::Own(v) => Some(&v[skip..]),
+            Piece::Small(a, n) => Some(&a[skip..*n as usize]),
+            Piece::User(_) => None,
         }
     }
 }
+
+/// The memory a transmit unit names is gone (deregistered since the request was checked).
+#[derive(Debug)]
+struct SourceGone;
+
+/// Pieces one `sendmsg` takes at most.
+const IOV_MAX: usize = 64;
+
 impl DataPath {
     /// Moves transmit units from the protocol core to the socket until it would block.
     pub fn pump_tx(&mut self, env: &Env) -> Option<Fatal> {
@@ -59,21 +70,28 @@ impl DataPath {
                     Tx::Bytes(b) => l.push(Piece::Own(b)),
                     Tx::Segment(s) => {
                         let n = s.payload_len as usize;
-                        if l.conn.crc() {
+                        // The payload is resolved before the header is queued: if its memory
+                        // is gone, a Terminate goes out instead of the segment.
+                        let payload = if l.conn.crc() {
                             let mut buf = vec![0u8; n];
-                            gather(&self.sq, env, s.source, &mut buf);
-                            let t = s.trailer(&[&buf]);
-                            l.push(Piece::small(s.header.as_slice()));
-                            l.push(Piece::Own(buf));
-                            l.push(Piece::small(t.as_slice()));
+                            gather(&self.sq, env, s.source, &mut buf).map(|()| vec![Piece::Own(buf)])
                         } else {
-                            l.push(Piece::small(s.header.as_slice()));
                             let mut pieces = Vec::new();
-                            source_pieces(&self.sq, env, s.source, n, &mut pieces);
-                            for p in pieces {
-                                l.push(p);
+                            source_pieces(&self.sq, env, s.source, n, &mut pieces).map(|()| pieces)
+                        };
+                        match payload {
+                            Ok(pieces) => {
+                                let trailer = match (&pieces[..], l.conn.crc()) {
+                                    ([Piece::Own(buf)], true) => s.trailer(&[buf]),
+                                    _ => s.trailer_no_crc(),
+                                };
+                                l.push(Piece::small(s.header.as_slice()));
+                                for p in pieces {
+                                    l.push(p);
+                                }
+                                l.push(Piece::small(trailer.as_slice()));
                             }
-                            l.push(Piece::small(s.trailer_no_crc().as_slice()));
+                            Err(SourceGone) => l.conn.abort_source(),
                         }
                     }
                 }
@@ -86,11 +104,40 @@ impl DataPath {
                 release_held(l, env);
                 return None;
             }
-            let parts: Vec<IoPart<'_>> =
-                l.tx.iter().take(64).enumerate().map(|(i, p)| p.part(if i == 0 { l.tx_skip } else { 0 })).collect();
-            match env.user_mem.send(l.sock.as_raw_fd(), &parts) {
+            // Pin the application memory this sendmsg sends from, for its duration. A region
+            // deregistered after its piece was queued (the application freed memory of a WR in
+            // flight) cannot be sent from: the FPDU it is part of may be half out, so the
+            // stream ends (the peer sees it lost, our WRs are flushed).
+            let mut pins = Vec::with_capacity(IOV_MAX);
+            for (i, p) in l.tx.iter().take(IOV_MAX).enumerate() {
+                let skip = if i == 0 { l.tx_skip } else { 0 };
+                pins.push(match p {
+                    Piece::User(s) => match s.tail(skip as u64).and_then(|s| s.pin()) {
+                        Some(pin) => Some(pin),
+                        None => {
+                            drop(pins);
+                            l.conn.handle_eof();
+                            return self.drain_events(env).or(Some(Fatal::Lost));
+                        }
+                    },
+                    _ => None,
+                });
+            }
+            let parts: Vec<IoPart<'_>> = l
+                .tx
+                .iter()
+                .zip(&pins)
+                .enumerate()
+                .map(|(i, (p, pin))| match pin {
+                    Some(pin) => IoPart::User(pin),
+                    None => IoPart::Bytes(p.bytes(if i == 0 { l.tx_skip } else { 0 }).unwrap_or_default()),
+                })
+                .collect();
+            let sent = env.user_mem.send(l.sock.as_raw_fd(), &parts);
+            drop(parts);
+            drop(pins);
+            match sent {
                 Ok(mut n) => {
-                    drop(parts);
                     l.tx_sent += n as u64;
                     while n > 0 {
                         let left = l.tx.front().map(|p| p.len() - l.tx_skip).unwrap_or(0);
@@ -108,7 +155,6 @@ impl DataPath {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => {
-                    drop(parts);
                     l.conn.handle_eof();
                     return self.drain_events(env).or(Some(Fatal::Lost));
                 }
@@ -128,12 +174,13 @@ pub(super) fn release_held(l: &mut Link, env: &Env) {
 }
 
 /// The pieces of `len` payload bytes at `src`.
-fn source_pieces(sq: &BTreeMap<u64, SendEntry>, env: &Env, src: Source, len: usize, out: &mut Vec<Piece>) {
+fn source_pieces(sq: &BTreeMap<u64, SendEntry>, env: &Env, src: Source, len: usize, out: &mut Vec<Piece>) -> Result<(), SourceGone> {
     match src {
         Source::Wr { wr_id, offset } => {
             let Some(e) = sq.get(&wr_id) else {
+                // The protocol core only names WRs it was given and has not completed.
                 out.push(Piece::Own(vec![0; len]));
-                return;
+                return Ok(());
             };
             match &e.wqe.payload {
                 Payload::Inline(b) => {
@@ -144,42 +191,39 @@ fn source_pieces(sq: &BTreeMap<u64, SendEntry>, env: &Env, src: Source, len: usi
                     let mut off = u64::from(offset);
                     let mut left = len as u64;
                     while left > 0 {
-                        let Some((addr, avail)) = run_at(&e.runs, off) else {
-                            out.push(Piece::Own(vec![0; left as usize]));
-                            return;
-                        };
-                        let k = avail.min(left);
-                        out.push(Piece::User(addr, k as u32));
+                        let run = run_at(&e.runs, off).ok_or(SourceGone)?;
+                        let k = run.len().min(left);
+                        out.push(Piece::User(run.sub(0, k).ok_or(SourceGone)?));
                         off += k;
                         left -= k;
                     }
                 }
             }
         }
-        Source::Tagged { stag, to } => match env.mrs.lookup(stag) {
-            Some(mr) if to >= mr.iova && to - mr.iova + len as u64 <= mr.length => {
-                out.push(Piece::User(mr.addr + (to - mr.iova), len as u32))
-            }
-            _ => out.push(Piece::Own(vec![0; len])),
-        },
+        // A Read Response: the Read Request was checked on arrival (RFC 5040 §5.3); the
+        // region must still be there now.
+        Source::Tagged { stag, to } => {
+            let span = env.mrs.lookup(stag).and_then(|mr| mr.span_from(to)).and_then(|s| s.sub(0, len as u64));
+            out.push(Piece::User(span.ok_or(SourceGone)?));
+        }
         Source::None => {}
     }
+    Ok(())
 }
 
 /// With CRC: the payload copied into `buf` (the CRC must see the bytes).
-fn gather(sq: &BTreeMap<u64, SendEntry>, env: &Env, src: Source, buf: &mut [u8]) {
+fn gather(sq: &BTreeMap<u64, SendEntry>, env: &Env, src: Source, buf: &mut [u8]) -> Result<(), SourceGone> {
     let mut pieces = Vec::new();
-    source_pieces(sq, env, src, buf.len(), &mut pieces);
+    source_pieces(sq, env, src, buf.len(), &mut pieces)?;
     let mut at = 0usize;
     for p in pieces {
         let k = p.len();
         match p {
-            Piece::User(a, n) => {
-                env.user_mem.read(a, &mut buf[at..at + n as usize]);
-            }
+            Piece::User(s) => env.user_mem.read(&s.pin().ok_or(SourceGone)?, &mut buf[at..at + k]),
             Piece::Own(v) => buf[at..at + k].copy_from_slice(&v),
             Piece::Small(s, n) => buf[at..at + n as usize].copy_from_slice(&s[..n as usize]),
         }
         at += k;
     }
+    Ok(())
 }
