@@ -77,7 +77,7 @@ impl Span {
     /// Whether the span starts on an 8-byte boundary of this process's memory (RFC 7306 §4.2
     /// alignment of atomics).
     pub fn aligned8(&self) -> bool {
-        self.addr % 8 == 0
+        self.addr & 7 == 0
     }
 
     /// Pins the range for an access; `None` once its region is being deregistered.
