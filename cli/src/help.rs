@@ -11,6 +11,7 @@ SYNOPSIS
     uiw show [-d]
     uiw env
     uiw run [--] CMD [ARGS]...
+    uiw stat [qp] [-a] [-d DEV] [-p PID] [-c COUNTER,...] [--prune]
     uiw install [--provider-dir DIR]
     uiw uninstall [--provider-dir DIR]
 
@@ -33,6 +34,8 @@ COMMANDS
     env       Print `export VAR=...` lines for a POSIX shell: eval \"$(uiw env)\".
     run       Run a program with the uiw environment (SYSFS_PATH, RDMAV_DRIVERS,
               LD_PRELOAD of the uiw shim).
+    stat      Show traffic and error counters of the processes using the
+              devices, per device, process and QP, like `rdma statistic`.
     install   Install the provider system-wide (libibverbs provider directory and
               /etc/libibverbs.d/uiw.driver).
     uninstall Reverse `uiw install`.
@@ -51,6 +54,7 @@ FILES
     /run/uiw/sysfs               the tree SYSFS_PATH points at
     /run/uiw/lib                 libuiw-rdmav34.so and libuiw_preload.so links
     /run/uiw/devices             published devices: <ibdev> <netdev> uverbs<N>
+    /run/uiw/stats/<ibdev>.<pid> counters of each process using a device
     /dev/infiniband/uverbsN      device nodes (char 1:3, or a symlink to /dev/null)
     /run/uiw-nodes/uverbsN/      which state directories use each node
 
@@ -210,6 +214,78 @@ EXAMPLES
 
 EXIT STATUS
     CMD's exit status; 127 if CMD cannot be executed; 1 on uiw's own failures.
+";
+
+pub const STAT: &str = "\
+NAME
+    uiw stat - show the counters of the processes using uiw devices
+
+SYNOPSIS
+    uiw stat [show] [-a] [-d DEV] [-p PID] [-c COUNTER[,COUNTER]...]
+    uiw stat qp [-a] [-d DEV] [-p PID] [-c COUNTER[,COUNTER]...]
+    uiw stat --prune
+
+DESCRIPTION
+    Every process that creates a QP on a uiw device keeps its counters in a
+    small file of the state directory, <state>/stats/<ibdev>.<pid>, which its
+    provider updates with atomic adds as traffic flows. `uiw stat` reads those
+    files: it shows the counters of running programs at any moment, needs
+    nothing from them (no signal, no socket, no thread of theirs), and can run
+    as any user who can read the state directory.
+
+    Without `qp`, it prints one line per device with the sum over the
+    processes shown, then one line per process, in the spirit of
+    `rdma statistic show`:
+        link uiw_lo/1 processes 2 tx_bytes 13107200 rx_bytes 0 tx_msgs 200 ...
+        link uiw_lo/1 pid 4242 comm ib_write_bw qps 1 tx_bytes 13107200 ...
+    A process's line counts every QP it had on the device, destroyed ones
+    included. With `qp`, one line per QP (like `rdma statistic qp show`):
+        link uiw_lo/1 pid 4242 comm ib_write_bw lqpn 4097 tx_bytes 13107200 ...
+
+COUNTERS
+    tx_bytes, rx_bytes   DDP payload bytes of Send, RDMA Write and Read
+                         Response messages: the application's bytes, without
+                         headers, markers or CRC
+    tx_msgs, rx_msgs     RDMAP messages (RFC 5040; RFC 7306's atomics and
+                         Immediate Data; Terminates), counted with their last
+                         FPDU; the MPA exchange and its RTR are not counted
+    tx_fpdus, rx_fpdus   FPDUs (RFC 5044) sent and received
+    tx_terminates, rx_terminates
+                         Terminate messages (RFC 5040 section 5.2): a protocol
+                         error found by this side (tx) or by the peer (rx)
+    flushed_wrs          work requests completed with IBV_WC_WR_FLUSH_ERR
+    conn_errors          streams that failed: peer unreachable or refused,
+                         reset, gone, MPA rejected
+    conn_established     streams that completed MPA negotiation
+    Counters only grow. Sent counts are taken when the provider hands the
+    data to the socket.
+
+OPTIONS
+    qp                 One line per QP.
+    -a, --all          Also processes that have exited (marked `exited`) and
+                       destroyed QPs (marked `destroyed`). A file is an exited
+                       process's when its pid is gone or belongs to a process
+                       started at another time.
+    -d, --dev DEV      Only device DEV (uiw_lo or uiw_lo/1).
+    -p, --pid PID      Only process PID.
+    -c, --counter LIST Only these counters (comma-separated names).
+    --prune            Remove the files of exited processes. Each new process
+                       also removes all but the 32 newest such files.
+
+FILES
+    <state>/stats/<ibdev>.<pid>
+        Fixed layout, native byte order: a 128-byte header (magic
+        \"UIWSTAT1\", version 1, pid, process start time, device name), a
+        device block of 16 u64 counters, then 256 QP slots (a u64 word: bit 63
+        live, bit 62 destroyed, bits 0-23 the QPN; then 16 u64 counters). The
+        full description is in kabi/src/stats.rs. The directory is mode 1777.
+
+EXIT STATUS
+    0, also when no process uses a device (a note says so on stderr);
+    2 on a usage error.
+
+SEE ALSO
+    rdma-statistic(8)
 ";
 
 pub const INSTALL: &str = "\

@@ -6,6 +6,7 @@ mod help;
 mod libs;
 mod netdev;
 mod nodes;
+mod stat;
 mod state;
 mod tree;
 
@@ -68,13 +69,14 @@ fn real_main(args: Vec<OsString>) -> Res {
     };
     let rest: Vec<OsString> = it.collect();
     // Commands that only use devices may fall back to root's /run/uiw (see state.rs).
-    let paths = Paths::from_env_for(state_override, matches!(cmd.as_str(), "show" | "list" | "env" | "run" | "stat"));
+    let paths = Paths::from_env_for(state_override, matches!(cmd.as_str(), "show" | "list" | "env" | "run" | "stat" | "statistic"));
     let page = match cmd.as_str() {
         "up" => help::UP,
         "down" => help::DOWN,
         "show" | "list" => help::SHOW,
         "env" => help::ENV,
         "run" => help::RUN,
+        "stat" | "statistic" => help::STAT,
         "install" => help::INSTALL,
         "uninstall" => help::UNINSTALL,
         other => return usage(format!("unknown command '{other}'")),
@@ -98,6 +100,7 @@ fn real_main(args: Vec<OsString>) -> Res {
             cmd_env(&paths)
         }
         "run" => cmd_run(&paths, rest),
+        "stat" | "statistic" => cmd_stat(&paths, parse_stat(&rest)?),
         "install" => cmd_install(&paths, provider_dir_opt(&rest, "install")?),
         "uninstall" => cmd_uninstall(&paths, provider_dir_opt(&rest, "uninstall")?),
         _ => unreachable!(),
@@ -142,6 +145,69 @@ fn parse_show(rest: &[OsString]) -> Res<bool> {
         }
     }
     Ok(details)
+}
+
+fn parse_stat(rest: &[OsString]) -> Res<stat::Opts> {
+    let mut o = stat::Opts::default();
+    let mut it = rest.iter().map(|a| a.to_str().unwrap_or(""));
+    let known: Vec<&str> = uiw_kabi::stats::COUNTERS.iter().map(|c| c.1).collect();
+    let mut first = true;
+    while let Some(a) = it.next() {
+        match a {
+            "show" if first => {}
+            "qp" if first => o.qp = true,
+            "--qp" => o.qp = true,
+            "-a" | "--all" => o.all = true,
+            "--prune" => o.prune = true,
+            "-d" | "--dev" | "dev" => match it.next() {
+                Some(v) => o.dev = Some(v.trim_end_matches("/1").to_string()),
+                None => return usage("stat: -d needs a device name"),
+            },
+            "-p" | "--pid" | "pid" => match it.next().and_then(|v| v.parse().ok()) {
+                Some(v) => o.pid = Some(v),
+                None => return usage("stat: -p needs a process id"),
+            },
+            "-c" | "--counter" => match it.next() {
+                Some(v) => {
+                    for c in v.split(',') {
+                        if !known.contains(&c) {
+                            return usage(format!("stat: unknown counter '{c}' (counters: {})", known.join(", ")));
+                        }
+                        o.counters.push(c.to_string());
+                    }
+                }
+                None => return usage("stat: -c needs counter names"),
+            },
+            other => return usage(format!("stat: unexpected argument {other:?}")),
+        }
+        first = false;
+    }
+    Ok(o)
+}
+
+fn cmd_stat(paths: &Paths, o: stat::Opts) -> Res {
+    let dir = paths.stats();
+    let mut procs = stat::scan(&dir);
+    procs.retain(|p| (o.dev.is_none() || o.dev.as_deref() == Some(p.snap.ibdev.as_str())) && (o.pid.is_none() || o.pid == Some(p.snap.pid)));
+    if o.prune {
+        let n = stat::prune(&procs);
+        println!("removed the statistics of {n} exited process(es)");
+        return Ok(());
+    }
+    let lines = stat::render(&procs, &o);
+    if lines.is_empty() {
+        let exited = procs.iter().filter(|p| !p.live).count();
+        eprintln!(
+            "uiw: stat: no {} process uses a device of {}{}",
+            if o.all { "" } else { "running" },
+            paths.state.display(),
+            if exited > 0 && !o.all { format!(" ({exited} exited: uiw stat -a)") } else { String::new() }
+        );
+    }
+    for l in lines {
+        println!("{l}");
+    }
+    Ok(())
 }
 
 fn provider_dir_opt(rest: &[OsString], cmd: &str) -> Res<Option<PathBuf>> {
@@ -302,6 +368,12 @@ fn cmd_up(paths: &Paths, mut want: Vec<String>, verbose: bool, rootless: bool) -
             }
         }
     }
+    // Statistics files of the processes using the devices (uiw stat): any user's programs
+    // may write there, as in /tmp.
+    if !paths.stats().is_dir() && fs::create_dir(paths.stats()).is_ok() {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = fs::set_permissions(paths.stats(), fs::Permissions::from_mode(0o1777));
+    }
     let missing = link_libs(paths);
     if verbose {
         for d in &devices {
@@ -409,6 +481,7 @@ fn remove_state(paths: &Paths) {
     let _ = fs::remove_dir_all(paths.state.join(".sysfs.new"));
     let _ = fs::remove_dir_all(paths.state.join(".sysfs.old"));
     let _ = fs::remove_dir_all(paths.lib());
+    let _ = fs::remove_dir_all(paths.stats());
     let _ = fs::remove_file(paths.manifest());
     let _ = fs::remove_dir(&paths.state);
 }

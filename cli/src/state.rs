@@ -93,6 +93,10 @@ impl Paths {
     pub fn sysfs(&self) -> PathBuf {
         self.state.join("sysfs")
     }
+    /// Statistics files of the processes using the devices (`uiw stat`).
+    pub fn stats(&self) -> PathBuf {
+        self.state.join("stats")
+    }
     pub fn lib(&self) -> PathBuf {
         self.state.join("lib")
     }

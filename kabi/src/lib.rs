@@ -9,6 +9,7 @@
 //! - [`version`]: which libibverbs is running, and whether the mirror fits it.
 //! - [`uverbs`]: the records a kernel would write to uverbs file descriptors.
 //! - [`sys`]: safe wrappers for the libc calls `uiw` needs to publish a device.
+//! - [`stats`]: the per-process statistics file the provider maps and `uiw stat` reads.
 //!
 //! This crate holds no logic beyond that: it is the one place where C layouts are spelled out.
 
@@ -20,6 +21,7 @@ pub mod verbs {
 
 pub mod ffi;
 pub mod private;
+pub mod stats;
 pub mod sys;
 pub mod uverbs;
 pub mod version;

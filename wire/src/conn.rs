@@ -447,6 +447,27 @@ impl SqWr {
     }
 }
 
+/// Traffic counters of one connection, monotonic from its start. What they count, after
+/// MPA negotiation (the MPA frames and the RFC 6581 RTR are not counted):
+/// - `*_fpdus`: FPDUs (RFC 5044 §4) handed to / taken from the stream;
+/// - `*_msgs`: RDMAP messages (RFC 5040 §4: Send variants, RDMA Write, Read Request,
+///   Read Response, Terminate, and RFC 7306's Atomic Request/Response and Immediate Data);
+///   a message counts once, with its last FPDU;
+/// - `*_bytes`: DDP payload bytes of data-carrying messages (Send, Write, Read Response) —
+///   the application's bytes, without headers, markers or CRC;
+/// - `*_terminates`: Terminate messages (RFC 5040 §5.2).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub tx_fpdus: u64,
+    pub rx_fpdus: u64,
+    pub tx_msgs: u64,
+    pub rx_msgs: u64,
+    pub tx_bytes: u64,
+    pub rx_bytes: u64,
+    pub tx_terminates: u64,
+    pub rx_terminates: u64,
+}
+
 /// Message being segmented for transmission.
 struct OutMsg {
     seg: Segmenter,
@@ -523,6 +544,9 @@ impl Fault {
 
 /// One iWARP connection (one QP on one TCP stream).
 pub struct Connection {
+    counters: Counters,
+    /// The RTR control FPDU queued in `tx_follow` at establishment: not counted as traffic.
+    tx_rtr_uncounted: bool,
     cfg: Config,
     state: State,
     neg: Option<Negotiated>,
@@ -619,6 +643,8 @@ impl Connection {
             terminate_sent: false,
             pending_req: None,
             pending_atomic_store: None,
+            counters: Counters::default(),
+            tx_rtr_uncounted: false,
             cfg,
         };
         if c.cfg.role == Role::Initiator {
@@ -648,6 +674,11 @@ impl Connection {
             );
         }
         c
+    }
+
+    /// Traffic counters (see [`Counters`]).
+    pub fn counters(&self) -> &Counters {
+        &self.counters
     }
 
     pub fn state(&self) -> State {
@@ -968,7 +999,10 @@ impl Connection {
             State::Error => {
                 // Only a pending Terminate goes out.
                 return self.rsp.pop_front().and_then(|i| match i {
-                    TxItem::Control { bytes, .. } => Some(Tx::Bytes(bytes)),
+                    TxItem::Control { bytes, .. } => {
+                        self.count_tx_control();
+                        Some(Tx::Bytes(bytes))
+                    }
                     TxItem::Msg(_) => None,
                 });
             }
@@ -976,9 +1010,13 @@ impl Connection {
         }
         if let Some(m) = &mut self.cur_tx {
             if let Some(p) = m.pre.take() {
+                self.count_tx_control();
                 return Some(Tx::Bytes(p));
             }
             if let Some(plan) = m.seg.next() {
+                self.counters.tx_fpdus += 1;
+                self.counters.tx_bytes += u64::from(plan.payload_len);
+                self.counters.tx_msgs += u64::from(plan.last);
                 let seg = TxSegment {
                     header: plan.header,
                     payload_len: plan.payload_len,
@@ -1002,6 +1040,10 @@ impl Connection {
             self.cur_tx = None;
         }
         if let Some(b) = self.tx_follow.pop_front() {
+            if std::mem::take(&mut self.tx_rtr_uncounted) {
+                return Some(Tx::Bytes(b));
+            }
+            self.count_tx_control();
             return Some(Tx::Bytes(b));
         }
         if let Some(item) = self.rsp.pop_front() {
@@ -1010,6 +1052,7 @@ impl Connection {
                     if let Some((seq, c)) = on_done {
                         self.sq_complete(seq, c);
                     }
+                    self.count_tx_control();
                     return Some(Tx::Bytes(bytes));
                 }
                 TxItem::Msg(m) => {
@@ -1046,6 +1089,13 @@ impl Connection {
         let wr = self.sq.pop_front().unwrap();
         self.start_sq(wr);
         self.next_tx()
+    }
+
+    /// One single-FPDU control message handed out (Read Request, atomics, Immediate Data,
+    /// Terminate).
+    fn count_tx_control(&mut self) {
+        self.counters.tx_fpdus += 1;
+        self.counters.tx_msgs += 1;
     }
 
     fn control_fpdu(&self, ddp: &DdpHeader, body: &[u8], payload: &[u8]) -> Vec<u8> {
@@ -1642,6 +1692,7 @@ impl Connection {
         self.neg = Some(neg.clone());
         self.state = State::Established;
         // Initiator sends the RTR as its first FPDU (RFC 6581 §5).
+        self.tx_rtr_uncounted = self.rtr_kind.is_some() && self.tx_follow.is_empty();
         match self.rtr_kind {
             Some(RtrKind::Write) => {
                 let d = DdpHeader::tagged(1, 0, true, RdmapCtrl::new(Opcode::Write));
@@ -1688,6 +1739,11 @@ impl Connection {
         }
         if self.state == State::WaitRtr {
             return self.on_rtr(op, seg);
+        }
+        self.counters.rx_fpdus += 1;
+        self.counters.rx_msgs += u64::from(d.last);
+        if !op.is_control() {
+            self.counters.rx_bytes += u64::from(seg.payload_len);
         }
         let len = seg.payload_len;
         let place;
@@ -1900,6 +1956,7 @@ impl Connection {
                     t
                 });
                 self.rx_msn[qn::TERMINATE as usize] += 1;
+                self.counters.rx_terminates += 1;
                 self.state = State::Error;
                 let status = t.code.remote_wc_status();
                 self.flush_all(Some(status));
@@ -2067,6 +2124,7 @@ impl Connection {
         let mut body = [0u8; 64];
         let n = t.encode(&mut body);
         let bytes = self.control_message(qn::TERMINATE, Opcode::Terminate, &[], &body[..n]);
+        self.counters.tx_terminates += 1;
         self.state = State::Error;
         self.rx_cur = None;
         self.cur_tx = None;

@@ -4,7 +4,7 @@
 //! them) and completion status.
 
 use std::collections::HashMap;
-use uiw_wire::conn::{
+use uiw_wire::conn::{Counters, 
     Completion, Config, Connection, Event, Failure, Role, RxWant, SendFlags, State, Tx, WcOpcode,
 };
 use uiw_wire::ddp::{qn, DdpHeader};
@@ -1096,4 +1096,54 @@ fn ulpdu_longer_than_accepted_is_terminated() {
     pump(&mut a, &mut b);
     assert_term(&mut b, &mut a, TermCode::DDP_LOCAL_CATASTROPHIC);
     assert_eq!(b.completions()[0].status, WcStatus::WrFlushErr);
+}
+
+/// Traffic counters: messages, FPDUs and payload bytes on both sides agree with what was
+/// posted; the RTR is not traffic; a Terminate counts on both sides.
+#[test]
+fn counters_count_messages_fpdus_bytes_and_terminates() {
+    let mut ca = Config::new(Role::Initiator);
+    ca.p2p = true;
+    ca.rtr = uiw_wire::conn::Rtr { write: true, read: false, send: false };
+    let mut cb = Config::new(Role::Responder);
+    cb.p2p = true;
+    cb.rtr = uiw_wire::conn::Rtr { write: true, read: true, send: true };
+    let (mut a, mut b) = (Peer::new(ca), Peer::new(cb));
+    pump(&mut a, &mut b);
+    assert_eq!((a.c.state(), b.c.state()), (State::Established, State::Established));
+    assert_eq!(*a.c.counters(), Counters::default(), "MPA and the RTR are not traffic");
+    assert_eq!(*b.c.counters(), Counters::default(), "MPA and the RTR are not traffic");
+
+    b.m.region(0xb00, 0x7000_0000, 1 << 20, ALL);
+    for i in 0..2 {
+        b.post_recv(10 + i, 100);
+    }
+    a.post_send(1, &pattern(100, 1), SendFlags::default());
+    a.post_send(2, &pattern(0, 0), SendFlags::default());
+    // 200 KB: many FPDUs, one message.
+    a.m.sends.insert(3, pattern(200_000, 5));
+    a.c.post_write(3, 0xb00, 0x7000_0000, 200_000, None).unwrap();
+    pump(&mut a, &mut b);
+    let (ta, tb) = (*a.c.counters(), *b.c.counters());
+    assert_eq!((ta.tx_msgs, tb.rx_msgs), (3, 3), "{ta:?} {tb:?}");
+    assert_eq!((ta.tx_bytes, tb.rx_bytes), (200_100, 200_100), "{ta:?} {tb:?}");
+    assert!(ta.tx_fpdus > 3 && ta.tx_fpdus == tb.rx_fpdus, "{ta:?} {tb:?}");
+    assert_eq!((ta.rx_msgs, ta.rx_fpdus, tb.tx_msgs, tb.tx_fpdus), (0, 0, 0, 0));
+    assert_eq!((ta.tx_terminates, tb.rx_terminates), (0, 0));
+
+    // A Read: one Request out, one (data) Response back.
+    a.m.region(0xa00, 0x10000, 4096, ALL);
+    a.c.post_read(4, 0xa00, 0x10000, 0xb00, 0x7000_0000, 1000).unwrap();
+    pump(&mut a, &mut b);
+    let (ta, tb) = (*a.c.counters(), *b.c.counters());
+    assert_eq!((ta.tx_msgs, ta.rx_msgs, ta.rx_bytes), (4, 1, 1000), "{ta:?}");
+    assert_eq!((tb.rx_msgs, tb.tx_msgs, tb.tx_bytes), (4, 1, 1000), "{tb:?}");
+
+    // A Write to a bad STag draws a Terminate: sent by b, received by a.
+    a.m.sends.insert(5, pattern(10, 1));
+    a.c.post_write(5, 0xdead00, 0, 10, None).unwrap();
+    pump(&mut a, &mut b);
+    let (ta, tb) = (*a.c.counters(), *b.c.counters());
+    assert_eq!((tb.tx_terminates, ta.rx_terminates), (1, 1), "{ta:?} {tb:?}");
+    assert_eq!((ta.tx_terminates, tb.rx_terminates), (0, 0), "{ta:?} {tb:?}");
 }

@@ -237,6 +237,7 @@ impl Context {
             net: net.clone(),
             destroyed: AtomicBool::new(false),
             polled_ms: AtomicU64::new(0),
+            stats: super::stats::QpStats::new(&self.device.name, &self.device.ibdev_path, qpn),
             inner: Mutex::new(QpInner { attrs: qp_state::init_attrs_from_create(&cap), dp: DataPath::default(), parked: None, cm: None }),
         });
         let polled: Arc<dyn PolledQp> = qp.clone();

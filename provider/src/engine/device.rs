@@ -25,6 +25,8 @@ pub struct DeviceInfo {
     /// Entries of the published GID table (`ports/1/gids/0..len`): libibverbs reads every one
     /// below the length the port reports.
     pub gid_tbl_len: u32,
+    /// Where it is published (`…/class/infiniband/uiw_lo`).
+    pub ibdev_path: PathBuf,
 }
 
 impl DeviceInfo {
@@ -58,7 +60,7 @@ impl DeviceInfo {
         }
         let published = (0..).take_while(|i| gid_dir.join(i.to_string()).exists()).count() as u32;
         let gid_tbl_len = read("uiw/gid_tbl_len").ok().and_then(|n| n.parse().ok()).unwrap_or(published).min(published);
-        Ok(DeviceInfo { name, netdev, node_guid, gids, netdev_mtu, gid_tbl_len })
+        Ok(DeviceInfo { name, netdev, node_guid, gids, netdev_mtu, gid_tbl_len, ibdev_path: ibdev_path.to_path_buf() })
     }
 
     /// `ibv_port_attr.active_mtu`: the largest IB MTU that fits the netdev MTU, as siw reports.

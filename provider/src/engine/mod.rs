@@ -23,6 +23,7 @@ pub mod net;
 pub mod qp;
 pub mod qp_state;
 pub mod srq;
+pub mod stats;
 pub mod transport;
 pub mod user_memory;
 pub mod wr;

@@ -20,6 +20,7 @@ use super::mr::MrTable;
 use super::net::{Endpoint, Net, Progress};
 use super::qp_state::{self, QpAttrs, QpState};
 use super::srq::SrqObj;
+use super::stats::QpStats;
 use super::transport::{config, is_initiator, now_ms, prepare, qp_address, Pending, QpHello};
 use super::wr::{PostError, RecvWqe, SendWqe};
 
@@ -64,6 +65,8 @@ pub struct Qp {
     pub(crate) destroyed: AtomicBool,
     /// When an application thread last drove this QP from `ibv_poll_cq` (engine clock, ms).
     pub(crate) polled_ms: AtomicU64,
+    /// Counters `uiw stat` reads (see `stats`).
+    pub(crate) stats: QpStats,
     pub inner: Mutex<QpInner>,
 }
 
@@ -250,6 +253,7 @@ impl Qp {
         }
         let env = self.env(inner.attrs.qp_access_flags);
         let r = inner.dp.pump(&env);
+        self.sync_stats(inner);
         self.after(inner);
         Some(r)
     }
@@ -261,6 +265,9 @@ impl Qp {
             return;
         }
         for n in std::mem::take(&mut inner.dp.notices) {
+            if let Notice::Established(_) = n {
+                self.stats.established();
+            }
             let Some(cm) = inner.cm.clone() else { continue };
             match n {
                 Notice::Established(neg) => {
@@ -314,6 +321,9 @@ impl Qp {
         }
         if std::env::var_os("UIW_DEBUG").is_some() {
             eprintln!("uiw: QP 0x{:06x} to ERROR: {why:?}", self.qpn);
+        }
+        if matches!(why, Fatal::Lost | Fatal::Rejected) {
+            self.stats.conn_error();
         }
         self.after(&mut inner);
         inner.attrs.qp_state = QpState::Err;
@@ -408,11 +418,20 @@ impl Qp {
         }
     }
 
+    /// Publishes the stream's traffic counters (after it was served, and before it closes).
+    fn sync_stats(&self, inner: &mut QpInner) {
+        if let Some(l) = inner.dp.link.as_mut() {
+            self.stats.sync(&mut l.stats_seen, l.conn.counters());
+        }
+    }
+
     /// Closes the stream and flushes everything outstanding.
     fn stop_locked(&self, inner: &mut QpInner) {
         if let Some(l) = inner.dp.link.as_ref() {
             self.net.unwatch(&l.sock);
         }
+        self.sync_stats(inner);
+        self.stats.flushed(inner.dp.sq.len() + inner.dp.rq.values().filter(|e| !e.from_srq).count());
         let env = self.env(inner.attrs.qp_access_flags);
         inner.dp.shutdown(&env, true);
         inner.parked = None;
@@ -430,6 +449,7 @@ impl Qp {
         let mut inner = self.inner.lock();
         if inner.attrs.qp_state == QpState::Err {
             drop(inner);
+            self.stats.flushed(1);
             self.recv_cq.push(wqe.flushed(self.qpn));
             return Ok(());
         }
@@ -460,6 +480,7 @@ impl Qp {
         match inner.attrs.qp_state {
             QpState::Err => {
                 drop(inner);
+                self.stats.flushed(1);
                 self.send_cq.push(wqe.flushed(self.qpn));
                 Ok(())
             }

@@ -112,6 +112,8 @@ pub struct Link {
     /// This pump's last read came back short: the socket is empty, and any later arrival
     /// raises a new (edge-triggered) event — no read that would only say EAGAIN.
     drained: bool,
+    /// The wire core's counters as last published to the QP's statistics (`stats::QpStats::sync`).
+    pub stats_seen: uiw_wire::conn::Counters,
 }
 
 impl Link {
@@ -130,6 +132,7 @@ impl Link {
             st_hi: 0,
             peer_closed: None,
             drained: false,
+            stats_seen: Default::default(),
         }
     }
 

@@ -1,0 +1,199 @@
+//! Per-device and per-QP counters, readable from outside the process (`uiw stat`).
+//!
+//! Each process keeps one statistics file per device it opens, `<state>/stats/<ibdev>.<pid>`
+//! (the layout is `uiw_kabi::stats`), mapped shared: the data path adds to counters with
+//! relaxed atomics and nobody else in the process is involved, so a reader needs no
+//! cooperation from the application's threads. A QP owns a slot while it lives; its
+//! counters also add up in the device block, which outlives the QP. When no file can be
+//! made (no state directory, a read-only one) the counters live in anonymous memory.
+//!
+//! The data path calls in at a few named points only:
+//! - [`QpStats::sync`] after a stream was served (the wire core's [`Counters`]: bytes,
+//!   messages, FPDUs, Terminates — the difference since the last sync);
+//! - [`QpStats::flushed`] when work requests complete as flushed;
+//! - [`QpStats::conn_error`] / [`QpStats::established`] for streams.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use uiw_kabi::stats::{self as layout, Counter, StatsMap};
+use uiw_wire::conn::Counters;
+
+/// The statistics files of this process, by device name.
+fn registry() -> &'static Mutex<HashMap<String, Arc<StatsMap>>> {
+    static R: OnceLock<Mutex<HashMap<String, Arc<StatsMap>>>> = OnceLock::new();
+    R.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Files of exited processes kept per statistics directory (the newest; older ones are
+/// removed by the next process that starts).
+const KEEP_EXITED: usize = 32;
+
+/// The statistics directory of the device published at `ibdev_path`
+/// (`<state>/sysfs/class/infiniband/<ibdev>` → `<state>/stats`).
+pub fn stats_dir(ibdev_path: &Path) -> Option<PathBuf> {
+    ibdev_path.ancestors().nth(4).map(|s| s.join("stats"))
+}
+
+/// Opens (once per process) the statistics file of device `ibdev` published at
+/// `ibdev_path`. Never fails: without a file, the counters are kept in memory.
+fn open_device(ibdev: &str, ibdev_path: &Path) {
+    let mut r = registry().lock().unwrap_or_else(|e| e.into_inner());
+    if r.contains_key(ibdev) {
+        return;
+    }
+    let pid = std::process::id();
+    let start = layout::process_start_time(pid).unwrap_or(0);
+    let file = stats_dir(ibdev_path).and_then(|dir| {
+        if !dir.is_dir() {
+            // `uiw up` makes it (mode 1777); a tree published before that gets it here.
+            std::fs::create_dir(&dir).ok()?;
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777));
+        }
+        prune(&dir);
+        let path = dir.join(format!("{ibdev}.{pid}"));
+        match StatsMap::create(&path, pid, start, ibdev) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                if std::env::var_os("UIW_DEBUG").is_some() {
+                    eprintln!("uiw: statistics of {ibdev} stay in this process (`uiw stat` cannot see them): {}: {e}", path.display());
+                }
+                None
+            }
+        }
+    });
+    let map = match file {
+        Some(m) => m,
+        None => match StatsMap::anonymous(pid, start, ibdev) {
+            Ok(m) => m,
+            Err(_) => return,
+        },
+    };
+    r.insert(ibdev.to_string(), Arc::new(map));
+}
+
+/// Removes the oldest files of exited processes beyond [`KEEP_EXITED`] (those this user may
+/// remove: the directory is sticky).
+fn prune(dir: &Path) {
+    let Ok(rd) = std::fs::read_dir(dir) else { return };
+    let mut exited = Vec::new();
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.rsplit_once('.')).and_then(|(_, p)| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if layout::process_start_time(pid).is_some() {
+            continue; // live (or a reused pid: left for `uiw stat` to judge)
+        }
+        if let Ok(t) = e.metadata().and_then(|m| m.modified()) {
+            exited.push((t, e.path()));
+        }
+    }
+    if exited.len() > KEEP_EXITED {
+        exited.sort();
+        for (_, p) in &exited[..exited.len() - KEEP_EXITED] {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// One QP's counters: a slot in its device's file (if one was free) and the device block.
+pub struct QpStats {
+    map: Option<Arc<StatsMap>>,
+    slot: Option<usize>,
+}
+
+impl std::fmt::Debug for QpStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "QpStats(slot {:?})", self.slot)
+    }
+}
+
+impl QpStats {
+    /// Takes a free slot of `ibdev`'s file (opened with the process's first QP on it) for QP
+    /// `qpn` (a destroyed QP's slot when all are used; none when all are live).
+    pub fn new(ibdev: &str, ibdev_path: &Path, qpn: u32) -> QpStats {
+        open_device(ibdev, ibdev_path);
+        let map = registry().lock().unwrap_or_else(|e| e.into_inner()).get(ibdev).cloned();
+        let slot = map.as_ref().and_then(|m| {
+            let word = layout::SLOT_LIVE | (u64::from(qpn) & layout::SLOT_QPN_MASK);
+            let take = |s: usize, cur: u64| {
+                if m.slot_word(s).compare_exchange(cur, 0, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+                    return false;
+                }
+                for (c, _, _) in layout::COUNTERS {
+                    m.slot(s, c).store(0, Ordering::Relaxed);
+                }
+                m.slot_word(s).store(word, Ordering::Release);
+                true
+            };
+            (0..layout::QP_SLOTS)
+                .find(|&s| m.slot_word(s).load(Ordering::Relaxed) == 0 && take(s, 0))
+                .or_else(|| {
+                    (0..layout::QP_SLOTS).find(|&s| {
+                        let w = m.slot_word(s).load(Ordering::Relaxed);
+                        w & layout::SLOT_DESTROYED != 0 && take(s, w)
+                    })
+                })
+        });
+        QpStats { map, slot }
+    }
+
+    fn add(&self, c: Counter, n: u64) {
+        if n == 0 {
+            return;
+        }
+        if let Some(m) = &self.map {
+            m.device(c).fetch_add(n, Ordering::Relaxed);
+            if let Some(s) = self.slot {
+                m.slot(s, c).fetch_add(n, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Publishes what a stream's wire core counted (`now`) since the last call (`seen`, kept
+    /// with the stream: a new stream starts from zero).
+    pub fn sync(&self, seen: &mut Counters, now: &Counters) {
+        let was = *seen;
+        if *now == was {
+            return;
+        }
+        *seen = *now;
+        self.add(Counter::TxBytes, now.tx_bytes.wrapping_sub(was.tx_bytes));
+        self.add(Counter::RxBytes, now.rx_bytes.wrapping_sub(was.rx_bytes));
+        self.add(Counter::TxMsgs, now.tx_msgs.wrapping_sub(was.tx_msgs));
+        self.add(Counter::RxMsgs, now.rx_msgs.wrapping_sub(was.rx_msgs));
+        self.add(Counter::TxFpdus, now.tx_fpdus.wrapping_sub(was.tx_fpdus));
+        self.add(Counter::RxFpdus, now.rx_fpdus.wrapping_sub(was.rx_fpdus));
+        self.add(Counter::TxTerminates, now.tx_terminates.wrapping_sub(was.tx_terminates));
+        self.add(Counter::RxTerminates, now.rx_terminates.wrapping_sub(was.rx_terminates));
+    }
+
+    /// `n` work requests completed as flushed.
+    pub fn flushed(&self, n: usize) {
+        self.add(Counter::FlushedWrs, n as u64);
+    }
+
+    /// A stream failed (unreachable, reset, peer gone, MPA rejected).
+    pub fn conn_error(&self) {
+        self.add(Counter::ConnErrors, 1);
+    }
+
+    /// A stream completed MPA negotiation.
+    pub fn established(&self) {
+        self.add(Counter::ConnEstablished, 1);
+    }
+}
+
+impl Drop for QpStats {
+    /// The slot stays readable (marked destroyed) until a new QP needs it.
+    fn drop(&mut self) {
+        if let (Some(m), Some(s)) = (&self.map, self.slot) {
+            let w = m.slot_word(s).load(Ordering::Relaxed);
+            m.slot_word(s).store((w & !layout::SLOT_LIVE) | layout::SLOT_DESTROYED, Ordering::Release);
+        }
+    }
+}
