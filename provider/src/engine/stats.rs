@@ -13,18 +13,20 @@
 //! - [`QpStats::flushed`] when work requests complete as flushed;
 //! - [`QpStats::conn_error`] / [`QpStats::established`] for streams.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use uiw_kabi::stats::{self as layout, Counter, StatsMap};
 use uiw_wire::conn::Counters;
 
-/// The statistics files of this process, by device name.
-fn registry() -> &'static Mutex<HashMap<String, Arc<StatsMap>>> {
-    static R: OnceLock<Mutex<HashMap<String, Arc<StatsMap>>>> = OnceLock::new();
-    R.get_or_init(|| Mutex::new(HashMap::new()))
+/// The statistics files of this process, by device name (for the process's lifetime; a
+/// `Vec`, whose pointers all point at the start of their allocations, so that leak checkers
+/// see them as reachable).
+static REGISTRY: Mutex<Vec<(String, Arc<StatsMap>)>> = Mutex::new(Vec::new());
+
+fn registry() -> std::sync::MutexGuard<'static, Vec<(String, Arc<StatsMap>)>> {
+    REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Files of exited processes kept per statistics directory (the newest; older ones are
@@ -40,8 +42,8 @@ pub fn stats_dir(ibdev_path: &Path) -> Option<PathBuf> {
 /// Opens (once per process) the statistics file of device `ibdev` published at
 /// `ibdev_path`. Never fails: without a file, the counters are kept in memory.
 fn open_device(ibdev: &str, ibdev_path: &Path) {
-    let mut r = registry().lock().unwrap_or_else(|e| e.into_inner());
-    if r.contains_key(ibdev) {
+    let mut r = registry();
+    if r.iter().any(|(n, _)| n == ibdev) {
         return;
     }
     let pid = std::process::id();
@@ -72,7 +74,7 @@ fn open_device(ibdev: &str, ibdev_path: &Path) {
             Err(_) => return,
         },
     };
-    r.insert(ibdev.to_string(), Arc::new(map));
+    r.push((ibdev.to_string(), Arc::new(map)));
 }
 
 /// Removes the oldest files of exited processes beyond [`KEEP_EXITED`] (those this user may
@@ -117,7 +119,7 @@ impl QpStats {
     /// `qpn` (a destroyed QP's slot when all are used; none when all are live).
     pub fn new(ibdev: &str, ibdev_path: &Path, qpn: u32) -> QpStats {
         open_device(ibdev, ibdev_path);
-        let map = registry().lock().unwrap_or_else(|e| e.into_inner()).get(ibdev).cloned();
+        let map = registry().iter().find(|(n, _)| n == ibdev).map(|(_, m)| m.clone());
         let slot = map.as_ref().and_then(|m| {
             let word = layout::SLOT_LIVE | (u64::from(qpn) & layout::SLOT_QPN_MASK);
             let take = |s: usize, cur: u64| {
