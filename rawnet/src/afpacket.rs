@@ -110,6 +110,21 @@ impl PacketSocket {
                 std::mem::size_of::<libc::c_int>() as libc::socklen_t,
             )
         })?;
+        // A deep receive queue: a burst from a kernel peer must not overflow it between two
+        // polls (each overflow is a loss the peer must repair). FORCE (root) may exceed
+        // rmem_max; otherwise the plain option, capped by the kernel.
+        let bytes: libc::c_int = 8 << 20;
+        for (opt, alt) in [(libc::SO_RCVBUFFORCE, libc::SO_RCVBUF), (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF)] {
+            for o in [opt, alt] {
+                // SAFETY: an int option, pointer and length match.
+                let r = unsafe {
+                    libc::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, o, &bytes as *const libc::c_int as *const libc::c_void, std::mem::size_of::<libc::c_int>() as libc::socklen_t)
+                };
+                if r == 0 {
+                    break;
+                }
+            }
+        }
         // SAFETY: sockaddr_ll is plain old data; all-zero is valid before we fill it.
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         sll.sll_family = libc::AF_PACKET as u16;

@@ -1,1 +1,225 @@
-//! placeholder
+//! The XDP program that steers uiw's TCP into the AF_XDP socket, and the `bpf(2)` calls
+//! that create its XSK map, load it and attach it.
+//!
+//! Why raw instructions: the program is 25 instructions, and assembling it here means a
+//! host running uiw needs no clang, no libbpf and no aya (aya 0.15+ needs a newer rustc
+//! than the workspace's floor; libxdp's default program would also steal ARP/ND). Each
+//! instruction is commented; the verifier checks the rest at load time.
+//!
+//! The program (`xdp_md` context in r1):
+//! IPv4 without options, protocol TCP, not a fragment, destination our address, destination
+//! port in uiw's range → `bpf_redirect_map(xsks, rx_queue_index, XDP_PASS)`; anything else
+//! (ARP, ND, ICMP, ssh, other TCP) → `XDP_PASS` to the kernel. A frame with IP options is
+//! passed too (uiw never sends them; the kernel then drops it under `RstGuard`).
+
+use std::io;
+use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+// The constants in `program` assume little-endian packet loads.
+const _: () = assert!(cfg!(target_endian = "little"), "the XDP program assumes a little-endian host");
+
+/// One eBPF instruction (`struct bpf_insn`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub struct Insn {
+    pub code: u8,
+    /// dst_reg (low nibble) | src_reg << 4
+    pub regs: u8,
+    pub off: i16,
+    pub imm: i32,
+}
+
+const fn i(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
+    Insn { code, regs: dst | (src << 4), off, imm }
+}
+
+// Opcodes (linux/bpf.h, linux/bpf_common.h).
+const LDX_W: u8 = 0x61; // BPF_LDX | BPF_MEM | BPF_W
+const LDX_H: u8 = 0x69;
+const LDX_B: u8 = 0x71;
+const MOV64_X: u8 = 0xbf;
+const MOV64_K: u8 = 0xb7;
+const ADD64_K: u8 = 0x07;
+const AND64_K: u8 = 0x57;
+const BE: u8 = 0xdc; // BPF_ALU | BPF_END | BPF_TO_BE
+const JGT_X: u8 = 0x2d;
+const JNE_K: u8 = 0x55;
+const JLT_K: u8 = 0xa5;
+const JGT_K: u8 = 0x25;
+const JNE32_K: u8 = 0x56; // BPF_JMP32 | BPF_JNE | BPF_K
+const LD_IMM64: u8 = 0x18;
+const CALL: u8 = 0x85;
+const EXIT: u8 = 0x95;
+const PSEUDO_MAP_FD: u8 = 1;
+const FN_REDIRECT_MAP: i32 = 51;
+pub const XDP_PASS: i32 = 2;
+
+/// The program, for an XSK map `map_fd`.
+pub fn program(map_fd: i32, ip: Ipv4Addr, ports: (u16, u16)) -> Vec<Insn> {
+    // Loads from the packet are little-endian on the hosts uiw runs on (x86-64, arm64 LE):
+    // compare with byte-swapped constants, or swap the loaded port.
+    let ip_le = u32::from_le_bytes(ip.octets()) as i32;
+    const PASS: i16 = 0; // patched below: jump offsets to the `pass` label
+    let mut p = vec![
+        i(MOV64_X, 6, 1, 0, 0),            // 0: r6 = ctx
+        i(LDX_W, 2, 1, 0, 0),              // 1: r2 = ctx->data
+        i(LDX_W, 3, 1, 4, 0),              // 2: r3 = ctx->data_end
+        i(MOV64_X, 4, 2, 0, 0),            // 3: r4 = data
+        i(ADD64_K, 4, 0, 0, 38),           // 4: r4 += 14 + 20 + 4 (through the TCP ports)
+        i(JGT_X, 4, 3, PASS, 0),           // 5: if r4 > data_end goto pass
+        i(LDX_H, 5, 2, 12, 0),             // 6: r5 = ethertype
+        i(JNE_K, 5, 0, PASS, 0x0008),      // 7: != htons(0x0800) → pass
+        i(LDX_B, 5, 2, 14, 0),             // 8: r5 = version/IHL
+        i(JNE_K, 5, 0, PASS, 0x45),        // 9: IPv4 without options?
+        i(LDX_B, 5, 2, 23, 0),             // 10: r5 = protocol
+        i(JNE_K, 5, 0, PASS, 6),           // 11: TCP?
+        i(LDX_H, 5, 2, 20, 0),             // 12: r5 = flags/fragment offset
+        i(AND64_K, 5, 0, 0, 0xff3f),       // 13: MF | offset (little-endian view of 0x3fff)
+        i(JNE_K, 5, 0, PASS, 0),           // 14: a fragment → pass
+        i(LDX_W, 5, 2, 30, 0),             // 15: r5 = destination address
+        i(JNE32_K, 5, 0, PASS, ip_le),     // 16: ours?
+        i(LDX_H, 5, 2, 36, 0),             // 17: r5 = TCP destination port
+        i(BE, 5, 0, 0, 16),                // 18: to host order
+        i(JLT_K, 5, 0, PASS, i32::from(ports.0)), // 19: below the range → pass
+        i(JGT_K, 5, 0, PASS, i32::from(ports.1)), // 20: above the range → pass
+        i(LD_IMM64, 1, PSEUDO_MAP_FD, 0, map_fd), // 21-22: r1 = &xsks
+        i(0, 0, 0, 0, 0),
+        i(LDX_W, 2, 6, 16, 0),             // 23: r2 = ctx->rx_queue_index
+        i(MOV64_K, 3, 0, 0, XDP_PASS),     // 24: r3 = XDP_PASS (when no socket on the queue)
+        i(CALL, 0, 0, 0, FN_REDIRECT_MAP), // 25: r0 = bpf_redirect_map(r1, r2, r3)
+        i(EXIT, 0, 0, 0, 0),               // 26
+        i(MOV64_K, 0, 0, 0, XDP_PASS),     // 27: pass: r0 = XDP_PASS
+        i(EXIT, 0, 0, 0, 0),               // 28
+    ];
+    let pass = 27i16;
+    for (k, ins) in p.iter_mut().enumerate() {
+        let is_jump = matches!(ins.code, JGT_X | JNE_K | JLT_K | JGT_K | JNE32_K);
+        if is_jump {
+            ins.off = pass - k as i16 - 1;
+        }
+    }
+    p
+}
+
+// bpf(2) commands and constants.
+const BPF_MAP_CREATE: libc::c_long = 0;
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_MAP_TYPE_XSKMAP: u32 = 17;
+const BPF_PROG_TYPE_XDP: u32 = 6;
+const BPF_XDP: u32 = 37;
+/// `XDP_FLAGS_SKB_MODE`, `XDP_FLAGS_DRV_MODE` (linux/if_link.h).
+pub const XDP_FLAGS_SKB_MODE: u32 = 2;
+pub const XDP_FLAGS_DRV_MODE: u32 = 4;
+
+/// `union bpf_attr`, as the bytes of its largest member we use.
+#[repr(C, align(8))]
+struct Attr([u8; 128]);
+
+impl Attr {
+    fn new() -> Attr {
+        Attr([0; 128])
+    }
+    fn u32(&mut self, off: usize, v: u32) -> &mut Self {
+        self.0[off..off + 4].copy_from_slice(&v.to_ne_bytes());
+        self
+    }
+    fn u64(&mut self, off: usize, v: u64) -> &mut Self {
+        self.0[off..off + 8].copy_from_slice(&v.to_ne_bytes());
+        self
+    }
+}
+
+fn bpf(cmd: libc::c_long, attr: &mut Attr) -> io::Result<libc::c_long> {
+    // SAFETY: `attr` is a 128-byte, 8-aligned buffer laid out as the command's member of
+    // union bpf_attr; any pointers in it point at memory alive for the duration of the call.
+    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *mut Attr, std::mem::size_of::<Attr>()) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+fn own(fd: libc::c_long) -> OwnedFd {
+    // SAFETY: the bpf(2) command returned a fresh descriptor that nobody else owns.
+    unsafe { OwnedFd::from_raw_fd(fd as i32) }
+}
+
+/// An XSK map (`BPF_MAP_TYPE_XSKMAP`) of `entries` queues.
+pub fn xsk_map(entries: u32) -> io::Result<OwnedFd> {
+    let mut a = Attr::new();
+    a.u32(0, BPF_MAP_TYPE_XSKMAP).u32(4, 4).u32(8, 4).u32(12, entries);
+    bpf(BPF_MAP_CREATE, &mut a).map(own).map_err(|e| {
+        io::Error::new(e.kind(), format!("bpf(BPF_MAP_CREATE, XSKMAP): {e} (AF_XDP needs CAP_BPF and CAP_NET_ADMIN)"))
+    })
+}
+
+/// `map[key] = fd`.
+pub fn map_set(map: &OwnedFd, key: u32, fd: i32) -> io::Result<()> {
+    let (k, v) = (key, fd as u32);
+    let mut a = Attr::new();
+    a.u32(0, map.as_raw_fd() as u32)
+        .u64(8, &k as *const u32 as u64)
+        .u64(16, &v as *const u32 as u64)
+        .u64(24, 0);
+    bpf(BPF_MAP_UPDATE_ELEM, &mut a).map(|_| ())
+}
+
+/// Load an XDP program; on a verifier rejection the error carries the verifier's log.
+pub fn load_xdp(prog: &[Insn]) -> io::Result<OwnedFd> {
+    let license = b"Dual MIT/GPL\0";
+    let name = b"uiw_steer\0";
+    let mut log = vec![0u8; 1 << 16];
+    for level in [0u32, 1] {
+        let mut a = Attr::new();
+        a.u32(0, BPF_PROG_TYPE_XDP)
+            .u32(4, prog.len() as u32)
+            .u64(8, prog.as_ptr() as u64)
+            .u64(16, license.as_ptr() as u64);
+        if level > 0 {
+            a.u32(24, level).u32(28, log.len() as u32).u64(32, log.as_mut_ptr() as u64);
+        }
+        a.0[48..48 + name.len()].copy_from_slice(name);
+        a.u32(68, BPF_XDP);
+        match bpf(BPF_PROG_LOAD, &mut a) {
+            Ok(fd) => return Ok(own(fd)),
+            Err(_) if level == 0 => continue, // again, with the verifier's log
+            Err(e) => {
+                let end = log.iter().position(|&b| b == 0).unwrap_or(0);
+                let text = String::from_utf8_lossy(&log[..end]);
+                return Err(io::Error::new(e.kind(), format!("bpf(BPF_PROG_LOAD, XDP): {e}\n{text}")));
+            }
+        }
+    }
+    unreachable!()
+}
+
+/// Attach `prog` to interface `ifindex` with a BPF link (detached when the link fd closes).
+pub fn attach_xdp(prog: &OwnedFd, ifindex: u32, flags: u32) -> io::Result<OwnedFd> {
+    let mut a = Attr::new();
+    a.u32(0, prog.as_raw_fd() as u32).u32(4, ifindex).u32(8, BPF_XDP).u32(12, flags);
+    bpf(BPF_LINK_CREATE, &mut a).map(own)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jumps_land_on_pass() {
+        let p = program(7, Ipv4Addr::new(198, 51, 100, 1), (20000, 24095));
+        assert_eq!(p.len(), 29);
+        for (k, ins) in p.iter().enumerate() {
+            if matches!(ins.code, JGT_X | JNE_K | JLT_K | JGT_K | JNE32_K) {
+                assert_eq!(k as i16 + 1 + ins.off, 27, "instruction {k}");
+            }
+        }
+        assert_eq!(p[27].imm, XDP_PASS);
+        assert_eq!(p[21].imm, 7);
+        assert_eq!(p[16].imm, i32::from_le_bytes([198, 51, 100, 1]));
+        assert_eq!(std::mem::size_of::<Insn>(), 8);
+    }
+}

@@ -15,6 +15,7 @@
 //! - [`neigh`]: the peer's MAC from the kernel's neighbour table.
 //! - [`host`]: a `Stack` driven over a `FrameIo`.
 //! - [`netns`]: entering a network namespace on the calling thread (tests, test bed).
+//! - [`testbed`]: two namespaces over a veth pair with random loss, for tests and benchmarks.
 
 pub mod afpacket;
 pub mod ebpf;
@@ -23,6 +24,7 @@ pub mod host;
 pub mod iface;
 pub mod neigh;
 pub mod netns;
+pub mod testbed;
 pub mod xdp;
 
 use std::io;

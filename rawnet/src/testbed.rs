@@ -1,10 +1,9 @@
-//! A two-namespace test bed for the raw-frame drivers: `xdp<id>a` and `xdp<id>b` joined by
+//! A two-namespace test bed for the raw-frame drivers' tests and benchmark (needs root,
+//! iproute2, nftables, ethtool): namespaces `xdp<id>a` and `xdp<id>b` joined by
 //! a veth pair with offloads off, addresses 198.51.100.1 (a: the userspace TCP) and .2 (b:
 //! the kernel's TCP), optional random loss in both directions applied in b (nftables: the
 //! `output` hook for what b's kernel sends, the netdev `ingress` hook for what a's raw
 //! socket sends, which passes no netfilter hook in a).
-
-#![allow(dead_code)]
 
 use std::net::Ipv4Addr;
 use std::process::Command;
@@ -14,6 +13,7 @@ pub const A_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
 pub const B_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 2);
 pub const IF: &str = "veth0";
 
+/// The two namespaces; deleted on drop.
 pub struct Bed {
     pub a: String,
     pub b: String,
@@ -46,7 +46,7 @@ fn nft_in(ns: &str, script: &str) -> Result<(), String> {
 /// Whether this run may set up namespaces. Not root: a skip — unless the run demands
 /// everything (`UIW_TEST_REQUIRE_ALL=1`, as ci/test.sh does as root), then a failure.
 pub fn privileged(test: &str) -> bool {
-    // SAFETY-free check: the effective uid via /proc.
+    // The effective uid, from /proc (no unsafe geteuid needed).
     let root = std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(2) == Some("0")))
@@ -67,6 +67,7 @@ pub fn privileged(test: &str) -> bool {
 static SEQ: AtomicUsize = AtomicUsize::new(0);
 
 impl Bed {
+    /// Create the namespaces and the veth pair at `mtu`. Panics on failure (a test bed).
     pub fn new(mtu: u32) -> Bed {
         let id = format!("{}-{}", std::process::id() % 100000, SEQ.fetch_add(1, Ordering::Relaxed));
         let bed = Bed { a: format!("xdp{id}a"), b: format!("xdp{id}b") };
