@@ -52,7 +52,8 @@ GLOBAL OPTIONS
 
 FILES
     /run/uiw/sysfs               the tree SYSFS_PATH points at
-    /run/uiw/lib                 libuiw-rdmav34.so and libuiw_preload.so links
+    /run/uiw/lib                 libuiw-rdmavN.so (N = 34 57 59 64 65) and
+                                 libuiw_preload.so links
     /run/uiw/devices             published devices: <ibdev> <netdev> uverbs<N>
     /run/uiw/stats/<ibdev>.<pid> counters of each process using a device
     /dev/infiniband/uverbsN      device nodes (char 1:3, or a symlink to /dev/null)
@@ -181,7 +182,9 @@ DESCRIPTION
     Prints POSIX shell `export` lines:
         SYSFS_PATH       <state>/sysfs: libibverbs reads devices from there
                          when it cannot open a NETLINK_RDMA socket
-        RDMAV_DRIVERS    <state>/lib/libuiw: loads <state>/lib/libuiw-rdmav34.so;
+        RDMAV_DRIVERS    <state>/lib/libuiw: libibverbs appends its own suffix and
+                         loads <state>/lib/libuiw-rdmavN.so (N: its private ABI,
+                         34 for rdma-core v36-v56, 57, 59, 64 or 65 after it);
                          omitted when `uiw install` installed the provider
         LD_PRELOAD       appends libuiw_preload.so, which makes NETLINK_RDMA
                          sockets fail (so hosts with an RDMA kernel stack use
@@ -297,13 +300,15 @@ SYNOPSIS
 
 DESCRIPTION
     Copies the provider to libibverbs' provider directory as
-    libuiw-rdmav34.so (e.g. /usr/lib/x86_64-linux-gnu/libibverbs/), the shim to
+    libuiw-rdmav34.so (e.g. /usr/lib/x86_64-linux-gnu/libibverbs/), with links
+    libuiw-rdmav{57,59,64,65}.so to it (the names rdma-core v57 to v65 load;
+    the provider picks the running libibverbs' layout), the shim to
     <libdir>/uiw/libuiw_preload.so, and writes /etc/libibverbs.d/uiw.driver
     (`driver uiw`). Afterwards RDMAV_DRIVERS is not needed. Programs still need
     SYSFS_PATH (and, on hosts where NETLINK_RDMA works, the shim): use `uiw run`.
     The provider directory is the first of `pkg-config --variable=libdir
     libibverbs`/libibverbs and the distributions' usual places that already
-    holds a lib*-rdmav34.so. UIW_INSTALL_ROOT prefixes every path (DESTDIR).
+    holds a lib*-rdmavN.so. UIW_INSTALL_ROOT prefixes every path (DESTDIR).
 
 OPTIONS
     --provider-dir DIR   Install the provider into DIR instead.
@@ -317,6 +322,6 @@ SYNOPSIS
     uiw uninstall [--provider-dir DIR]
 
 DESCRIPTION
-    Removes libuiw-rdmav34.so from the provider directory, the shim and
+    Removes libuiw-rdmavN.so (every N) from the provider directory, the shim and
     /etc/libibverbs.d/uiw.driver. Removing nothing is not an error.
 ";

@@ -1,5 +1,6 @@
-//! Finding the provider (`libuiw_rdmav34.so`), the preload shim
-//! (`libuiw_preload.so`) and libibverbs' provider directory.
+//! Finding the provider (`libuiw_rdmav34.so`, installed as `libuiw-rdmavN.so` for every
+//! private ABI N it serves), the preload shim (`libuiw_preload.so`) and libibverbs' provider
+//! directory.
 
 use crate::state::Paths;
 use std::path::{Path, PathBuf};
@@ -55,7 +56,7 @@ pub fn find(paths: &Paths, names: &[&str]) -> Option<PathBuf> {
     None
 }
 
-/// Where libibverbs may look for `lib<name>-rdmav34.so` (under the install root).
+/// Where libibverbs may look for `lib<name>-rdmavN.so` (under the install root).
 pub fn provider_dir_candidates(paths: &Paths) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = Vec::new();
     if let Ok(out) = std::process::Command::new("pkg-config")
@@ -83,23 +84,53 @@ pub fn provider_dir_candidates(paths: &Paths) -> Vec<PathBuf> {
     v
 }
 
+/// Whether `name` is a provider file name, `lib<name>-rdmav<N>.so` (N: 34 for rdma-core
+/// v36–v56, 57, 59, 64, 65 after it, and whatever later releases use).
+pub fn is_provider_file_name(name: &str) -> bool {
+    name.starts_with("lib")
+        && name
+            .strip_suffix(".so")
+            .and_then(|s| s.rsplit_once("-rdmav"))
+            .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// The directory holding libibverbs' providers: the first candidate containing a
-/// `lib*-rdmav34.so`, else the first that exists.
+/// `lib*-rdmavN.so`, else the first that exists.
 pub fn provider_dir(paths: &Paths) -> Option<PathBuf> {
     let c = provider_dir_candidates(paths);
     let has_provider = |d: &PathBuf| {
         std::fs::read_dir(d)
-            .map(|rd| rd.flatten().any(|e| e.file_name().to_string_lossy().ends_with("-rdmav34.so")))
+            .map(|rd| rd.flatten().any(|e| is_provider_file_name(&e.file_name().to_string_lossy())))
             .unwrap_or(false)
     };
     c.iter().find(|d| has_provider(d)).or_else(|| c.iter().find(|d| d.is_dir())).cloned()
 }
 
 /// Installed system-wide: `/etc/libibverbs.d/uiw.driver` exists and a provider
-/// directory holds `libuiw-rdmav34.so`.
+/// directory holds the provider under every name (`libuiw-rdmavN.so`), so that the running
+/// libibverbs, whatever its release, finds it.
 pub fn installed(paths: &Paths) -> Option<PathBuf> {
     if !paths.rooted("/etc/libibverbs.d/uiw.driver").is_file() {
         return None;
     }
-    provider_dir_candidates(paths).into_iter().map(|d| d.join("libuiw-rdmav34.so")).find(|p| p.is_file())
+    let links = crate::state::provider_links();
+    provider_dir_candidates(paths)
+        .into_iter()
+        .find(|d| links.iter().all(|n| d.join(n).is_file()))
+        .map(|d| d.join(crate::state::PROVIDER_LINK))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_provider_file_name;
+
+    #[test]
+    fn provider_file_names_of_every_private_abi() {
+        for n in ["librxe-rdmav34.so", "libmlx5-rdmav65.so", "libuiw-rdmav57.so", "libsiw-rdmav100.so"] {
+            assert!(is_provider_file_name(n), "{n}");
+        }
+        for n in ["librxe-rdmav.so", "libuiw_rdmav34.so", "librxe-rdmav34.so.1", "rxe-rdmav34.so", "libx-rdmavX.so"] {
+            assert!(!is_provider_file_name(n), "{n}");
+        }
+    }
 }

@@ -397,19 +397,23 @@ fn release_node(paths: &Paths, reg: &nodes::Registry, n: u32) {
     }
 }
 
-/// (Re)create `<state>/lib/{libuiw-rdmav34.so,libuiw_preload.so,rdmacm/librdmacm.so.1}` as
-/// symlinks to the built libraries. Returns notes about what could not be found (the
+/// (Re)create `<state>/lib/{libuiw-rdmavN.so (every N of state::provider_links),
+/// libuiw_preload.so,rdmacm/librdmacm.so.1}` as symlinks to the built libraries. Returns notes about what could not be found (the
 /// librdmacm drop-in is optional: without it rdma_cm programs use the system's).
 fn link_libs(paths: &Paths) -> Vec<String> {
     let mut notes = Vec::new();
     let lib = paths.lib();
     let _ = fs::create_dir_all(&lib);
-    for (link, names, what) in [
-        (state::PROVIDER_LINK, libs::PROVIDER_FILES, "provider libuiw_rdmav34.so (cargo build -p uiw-provider)"),
-        (state::PRELOAD_NAME, libs::PRELOAD_FILES, "preload shim libuiw_preload.so (cargo build -p uiw-preload)"),
-        (state::RDMACM_LINK, libs::RDMACM_FILES, ""),
-    ] {
-        let dst = lib.join(link);
+    let provider = "provider libuiw_rdmav34.so (cargo build -p uiw-provider)";
+    let mut wanted: Vec<(String, &[&str], &str)> = Vec::new();
+    for (i, link) in state::provider_links().into_iter().enumerate() {
+        // One note for a missing provider, not one per name.
+        wanted.push((link, libs::PROVIDER_FILES, if i == 0 { provider } else { "" }));
+    }
+    wanted.push((state::PRELOAD_NAME.into(), libs::PRELOAD_FILES, "preload shim libuiw_preload.so (cargo build -p uiw-preload)"));
+    wanted.push((state::RDMACM_LINK.into(), libs::RDMACM_FILES, ""));
+    for (link, names, what) in wanted {
+        let dst = lib.join(&link);
         if let Some(d) = dst.parent() {
             let _ = fs::create_dir_all(d);
         }
@@ -680,6 +684,8 @@ fn copy_atomic(src: &Path, dst: &Path) -> std::io::Result<()> {
     fs::rename(&tmp, dst)
 }
 
+/// The provider's path in libibverbs' provider directory, the shim's, and the driver file's.
+/// The provider is also linked there under every other name of `state::provider_links`.
 fn install_targets(paths: &Paths, dir: Option<PathBuf>) -> Res<(PathBuf, PathBuf, PathBuf)> {
     let pdir = match dir {
         Some(d) => d,
@@ -689,7 +695,7 @@ fn install_targets(paths: &Paths, dir: Option<PathBuf>) -> Res<(PathBuf, PathBuf
         },
     };
     let shim_dir = pdir.parent().map(|p| p.join("uiw")).unwrap_or_else(|| pdir.join("uiw"));
-    Ok((pdir.join("libuiw-rdmav34.so"), shim_dir.join(state::PRELOAD_NAME), paths.rooted("/etc/libibverbs.d/uiw.driver")))
+    Ok((pdir.join(state::PROVIDER_LINK), shim_dir.join(state::PRELOAD_NAME), paths.rooted("/etc/libibverbs.d/uiw.driver")))
 }
 
 fn cmd_install(paths: &Paths, dir: Option<PathBuf>) -> Res {
@@ -706,6 +712,17 @@ fn cmd_install(paths: &Paths, dir: Option<PathBuf>) -> Res {
     };
     copy_atomic(&src, &prov).map_err(|e| perm(e, &prov))?;
     println!("installed {} (from {})", prov.display(), src.display());
+    // The same file under the names newer libibverbs load (lib<name>-rdmav<PABI>.so): relative
+    // links beside it, so the directory can move (DESTDIR, a package).
+    for name in state::provider_links().iter().filter(|n| n.as_str() != state::PROVIDER_LINK) {
+        let link = prov.with_file_name(name);
+        let tmp = prov.with_file_name(format!(".{name}.uiw-tmp"));
+        let _ = fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(state::PROVIDER_LINK, &tmp)
+            .and_then(|_| fs::rename(&tmp, &link))
+            .map_err(|e| perm(e, &link))?;
+        println!("installed {} -> {}", link.display(), state::PROVIDER_LINK);
+    }
     match libs::find(paths, libs::PRELOAD_FILES) {
         Some(s) if s != shim => {
             fs::create_dir_all(shim.parent().unwrap()).map_err(|e| perm(e, &shim))?;
@@ -722,15 +739,19 @@ fn cmd_install(paths: &Paths, dir: Option<PathBuf>) -> Res {
 }
 
 fn cmd_uninstall(paths: &Paths, dir: Option<PathBuf>) -> Res {
-    let mut provs: Vec<PathBuf> = match dir {
-        Some(d) => vec![d.join("libuiw-rdmav34.so")],
-        None => libs::provider_dir_candidates(paths).into_iter().map(|d| d.join("libuiw-rdmav34.so")).collect(),
+    let dirs: Vec<PathBuf> = match dir {
+        Some(d) => vec![d],
+        None => libs::provider_dir_candidates(paths),
     };
-    provs.retain(|p| p.exists());
+    let links = state::provider_links();
     let mut targets = Vec::new();
-    for p in &provs {
-        targets.push(p.clone());
-        if let Some(pd) = p.parent().and_then(|d| d.parent()) {
+    for d in &dirs {
+        let names: Vec<PathBuf> = links.iter().map(|n| d.join(n)).filter(|p| p.symlink_metadata().is_ok()).collect();
+        if names.is_empty() {
+            continue;
+        }
+        targets.extend(names);
+        if let Some(pd) = d.parent() {
             targets.push(pd.join("uiw").join(state::PRELOAD_NAME));
         }
     }

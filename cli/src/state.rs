@@ -7,7 +7,15 @@ use std::path::{Path, PathBuf};
 pub const DEFAULT_STATE_DIR: &str = "/run/uiw";
 pub const DEFAULT_DEV_DIR: &str = "/dev/infiniband";
 pub const DEFAULT_REGISTRY: &str = "/run/uiw-nodes";
+/// `<state>/lib/libuiw-rdmav34.so`: the first of the provider's names (see [`provider_links`]).
 pub const PROVIDER_LINK: &str = "libuiw-rdmav34.so";
+
+/// Every name libibverbs may load the provider under: `libuiw-rdmavN.so` for each private ABI
+/// `N` of a supported rdma-core release (34 for v36–v56, 57, 59, 64, 65). One build serves them
+/// all and picks the running libibverbs' layout when it is loaded.
+pub fn provider_links() -> Vec<String> {
+    uiw_kabi::version::PABIS.iter().map(|&p| uiw_kabi::version::provider_file_name("uiw", p)).collect()
+}
 pub const PRELOAD_NAME: &str = "libuiw_preload.so";
 /// `<state>/lib/rdmacm/librdmacm.so.1`: the librdmacm drop-in, alone in its directory so
 /// that `LD_LIBRARY_PATH` picks up nothing else.

@@ -389,7 +389,10 @@ fn env_output() {
             libs.display()
         )
     );
-    assert_eq!(fs::read_link(s.join("lib/libuiw-rdmav34.so")).unwrap(), libs.join("libuiw_rdmav34.so"));
+    // One link per private ABI name libibverbs may append to RDMAV_DRIVERS (rdma-core v36–v65).
+    for pabi in [34, 57, 59, 64, 65] {
+        assert_eq!(fs::read_link(s.join(format!("lib/libuiw-rdmav{pabi}.so"))).unwrap(), libs.join("libuiw_rdmav34.so"));
+    }
     assert_eq!(fs::read_link(s.join("lib/libuiw_preload.so")).unwrap(), libs.join("libuiw_preload.so"));
     // The lines work in a POSIX shell, keeping what was there.
     let o = Command::new("sh")
@@ -505,9 +508,15 @@ fn install_uninstall() {
     e.libdir = Some(libs);
     let pdir = e.t.p(&format!("root/usr/lib/{}-linux-gnu/libibverbs", std::env::consts::ARCH));
     fs::create_dir_all(&pdir).unwrap();
-    fs::write(pdir.join("librxe-rdmav34.so"), "rxe").unwrap();
-    e.ok(&["install"]);
-    assert_eq!(fs::read_to_string(pdir.join("libuiw-rdmav34.so")).unwrap(), "provider");
+    // Another provider, named as rdma-core v65 names them: it stays.
+    fs::write(pdir.join("librxe-rdmav65.so"), "rxe").unwrap();
+    let out = e.ok(&["install"]);
+    assert_eq!(fs::read_to_string(pdir.join("libuiw-rdmav34.so")).unwrap(), "provider", "{out}");
+    for pabi in [57, 59, 64, 65] {
+        let link = pdir.join(format!("libuiw-rdmav{pabi}.so"));
+        assert_eq!(fs::read_link(&link).unwrap(), Path::new("libuiw-rdmav34.so"));
+        assert_eq!(fs::read_to_string(&link).unwrap(), "provider");
+    }
     assert_eq!(fs::read_to_string(pdir.join("../uiw/libuiw_preload.so")).unwrap(), "shim");
     assert_eq!(fs::read_to_string(e.t.p("root/etc/libibverbs.d/uiw.driver")).unwrap(), "driver uiw\n");
     // installed: no RDMAV_DRIVERS
@@ -515,10 +524,12 @@ fn install_uninstall() {
     assert!(!e.ok(&["env"]).contains("RDMAV_DRIVERS"));
     e.ok(&["down"]);
     e.ok(&["uninstall"]);
-    assert!(!pdir.join("libuiw-rdmav34.so").exists());
+    for pabi in [34, 57, 59, 64, 65] {
+        assert!(pdir.join(format!("libuiw-rdmav{pabi}.so")).symlink_metadata().is_err(), "{pabi}");
+    }
     assert!(!pdir.join("../uiw").exists());
     assert!(!e.t.p("root/etc/libibverbs.d/uiw.driver").exists());
-    assert!(pdir.join("librxe-rdmav34.so").exists());
+    assert!(pdir.join("librxe-rdmav65.so").exists());
     e.ok(&["uninstall"]);
 }
 
@@ -541,7 +552,7 @@ fn help_and_usage() {
 // ---------------------------------------------------------------------------
 // Against the real libibverbs and /dev/infiniband (root, provider built).
 
-/// The built provider, if it registers with libibverbs (exports verbs_register_driver_34).
+/// The built provider, if it registers with libibverbs (looks up verbs_register_driver_N).
 fn real_provider() -> Option<PathBuf> {
     let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut dirs: Vec<PathBuf> = std::env::var_os("UIW_LIBDIR").map(|l| std::env::split_paths(&l).collect()).unwrap_or_default();
@@ -553,7 +564,7 @@ fn real_provider() -> Option<PathBuf> {
     dirs.push(ws.join("target/release"));
     dirs.push(ws.join("target/debug"));
     dirs.into_iter().map(|d| d.join("libuiw_rdmav34.so")).find(|p| {
-        fs::read(p).map(|b| b.windows(24).any(|w| w == b"verbs_register_driver_34")).unwrap_or(false)
+        fs::read(p).map(|b| b.windows(22).any(|w| w == b"verbs_register_driver_")).unwrap_or(false)
     })
 }
 
@@ -568,7 +579,7 @@ fn real_env(name: &str, tool: &str) -> Option<Env> {
         return None;
     }
     let Some(prov) = real_provider() else {
-        skip!("provider libuiw_rdmav34.so exporting verbs_register_driver_34 not built yet (cargo build -p uiw-provider)");
+        skip!("provider libuiw_rdmav34.so registering with verbs_register_driver_N not built yet (cargo build -p uiw-provider)");
         return None;
     };
     let mut e = Env::new(name);

@@ -1,12 +1,21 @@
 //! Hand-written mirror of libibverbs' *private* provider ABI (`libibverbs/driver.h`, exported as
-//! `IBVERBS_PRIVATE_34`). No distribution installs `driver.h`, so these layouts are ours to keep
-//! right: each struct below was checked field by field against rdma-core v36.0, v44.0 and v56.0
-//! (identical in all three), and `tests/layout.rs` pins every size and offset.
+//! `IBVERBS_PRIVATE_34` by rdma-core v36–v56 and as `IBVERBS_PRIVATE_57`, `_59`, `_64`, `_65` by
+//! the releases after it). No distribution installs `driver.h`, so these layouts are ours to
+//! keep right: each struct below was checked field by field against rdma-core v36.0, v44.0,
+//! v56.1, v58.0, v59.0, v62.0, v64.0 and v65.0 (`verbs_sysfs_dev`, `verbs_device_ops`,
+//! `verbs_device`, `verbs_match_ent`, `verbs_mr`, `verbs_cq`, `verbs_srq` and `verbs_qp` are
+//! identical in all of them), and `tests/layout.rs` pins every size and offset. What differs
+//! between those releases is written down in `kabi/README.md`.
 //!
-//! The one layout that *does* move inside that range is `verbs_qp`: it embeds `ibv_qp_ex`, which
-//! gained `wr_atomic_write` in v44 and `wr_flush` in v45, so the `comp_mask` that follows it
-//! sits 0, 8 or 16 bytes further on depending on the libibverbs the process loaded. See
-//! [`VerbsQp`] and [`crate::version`].
+//! Three layouts *do* move with the release of the libibverbs the process loaded:
+//! - `verbs_qp` embeds `ibv_qp_ex`, which gained `wr_atomic_write` in v44 and `wr_flush` in v45,
+//!   so the `comp_mask` that follows it sits 0, 8 or 16 bytes further on. See [`VerbsQp`].
+//! - `verbs_context_ops` is in alphabetical order and gains slots in the middle (v59, v62, v64,
+//!   v65). [`VerbsContextOps`] is the v36–v58 table; [`context_ops_slots`] lays it out for the
+//!   running release. See [`CONTEXT_OPS`].
+//! - `verbs_context` (verbs.h) "grows up": new members go *before* the old ones (v59, v62,
+//!   v64), so the `ibv_context` at its end moves away from its start. See
+//!   [`verbs_context_head`].
 
 use core::ffi::{c_char, c_int, c_void};
 
@@ -107,8 +116,9 @@ pub struct VerbsDevice {
 /// `EOPNOTSUPP` stub there.
 pub type OpaqueOp = Option<unsafe extern "C" fn()>;
 
-/// `struct verbs_context_ops`, in libibverbs' (alphabetical) slot order. Handed to
-/// `verbs_set_ops`, which copies the non-NULL slots into the context.
+/// `struct verbs_context_ops` of rdma-core v36–v58, in libibverbs' (alphabetical) slot order.
+/// `verbs_set_ops` copies the non-NULL slots into the context; it reads the table in the layout
+/// of the running release, which [`context_ops_slots`] produces from this one.
 #[repr(C)]
 #[derive(Default)]
 pub struct VerbsContextOps {
@@ -255,3 +265,87 @@ impl VerbsQp {
         QP_EX_V36_SIZE + 8 * (slots - QP_EX_MIN_SLOTS)
     }
 }
+
+/// Every slot of `struct verbs_context_ops` in rdma-core v65.0's (alphabetical) order, with the
+/// first release that has it. The table of a release is this list less the slots newer than it;
+/// the v36 slots are exactly the fields of [`VerbsContextOps`], in the same order (checked by
+/// `tests/layout.rs`). The slots added after v58 are for features uiw does not offer (DMA
+/// handles, `ibv_reg_mr_ex`, DMA-buf export, port speed, provider-allocated buffers, completion
+/// counters): left NULL, libibverbs answers them with its `EOPNOTSUPP` stubs.
+pub const CONTEXT_OPS: &[(&str, u32)] = &[
+    ("advise_mr", 36), ("alloc_buf", 64), ("alloc_dm", 36), ("alloc_dmah", 59), ("alloc_mw", 36),
+    ("alloc_null_mr", 36), ("alloc_parent_domain", 36), ("alloc_pd", 36), ("alloc_td", 36),
+    ("async_event", 36), ("attach_counters_point_flow", 36), ("attach_mcast", 36), ("bind_mw", 36),
+    ("close_xrcd", 36), ("cq_event", 36), ("create_ah", 36), ("create_comp_cntr", 65),
+    ("create_counters", 36), ("create_cq", 36), ("create_cq_ex", 36), ("create_flow", 36),
+    ("create_flow_action_esp", 36), ("create_qp", 36), ("create_qp_ex", 36),
+    ("create_rwq_ind_table", 36), ("create_srq", 36), ("create_srq_ex", 36), ("create_wq", 36),
+    ("dealloc_dmah", 59), ("dealloc_mw", 36), ("dealloc_pd", 36), ("dealloc_td", 36),
+    ("dereg_mr", 36), ("destroy_ah", 36), ("destroy_comp_cntr", 65), ("destroy_counters", 36),
+    ("destroy_cq", 36), ("destroy_flow", 36), ("destroy_flow_action", 36), ("destroy_qp", 36),
+    ("destroy_rwq_ind_table", 36), ("destroy_srq", 36), ("destroy_wq", 36), ("detach_mcast", 36),
+    ("dm_export_dmabuf_fd", 62), ("free_buf", 64), ("free_context", 36), ("free_dm", 36),
+    ("get_srq_num", 36), ("import_dm", 36), ("import_mr", 36), ("import_pd", 36),
+    ("inc_comp_cntr", 65), ("inc_err_comp_cntr", 65), ("modify_cq", 36),
+    ("modify_flow_action_esp", 36), ("modify_qp", 36), ("modify_qp_rate_limit", 36),
+    ("modify_srq", 36), ("modify_wq", 36), ("open_qp", 36), ("open_xrcd", 36), ("poll_cq", 36),
+    ("post_recv", 36), ("post_send", 36), ("post_srq_ops", 36), ("post_srq_recv", 36),
+    ("qp_attach_comp_cntr", 65), ("query_comp_cntr_caps", 65), ("query_device_ex", 36),
+    ("query_ece", 36), ("query_port", 36), ("query_port_speed", 62), ("query_qp", 36),
+    ("query_qp_data_in_order", 36), ("query_rt_values", 36), ("query_srq", 36),
+    ("read_comp_cntr", 65), ("read_counters", 36), ("read_err_comp_cntr", 65), ("reg_dm_mr", 36),
+    ("reg_dmabuf_mr", 36), ("reg_mr", 36), ("reg_mr_ex", 59), ("req_notify_cq", 36),
+    ("rereg_mr", 36), ("resize_cq", 36), ("set_comp_cntr", 65), ("set_ece", 36),
+    ("set_err_comp_cntr", 65), ("unimport_dm", 36), ("unimport_mr", 36), ("unimport_pd", 36),
+];
+
+/// Slots of [`VerbsContextOps`] (the v36–v58 table).
+pub const CONTEXT_OPS_V36_SLOTS: usize = core::mem::size_of::<VerbsContextOps>() / 8;
+
+/// `ops` laid out as `struct verbs_context_ops` of rdma-core `release`: the v36 slots in order,
+/// with a NULL slot wherever that release inserted one. Hand the result to `verbs_set_ops`.
+pub fn context_ops_slots(ops: &VerbsContextOps, release: u32) -> Vec<OpaqueOp> {
+    // SAFETY: VerbsContextOps is #[repr(C)] and made only of `Option<unsafe extern "C" fn(..)>`
+    // fields, each one pointer wide with NULL as None, so it is an array of
+    // CONTEXT_OPS_V36_SLOTS `OpaqueOp`s (a function pointer's argument types do not change its
+    // representation).
+    let v36: &[OpaqueOp; CONTEXT_OPS_V36_SLOTS] =
+        unsafe { &*(ops as *const VerbsContextOps as *const [OpaqueOp; CONTEXT_OPS_V36_SLOTS]) };
+    let mut old = v36.iter();
+    CONTEXT_OPS
+        .iter()
+        .filter(|(_, since)| *since <= release)
+        .map(|(_, since)| if *since <= 58 { *old.next().expect("v36 slot") } else { None })
+        .collect()
+}
+
+/// Members `verbs_context` (verbs.h) has before `query_port`, the first member of the v36–v58
+/// layout: three in v59–v61 (`reg_mr_ex`, `dealloc_dmah`, `alloc_dmah` — in reverse, as it
+/// "grows up"), `dm_export_dmabuf_fd` from v62, `alloc_buf` and `free_buf` from v64. All are
+/// function pointers.
+pub const fn verbs_context_prepended(release: u32) -> usize {
+    match release {
+        0..=58 => 0,
+        59..=61 => 3,
+        62..=63 => 4,
+        _ => 6,
+    }
+}
+
+/// The most members any known release prepends to `verbs_context`.
+pub const VERBS_CONTEXT_MAX_PREPENDED: usize = 6;
+
+/// Bytes from the start of the v36–v58 `verbs_context` to its `context` member (the
+/// `ibv_context`, which must be last): computed from the headers bindgen read, whatever their
+/// release, since everything from `query_port` to `context` is the same in all of them.
+pub const VERBS_CONTEXT_V36_HEAD: usize =
+    core::mem::offset_of!(verbs_context, context) - core::mem::offset_of!(verbs_context, query_port);
+
+/// Bytes from the start of `verbs_context` to its `context` member in rdma-core `release`.
+/// A provider that embeds the context must leave this much room before its `ibv_context`.
+pub const fn verbs_context_head(release: u32) -> usize {
+    VERBS_CONTEXT_V36_HEAD + 8 * verbs_context_prepended(release)
+}
+
+/// The largest [`verbs_context_head`] of any known release.
+pub const VERBS_CONTEXT_MAX_HEAD: usize = VERBS_CONTEXT_V36_HEAD + 8 * VERBS_CONTEXT_MAX_PREPENDED;

@@ -78,3 +78,71 @@ fn verbs_qp_comp_mask_follows_the_release() {
     // The storage holds comp_mask and xrcd of the largest layout.
     assert!(size_of::<VerbsQp>() >= VerbsQp::comp_mask_offset(QP_EX_MAX_SLOTS) + 16);
 }
+
+#[test]
+fn verbs_context_ops_table_matches_the_v36_struct() {
+    // Every slot of the v36–v58 table, in CONTEXT_OPS order, is the VerbsContextOps field of
+    // that name at that place.
+    macro_rules! offsets {
+        ($($f:ident),* $(,)?) => { vec![$((stringify!($f), offset_of!(VerbsContextOps, $f))),*] };
+    }
+    let fields = offsets!(
+        advise_mr, alloc_dm, alloc_mw, alloc_null_mr, alloc_parent_domain, alloc_pd, alloc_td,
+        async_event, attach_counters_point_flow, attach_mcast, bind_mw, close_xrcd, cq_event,
+        create_ah, create_counters, create_cq, create_cq_ex, create_flow, create_flow_action_esp,
+        create_qp, create_qp_ex, create_rwq_ind_table, create_srq, create_srq_ex, create_wq,
+        dealloc_mw, dealloc_pd, dealloc_td, dereg_mr, destroy_ah, destroy_counters, destroy_cq,
+        destroy_flow, destroy_flow_action, destroy_qp, destroy_rwq_ind_table, destroy_srq,
+        destroy_wq, detach_mcast, free_context, free_dm, get_srq_num, import_dm, import_mr,
+        import_pd, modify_cq, modify_flow_action_esp, modify_qp, modify_qp_rate_limit, modify_srq,
+        modify_wq, open_qp, open_xrcd, poll_cq, post_recv, post_send, post_srq_ops, post_srq_recv,
+        query_device_ex, query_ece, query_port, query_qp, query_qp_data_in_order, query_rt_values,
+        query_srq, read_counters, reg_dm_mr, reg_dmabuf_mr, reg_mr, req_notify_cq, rereg_mr,
+        resize_cq, set_ece, unimport_dm, unimport_mr, unimport_pd,
+    );
+    let v36: Vec<&str> = CONTEXT_OPS.iter().filter(|(_, s)| *s <= 58).map(|(n, _)| *n).collect();
+    assert_eq!(fields.len(), CONTEXT_OPS_V36_SLOTS);
+    assert_eq!(v36.len(), CONTEXT_OPS_V36_SLOTS);
+    for (i, (name, off)) in fields.iter().enumerate() {
+        assert_eq!((v36[i], *off), (*name, 8 * i));
+    }
+    // Alphabetical, as libibverbs keeps it (the layout of a release depends on it).
+    assert!(CONTEXT_OPS.windows(2).all(|w| w[0].0 < w[1].0));
+}
+
+#[test]
+fn verbs_context_ops_per_release() {
+    // Slot counts of struct verbs_context_ops in rdma-core's driver.h at each tag.
+    let count = |r| CONTEXT_OPS.iter().filter(|(_, s)| *s <= r).count();
+    assert_eq!((count(36), count(56), count(58)), (76, 76, 76));
+    assert_eq!((count(59), count(61), count(62), count(63), count(64), count(65)), (79, 79, 81, 81, 83, 93));
+    let ops = VerbsContextOps { alloc_pd: None, poll_cq: Some(dummy_poll), ..Default::default() };
+    let idx = |r: u32, name: &str| {
+        CONTEXT_OPS.iter().filter(|(_, s)| *s <= r).position(|(n, _)| *n == name).unwrap()
+    };
+    for r in [36, 56, 57, 59, 62, 64, 65] {
+        let slots = context_ops_slots(&ops, r);
+        assert_eq!(slots.len(), count(r), "v{r}");
+        assert!(slots[idx(r, "poll_cq")].is_some(), "v{r}");
+        assert_eq!(slots.iter().filter(|s| s.is_some()).count(), 1, "v{r}");
+    }
+    // v65: poll_cq is slot 62 (v36: 53): alloc_buf, alloc_dmah, create_comp_cntr, dealloc_dmah,
+    // destroy_comp_cntr, dm_export_dmabuf_fd, free_buf, inc_comp_cntr, inc_err_comp_cntr are
+    // before it.
+    assert_eq!((idx(36, "poll_cq"), idx(65, "poll_cq")), (53, 62));
+}
+
+unsafe extern "C" fn dummy_poll(_: *mut ibv_cq, _: core::ffi::c_int, _: *mut ibv_wc) -> core::ffi::c_int {
+    0
+}
+
+#[test]
+fn verbs_context_grows_up() {
+    // v36–v58 (gcc 12, x86_64): offsetof(struct verbs_context, context) == 320.
+    assert_eq!(VERBS_CONTEXT_V36_HEAD, 320);
+    assert_eq!((verbs_context_head(44), verbs_context_head(58)), (320, 320));
+    assert_eq!((verbs_context_head(59), verbs_context_head(61)), (344, 344));
+    assert_eq!((verbs_context_head(62), verbs_context_head(63)), (352, 352));
+    assert_eq!((verbs_context_head(64), verbs_context_head(65)), (368, 368));
+    assert_eq!(VERBS_CONTEXT_MAX_HEAD, 368);
+}

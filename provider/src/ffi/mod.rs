@@ -9,9 +9,9 @@ use core::mem::offset_of;
 use core::ptr;
 use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-use uiw_kabi::ffi::{_verbs_init_and_alloc_context, verbs_register_driver_34, verbs_set_ops, verbs_uninit_context};
+use uiw_kabi::ffi::PrivateFns;
 use uiw_kabi::private::*;
 use uiw_kabi::uverbs::{WriteCmd, CMD_CREATE_COMP_CHANNEL};
 use uiw_kabi::verbs::*;
@@ -32,6 +32,22 @@ mod query;
 
 /// Function slots of the running libibverbs' `ibv_qp_ex` (set once, before registration).
 pub(crate) static QP_EX_SLOTS: AtomicUsize = AtomicUsize::new(0);
+
+/// What the provider needs to know of the running libibverbs' private ABI: set once by
+/// [`register`] before `verbs_register_driver_N`, so every callback libibverbs makes sees it.
+struct RunningAbi {
+    release: u32,
+    fns: PrivateFns,
+    /// `verbs_context_ops` in the running release's layout.
+    ops: Vec<OpaqueOp>,
+}
+
+static ABI: OnceLock<RunningAbi> = OnceLock::new();
+
+fn abi() -> &'static RunningAbi {
+    // Callbacks only run after register() set it: libibverbs knows of us only from then.
+    ABI.get().expect("uiw: libibverbs called a provider that did not register")
+}
 
 // ---------------------------------------------------------------------------------------------
 // Registration
@@ -69,14 +85,25 @@ static DEVICE_OPS: VerbsDeviceOps = VerbsDeviceOps {
 static REGISTER: extern "C" fn() = register;
 
 extern "C" fn register() {
-    match version::detect() {
-        Ok((v, _)) => {
-            QP_EX_SLOTS.store(v.qp_ex_slots(), Ordering::Release);
-            // SAFETY: DEVICE_OPS is a static that outlives the process' use of it.
-            unsafe { verbs_register_driver_34(&DEVICE_OPS) };
-        }
-        Err(e) => eprintln!("uiw: provider not registered: {e}"),
+    let found = version::detect().map_err(|e| e.to_string()).and_then(|(v, path)| {
+        let pabi = v.pabi().expect("detect() returns supported releases only");
+        PrivateFns::resolve(&path, pabi)
+            .map(|fns| (v, fns))
+            .map_err(|e| format!("{e}, though its file name says rdma-core v{}; will not guess", v.release))
+    });
+    let (v, fns) = match found {
+        Ok(f) => f,
+        Err(e) => return eprintln!("uiw: provider not registered: {e}"),
+    };
+    QP_EX_SLOTS.store(v.qp_ex_slots(), Ordering::Release);
+    let ops = context_ops_slots(&CONTEXT_OPS, v.release);
+    let abi = ABI.get_or_init(|| RunningAbi { release: v.release, fns, ops });
+    if std::env::var_os("UIW_DEBUG").is_some() {
+        eprintln!("uiw: registering with rdma-core v{} ({})", abi.release, abi.fns.node());
     }
+    // SAFETY: the function is libibverbs' verbs_register_driver_N for the private ABI it was
+    // found under; DEVICE_OPS is a static that outlives the process' use of it.
+    unsafe { (abi.fns.register_driver)(&DEVICE_OPS) };
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -156,12 +183,35 @@ unsafe extern "C" fn uninit_device(vdev: *mut VerbsDevice) {
 // Context
 
 /// Our driver context: libibverbs allocates it (calloc) in `_verbs_init_and_alloc_context`.
+///
+/// libibverbs' `struct verbs_context` ends with the `ibv_context` applications see, and grows
+/// at its start from release to release (v59, v62, v64). So the `ibv_context` sits at a fixed
+/// place here, with room before it for the largest known `verbs_context`, and the running
+/// release's `verbs_context` starts [`verbs_context_head`] bytes before it, inside `head`.
 #[repr(C)]
 pub(crate) struct UiwContext {
-    vctx: verbs_context,
+    /// libibverbs' `verbs_context` members before `context` (the running release's use the
+    /// last `verbs_context_head(release)` bytes).
+    head: [u64; VERBS_CONTEXT_MAX_HEAD / 8],
+    ctx: ibv_context,
     engine: *const Context,
     /// Whether the launcher's shim serves our cmd_fd (completion channels work).
     shim: bool,
+}
+
+const _: () = assert!(VERBS_CONTEXT_MAX_HEAD % 8 == 0);
+
+impl UiwContext {
+    /// Our context behind an `ibv_context` of ours.
+    fn from_ctx(ctx: *mut ibv_context) -> *mut UiwContext {
+        (ctx as *mut u8).wrapping_sub(offset_of!(UiwContext, ctx)) as *mut UiwContext
+    }
+
+    /// The running release's `verbs_context` inside `raw`.
+    fn vctx(raw: *mut UiwContext) -> *mut verbs_context {
+        let ctx = (raw as *mut u8).wrapping_add(offset_of!(UiwContext, ctx));
+        ctx.wrapping_sub(verbs_context_head(abi().release)) as *mut verbs_context
+    }
 }
 
 /// The engine context behind an `ibv_context` of ours.
@@ -169,8 +219,7 @@ pub(crate) struct UiwContext {
 /// # Safety
 /// `ctx` must be an `ibv_context` created by [`alloc_context`] and not yet freed.
 pub(crate) unsafe fn engine<'a>(ctx: *mut ibv_context) -> &'a Context {
-    let uctx = (ctx as *mut u8).sub(offset_of!(verbs_context, context)) as *mut UiwContext;
-    &*(*uctx).engine
+    &*(*UiwContext::from_ctx(ctx)).engine
 }
 
 static CONTEXT_OPS: VerbsContextOps = VerbsContextOps {
@@ -205,13 +254,17 @@ static CONTEXT_OPS: VerbsContextOps = VerbsContextOps {
 
 unsafe extern "C" fn alloc_context(ibdev: *mut ibv_device, cmd_fd: c_int, _private: *mut c_void) -> *mut verbs_context {
     guard(ptr::null_mut(), || {
-        // SAFETY: libibverbs hands us ownership of cmd_fd; on failure the call closes it.
+        let abi = abi();
+        let vctx_offset = offset_of!(UiwContext, ctx) - verbs_context_head(abi.release);
+        // SAFETY: libibverbs hands us ownership of cmd_fd; on failure the call closes it. The
+        // running release's verbs_context, vctx_offset bytes in, ends at `ctx` and fits in
+        // the allocation.
         let raw = unsafe {
-            _verbs_init_and_alloc_context(
+            (abi.fns.init_and_alloc_context)(
                 ibdev,
                 cmd_fd,
                 core::mem::size_of::<UiwContext>(),
-                offset_of!(UiwContext, vctx) as *mut verbs_context,
+                vctx_offset as *mut verbs_context,
                 0,
             )
         } as *mut UiwContext;
@@ -221,8 +274,9 @@ unsafe extern "C" fn alloc_context(ibdev: *mut ibv_device, cmd_fd: c_int, _priva
         // SAFETY: raw is a zeroed UiwContext whose vctx libibverbs just initialised; ibdev is
         // the UiwDevice alloc_device returned.
         unsafe {
+            let vctx = UiwContext::vctx(raw);
             let fail = |e: c_int| {
-                verbs_uninit_context(&mut (*raw).vctx);
+                (abi.fns.uninit_context)(vctx);
                 libc::free(raw as *mut c_void);
                 set_errno(e);
                 ptr::null_mut()
@@ -231,15 +285,15 @@ unsafe extern "C" fn alloc_context(ibdev: *mut ibv_device, cmd_fd: c_int, _priva
                 Ok(p) => p,
                 Err(e) => return fail(e.raw_os_error().unwrap_or(libc::EMFILE)),
             };
-            verbs_set_ops(&mut (*raw).vctx, &CONTEXT_OPS);
-            let ctx = &mut (*raw).vctx.context;
+            (abi.fns.set_ops)(vctx, abi.ops.as_ptr() as *const c_void);
+            let ctx = &mut (*raw).ctx;
             ctx.async_fd = async_r.into_raw_fd();
             ctx.num_comp_vectors = 1;
             let info = (*(ibdev as *mut UiwDevice)).info.clone();
             let engine = Box::new(Context::new(info, DeviceLimits::UIW, sink, &user_memory::USER_MEMORY));
             (*raw).engine = Box::into_raw(engine);
             (*raw).shim = serve_cmd_fd(ctx.cmd_fd, (*raw).engine);
-            &mut (*raw).vctx
+            vctx
         }
     })
 }
@@ -247,14 +301,14 @@ unsafe extern "C" fn alloc_context(ibdev: *mut ibv_device, cmd_fd: c_int, _priva
 unsafe extern "C" fn free_context(ibctx: *mut ibv_context) {
     // SAFETY: ibctx is one of ours (libibverbs calls free_context once, from ibv_close_device).
     unsafe {
-        let raw = (ibctx as *mut u8).sub(offset_of!(verbs_context, context)) as *mut UiwContext;
+        let raw = UiwContext::from_ctx(ibctx);
         if (*raw).shim {
             if let Some(unregister) = shim_symbol::<UnregisterFn>(c"uiw_preload_unregister_cmd_fd_v1") {
                 unregister((*ibctx).cmd_fd);
             }
         }
         drop(Box::from_raw((*raw).engine as *mut Context));
-        verbs_uninit_context(&mut (*raw).vctx);
+        (abi().fns.uninit_context)(UiwContext::vctx(raw));
         libc::free(raw as *mut c_void);
     }
 }
