@@ -6,7 +6,7 @@ NAME
 
 SYNOPSIS
     uiw [--state-dir DIR] COMMAND [OPTIONS]
-    uiw up [--rootless] [--netdev NAME]...
+    uiw up [--rootless] [--transport tcp|packet|xdp] [--netdev NAME]...
     uiw down [--netdev NAME]...
     uiw show [-d]
     uiw env
@@ -82,7 +82,7 @@ NAME
     uiw up - publish uiw devices
 
 SYNOPSIS
-    uiw up [--rootless] [--netdev NAME]...
+    uiw up [--rootless] [--transport tcp|packet|xdp] [--netdev NAME]...
 
 DESCRIPTION
     Publishes one RDMA device named uiw_<NAME> for each --netdev (default: lo),
@@ -133,6 +133,14 @@ OPTIONS
     --netdev NAME   Network device to attach to; repeatable. Default: lo.
     --rootless      Publish without /dev/infiniband nodes even when able to
                     create them (also: UIW_ROOTLESS=1).
+    --transport T   What carries the devices' iWARP streams. `tcp` (default):
+                    the kernel's TCP sockets. `xdp` (AF_XDP) and `packet`
+                    (AF_PACKET): uiw's own userspace TCP on raw Ethernet frames,
+                    bypassing the kernel's TCP; they need --netdev (not lo) and
+                    root (CAP_NET_RAW, CAP_NET_ADMIN, CAP_BPF for xdp). Not
+                    supported yet: the provider cannot carry queue pairs over
+                    them, and `up` refuses them (EOPNOTSUPP), saying so.
+                    `uiw show` prints each device's transport.
 ";
 
 pub const DOWN: &str = "\
@@ -163,7 +171,7 @@ SYNOPSIS
 
 DESCRIPTION
     Prints one line per port, in the format of `rdma link show`:
-        link uiw_lo/1 state ACTIVE physical_state LINK_UP netdev lo
+        link uiw_lo/1 state ACTIVE physical_state LINK_UP netdev lo transport tcp
     Mirrored kernel devices are listed too, marked `(kernel)`. The state is the
     one recorded by the last `uiw up`.
 

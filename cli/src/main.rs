@@ -91,7 +91,10 @@ fn real_main(args: Vec<OsString>) -> Res {
         "up" => {
             let rootless = rest.iter().any(|a| a == "--rootless");
             let rest: Vec<OsString> = rest.into_iter().filter(|a| a != "--rootless").collect();
-            cmd_up(&paths, netdev_opts(&rest, "up")?, true, rootless)
+            let (rest, transport) = transport_opt(rest)?;
+            let want = netdev_opts(&rest, "up")?;
+            check_transport(transport, &want)?;
+            cmd_up(&paths, want, true, rootless)
         }
         "down" => cmd_down(&paths, netdev_opts(&rest, "down")?),
         "show" | "list" => cmd_show(&paths, parse_show(&rest)?),
@@ -112,6 +115,61 @@ fn no_args(rest: &[OsString], cmd: &str) -> Res {
         None => Ok(()),
         Some(a) => usage(format!("{cmd}: unexpected argument {a:?}")),
     }
+}
+
+/// `uiw up --transport tcp|packet|xdp`: what carries the device's iWARP streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    /// The kernel's TCP sockets (the default; needs no privileges).
+    Tcp,
+    /// uiw's userspace TCP on raw frames.
+    Raw(uiw_rawnet::probe::Kind),
+}
+
+/// Take `--transport X` / `--transport=X` out of `rest`.
+fn transport_opt(rest: Vec<OsString>) -> Res<(Vec<OsString>, Transport)> {
+    let mut out = Vec::new();
+    let mut t = Transport::Tcp;
+    let mut it = rest.into_iter();
+    while let Some(a) = it.next() {
+        let v = if a == "--transport" || a == "-t" {
+            match it.next() {
+                Some(v) => v,
+                None => return usage("up: --transport needs tcp, packet or xdp"),
+            }
+        } else if let Some(v) = a.to_str().and_then(|s| s.strip_prefix("--transport=")) {
+            v.into()
+        } else {
+            out.push(a);
+            continue;
+        };
+        t = match v.to_str() {
+            Some("tcp") => Transport::Tcp,
+            Some("packet") => Transport::Raw(uiw_rawnet::probe::Kind::Packet),
+            Some("xdp") => Transport::Raw(uiw_rawnet::probe::Kind::Xdp),
+            _ => return usage(format!("up: --transport {v:?}: say tcp, packet or xdp")),
+        };
+    }
+    Ok((out, t))
+}
+
+/// Refuse a raw-frame transport, saying why: no interface named, missing privileges, or —
+/// once those are fine — that the provider cannot use it yet.
+fn check_transport(t: Transport, netdevs: &[String]) -> Res {
+    let Transport::Raw(kind) = t else { return Ok(()) };
+    if netdevs.is_empty() || netdevs.iter().any(|n| n == "lo") {
+        return usage(format!(
+            "up: --transport {kind} needs --netdev NAME, an Ethernet interface (not lo): it sends and receives raw Ethernet frames"
+        ));
+    }
+    if let Err(e) = uiw_rawnet::probe::probe(kind) {
+        return fail(format!("up: --transport {kind}: {e}; use --transport tcp (the kernel's TCP), which needs no privileges"));
+    }
+    fail(format!(
+        "up: --transport {kind}: not supported yet (EOPNOTSUPP). uiw's userspace TCP (utcp/) and its AF_XDP and \
+         AF_PACKET drivers (rawnet/) exist and are tested against the kernel's TCP, but the provider's engine \
+         cannot carry its queue pairs over them until its transport interface lands; use --transport tcp"
+    ))
 }
 
 fn netdev_opts(rest: &[OsString], cmd: &str) -> Res<Vec<String>> {
@@ -536,6 +594,10 @@ fn show_line(dev: &Path, ibdev: &str, kernel: bool) -> String {
         }
         if !nd.is_empty() {
             l.push_str(&format!(" netdev {nd}"));
+        }
+        let tr = read1(&dev.join("uiw/transport"));
+        if !tr.is_empty() {
+            l.push_str(&format!(" transport {tr}"));
         }
         if kernel {
             l.push_str(" (kernel)");

@@ -135,6 +135,8 @@ pub fn render(dev: &Device) -> Vec<(String, String)> {
     f.extend([
         (format!("{d}/uiw/format"), UIW_FORMAT.into()),
         (format!("{d}/uiw/netdev"), nd.name.clone()),
+        // What carries the streams (`uiw up --transport`); only the kernel's TCP so far.
+        (format!("{d}/uiw/transport"), "tcp".into()),
         (format!("{d}/uiw/mtu"), nd.mtu.to_string()),
         (format!("{d}/uiw/ifindex"), nd.ifindex.to_string()),
         (format!("{d}/uiw/mac"), mac),

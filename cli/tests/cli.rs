@@ -155,7 +155,7 @@ fn tree_is_byte_exact() {
     let mut e = Env::new("exact");
     e.fake_host(true);
     let out = e.ok(&["up"]);
-    assert_eq!(out, "link uiw_lo/1 state ACTIVE physical_state LINK_UP netdev lo\n");
+    assert_eq!(out, "link uiw_lo/1 state ACTIVE physical_state LINK_UP netdev lo transport tcp\n");
     let snap = snapshot(&e.state().join("sysfs"));
     let host = e.host.clone().unwrap();
     let d = "class/infiniband/uiw_lo";
@@ -189,6 +189,7 @@ fn tree_is_byte_exact() {
         (&format!("{p}/gid_attrs/ndevs/0"), "lo"),
         (&format!("{d}/uiw/format"), "1"),
         (&format!("{d}/uiw/netdev"), "lo"),
+        (&format!("{d}/uiw/transport"), "tcp"),
         (&format!("{d}/uiw/mtu"), "9000"),
         (&format!("{d}/uiw/ifindex"), "7"),
         (&format!("{d}/uiw/mac"), "02:00:00:aa:bb:cc"),
@@ -221,7 +222,7 @@ fn tree_is_byte_exact() {
     // show lists ours and the mirrored kernel device
     assert_eq!(
         e.ok(&["show"]),
-        "link uiw_lo/1 state ACTIVE physical_state LINK_UP netdev lo\nlink mlx5_0/1 state ACTIVE physical_state LINK_UP netdev eth9 (kernel)\n"
+        "link uiw_lo/1 state ACTIVE physical_state LINK_UP netdev lo transport tcp\nlink mlx5_0/1 state ACTIVE physical_state LINK_UP netdev eth9 (kernel)\n"
     );
     e.ok(&["down"]);
 }
@@ -238,7 +239,7 @@ fn down_link_state_and_second_netdev() {
     let net = e.host.clone().unwrap().join("class/net/lo");
     fs::write(net.join("carrier"), "0\n").unwrap();
     let out = e.ok(&["up", "--netdev", "lo"]);
-    assert_eq!(out, "link uiw_lo/1 state DOWN physical_state DISABLED netdev lo\n");
+    assert_eq!(out, "link uiw_lo/1 state DOWN physical_state DISABLED netdev lo transport tcp\n");
     let p = e.state().join("sysfs/class/infiniband/uiw_lo/ports/1");
     assert_eq!(fs::read_to_string(p.join("state")).unwrap(), "1: DOWN\n");
     assert_eq!(fs::read_to_string(p.join("phys_state")).unwrap(), "3: Disabled\n");
@@ -295,7 +296,7 @@ fn partial_down_keeps_the_rest() {
     assert!(s.join("uiw_dummy9").exists());
     assert!(!e.dev().join("uverbs0").exists());
     assert!(e.dev().join("uverbs1").exists(), "dummy9 keeps its node number");
-    assert_eq!(e.ok(&["show"]), "link uiw_dummy9/1 state ACTIVE physical_state LINK_UP netdev dummy9\n");
+    assert_eq!(e.ok(&["show"]), "link uiw_dummy9/1 state ACTIVE physical_state LINK_UP netdev dummy9 transport tcp\n");
     e.ok(&["down"]);
     assert!(!e.dev().join("uverbs1").exists());
 }
@@ -547,6 +548,42 @@ fn help_and_usage() {
     assert_eq!(e.run(&[]).status.code(), Some(2));
     assert_eq!(e.run(&["up", "--bogus"]).status.code(), Some(2));
     assert!(!e.state().exists(), "usage errors publish nothing");
+}
+
+/// `uiw up --transport xdp|packet`: bad values and missing --netdev are usage errors; without
+/// the privileges the transport needs it says which and suggests tcp; with them it refuses
+/// with EOPNOTSUPP, since the provider cannot use it yet. Nothing is published either way.
+#[test]
+fn raw_transports_are_refused_clearly() {
+    let e = Env::new("transport");
+    let o = e.run(&["up", "--transport", "rdma"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("say tcp, packet or xdp"));
+    for args in [&["up", "--transport", "xdp"][..], &["up", "--transport=packet", "--netdev", "lo"]] {
+        let o = e.run(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        assert!(String::from_utf8_lossy(&o.stderr).contains("needs --netdev NAME, an Ethernet interface"), "{args:?}");
+    }
+    assert!(!e.state().exists(), "refusals publish nothing");
+    if !is_root() || Command::new("setpriv").arg("--version").output().is_err() {
+        skip!("needs root (to have the privileges, and to drop them) and setpriv");
+        return;
+    }
+    for t in ["xdp", "packet"] {
+        let o = e.run(&["up", "--transport", t, "--netdev", "eth9"]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(err.contains(&format!("--transport {t}: not supported yet (EOPNOTSUPP)")) && err.contains("use --transport tcp"), "{err}");
+        let o = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", UIW, "up", "--transport", t, "--netdev", "eth9"])
+            .env("UIW_STATE_DIR", e.state())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(err.contains(&format!("--transport {t}: needs CAP_NET_RAW")) && err.contains("use --transport tcp"), "{err}");
+    }
+    assert!(!e.state().exists(), "refusals publish nothing");
 }
 
 // ---------------------------------------------------------------------------

@@ -14,6 +14,7 @@
 //!   into the socket and passes everything else (ARP, ND, ssh, …) to the kernel.
 //! - [`neigh`]: the peer's MAC from the kernel's neighbour table.
 //! - [`host`]: a `Stack` driven over a `FrameIo`.
+//! - [`probe`]: whether this process has what a raw-frame transport needs.
 //! - [`netns`]: entering a network namespace on the calling thread (tests, test bed).
 //! - [`testbed`]: two namespaces over a veth pair with random loss, for tests and benchmarks.
 
@@ -24,6 +25,7 @@ pub mod host;
 pub mod iface;
 pub mod neigh;
 pub mod netns;
+pub mod probe;
 pub mod testbed;
 pub mod xdp;
 
