@@ -76,7 +76,10 @@ to "$BIN/uiw" run -- ls -l /sys/class/infiniband /sys/class/infiniband_verbs | t
 grep -q 'uiw_lo' ls.out
 grep -q 'uverbs' ls.out
 
-step "uiw run -- python3: os.listdir, open, stat, as rdma-core's tests/base.py reads sysfs"
+step "uiw run -- ls /sys/class/infiniband/uiw_lo/device/net/ (how rdma-core v44's tests/base.py finds the netdev)"
+[[ $(to "$BIN/uiw" run -- ls /sys/class/infiniband/uiw_lo/device/net/) == lo ]]
+
+step "uiw run -- python3: os.listdir, open, stat, as rdma-core's tests/base.py reads sysfs; ls device/net"
 if command -v python3 >/dev/null; then
 	to "$BIN/uiw" run -- python3 - <<'EOP'
 import os

@@ -416,7 +416,7 @@ fn cmd_up(paths: &Paths, mut want: Vec<String>, verbose: bool, rootless: bool) -
         devices.push(tree::Device { ibdev: e.ibdev.clone(), uverbs: e.uverbs, rdev, netdev: nd });
     }
     let mirror = tree::scan_kernel(&paths.host_sysfs, &devices);
-    tree::publish(&paths.sysfs(), &devices, &mirror).map_err(|e| io_fail("up: cannot write", &paths.sysfs(), e))?;
+    tree::publish(&paths.sysfs(), &devices, &mirror, &paths.host_sysfs).map_err(|e| io_fail("up: cannot write", &paths.sysfs(), e))?;
     state::write_manifest(&paths.manifest(), &entries).map_err(|e| io_fail("up: cannot write", &paths.manifest(), e))?;
     // Nodes an earlier `up` of this state dir used and no longer does.
     if let Some(reg) = &reg {

@@ -204,7 +204,10 @@ fn write_file(path: &Path, content: &str) -> io::Result<()> {
 }
 
 /// Build the complete tree in `<root>.new` and swap it into place at `root`.
-pub fn publish(root: &Path, devices: &[Device], mirror: &Mirror) -> io::Result<()> {
+/// `host_sysfs` (normally /sys) is where each device's `device/net/<netdev>` link points,
+/// as the kernel's `device/net/` lists the parent device's netdevs (rdma-core's
+/// tests/base.py finds a device's netdev, and so its IP address, there).
+pub fn publish(root: &Path, devices: &[Device], mirror: &Mirror, host_sysfs: &Path) -> io::Result<()> {
     let name = root.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "sysfs".into());
     let tmp = root.with_file_name(format!(".{name}.new"));
     let old = root.with_file_name(format!(".{name}.old"));
@@ -217,6 +220,9 @@ pub fn publish(root: &Path, devices: &[Device], mirror: &Mirror) -> io::Result<(
         for (rel, content) in render(d) {
             write_file(&tmp.join(rel), &content)?;
         }
+        let net = tmp.join(format!("class/infiniband/{}/device/net", d.ibdev));
+        fs::create_dir_all(&net)?;
+        std::os::unix::fs::symlink(host_sysfs.join("class/net").join(&d.netdev.name), net.join(&d.netdev.name))?;
     }
     for (n, target) in &mirror.verbs {
         std::os::unix::fs::symlink(target, tmp.join("class/infiniband_verbs").join(n))?;
