@@ -62,6 +62,11 @@ FILES
 ENVIRONMENT
     UIW_STATE_DIR      state directory (default: see --state-dir)
     UIW_ROOTLESS=1     `up` publishes in rootless mode even as root
+    VERBS_LOG_LEVEL, VERBS_LOG_FILE, UIW_DEBUG
+                       the provider's diagnostics in programs: rdma-core's
+                       levels (1 errors, 2 warnings, 3 information, 4 debug)
+                       and log file (appended; default stderr); UIW_DEBUG=1
+                       is level 4
     UIW_LIBDIR         colon-separated directories searched first for
                        libuiw_rdmav34.so and libuiw_preload.so
     UIW_NODE_REGISTRY  node ownership registry (default /run/uiw-nodes)

@@ -109,14 +109,12 @@ impl Context {
         let mut c = self.counts.lock();
         let users = c.pds.get(&pd).copied().ok_or(Error::Invalid)?;
         if users > 0 {
-            if std::env::var_os("UIW_DEBUG").is_some() {
-                eprintln!("uiw: ibv_dealloc_pd: EBUSY, still used by {users} QP/SRQ(s)");
-            }
+            crate::uiw_log!(Info, "{}: ibv_dealloc_pd: EBUSY, still used by {users} QP/SRQ(s)", self.device.name);
             return Err(Error::Busy);
         }
         let orphans = self.mrs.deregister_pd(pd);
-        if orphans > 0 && std::env::var_os("UIW_DEBUG").is_some() {
-            eprintln!("uiw: ibv_dealloc_pd: deregistered {orphans} memory region(s) the application left in it");
+        if orphans > 0 {
+            crate::uiw_log!(Info, "{}: ibv_dealloc_pd: deregistered {orphans} memory region(s) the application left in it", self.device.name);
         }
         c.pds.remove(&pd);
         Ok(())

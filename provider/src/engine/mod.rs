@@ -18,6 +18,7 @@ pub mod device;
 pub mod error;
 pub mod events;
 pub mod limits;
+pub mod log;
 pub mod mr;
 pub mod net;
 pub mod qp;

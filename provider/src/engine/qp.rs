@@ -154,9 +154,7 @@ impl Qp {
         let sock = match TcpStream::connect_timeout(&addr.into(), Duration::from_secs(5)) {
             Ok(s) => s,
             Err(e) => {
-                if std::env::var_os("UIW_DEBUG").is_some() {
-                    eprintln!("uiw: QP 0x{:06x}: cannot reach QP 0x{:06x} at {addr}: {e}", self.qpn, a.dest_qp_num);
-                }
+                crate::uiw_log!(Warn, "{}: QP 0x{:06x}: cannot reach QP 0x{:06x} at {addr}: {e}", self.device.name, self.qpn, a.dest_qp_num);
                 return Some(Fatal::Lost);
             }
         };
@@ -319,9 +317,7 @@ impl Qp {
         if inner.attrs.qp_state == QpState::Err {
             return;
         }
-        if std::env::var_os("UIW_DEBUG").is_some() {
-            eprintln!("uiw: QP 0x{:06x} to ERROR: {why:?}", self.qpn);
-        }
+        crate::uiw_log!(Warn, "{}: QP 0x{:06x} to ERROR: {why:?}", self.device.name, self.qpn);
         if matches!(why, Fatal::Lost | Fatal::Rejected) {
             self.stats.conn_error();
         }

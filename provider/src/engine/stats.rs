@@ -60,9 +60,7 @@ fn open_device(ibdev: &str, ibdev_path: &Path) {
         match StatsMap::create(&path, pid, start, ibdev) {
             Ok(m) => Some(m),
             Err(e) => {
-                if std::env::var_os("UIW_DEBUG").is_some() {
-                    eprintln!("uiw: statistics of {ibdev} stay in this process (`uiw stat` cannot see them): {}: {e}", path.display());
-                }
+                crate::uiw_log!(Info, "{ibdev}: statistics stay in this process (`uiw stat` cannot see them): {}: {e}", path.display());
                 None
             }
         }

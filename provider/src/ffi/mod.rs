@@ -349,8 +349,8 @@ fn serve_cmd_fd(cmd_fd: c_int, engine: *const Context) -> bool {
             libc::close(refuse);
         }
     }
-    if std::env::var_os("UIW_DEBUG").is_some() && !WARNED_NO_SHIM.swap(true, Ordering::Relaxed) {
-        eprintln!("uiw: completion channels need the uiw launcher (`uiw run -- CMD`); ibv_create_comp_channel will fail with EBADF");
+    if crate::engine::log::enabled(crate::engine::log::Level::Warn) && !WARNED_NO_SHIM.swap(true, Ordering::Relaxed) {
+        crate::uiw_log!(Warn, "completion channels need the uiw launcher (`uiw run -- CMD`); ibv_create_comp_channel will fail with EBADF");
     }
     false
 }

@@ -358,9 +358,7 @@ pub(super) unsafe extern "C" fn modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_att
                 0
             }
             Err(e) => {
-                if std::env::var_os("UIW_DEBUG").is_some() {
-                    eprintln!("uiw: ibv_modify_qp(qp 0x{:06x}): {}", u.obj.qpn, e.describe());
-                }
+                crate::uiw_log!(Info, "ibv_modify_qp(qp 0x{:06x}): {}", u.obj.qpn, e.describe());
                 e.errno()
             }
         }
@@ -441,9 +439,7 @@ pub(super) unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr,
         post_chain(wr, bad, |w| {
             let r = send_wqe(w, obj.cap.max_inline_data).and_then(|s| obj.post_send(s));
             if let Err(e) = r {
-                if std::env::var_os("UIW_DEBUG").is_some() {
-                    eprintln!("uiw: ibv_post_send(qp 0x{:06x}, opcode {}): {e:?} in {:?}", obj.qpn, w.opcode, obj.state());
-                }
+                crate::uiw_log!(Info, "ibv_post_send(qp 0x{:06x}, opcode {}): {e:?} in {:?}", obj.qpn, w.opcode, obj.state());
             }
             r
         })
