@@ -234,7 +234,8 @@ impl Context {
             device: self.device.clone(),
             net: net.clone(),
             destroyed: AtomicBool::new(false),
-            polled_ms: AtomicU64::new(0),
+            kick: AtomicBool::new(false),
+            hup: AtomicBool::new(false),
             stats: super::stats::QpStats::new(&self.device.name, &self.device.ibdev_path, qpn),
             inner: Mutex::new(QpInner { attrs: qp_state::init_attrs_from_create(&cap), dp: DataPath::default(), parked: None, cm: None }),
         });

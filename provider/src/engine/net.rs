@@ -26,25 +26,28 @@ pub enum Progress {
     Done,
     /// Served, and more input is waiting (receive budget used up).
     More,
-    /// Left alone (polled by the application, or busy): look again shortly.
-    Deferred,
 }
 
 /// What the progress thread needs of a QP (implemented by the QP): the transport sits below the QPs
 /// it serves and knows them only through this.
 pub trait Endpoint: Send + Sync {
     fn qpn(&self) -> u32;
-    /// Serve the QP's stream (readiness reported for it).
-    fn progress(&self, now: u64) -> Progress;
+    /// Serve the QP's stream (readiness reported for it; `hup`: the peer hung up).
+    fn progress(&self, hup: bool) -> Progress;
     /// A stream whose MPA Request names this QP; given back if the QP does not take it.
     #[allow(clippy::result_large_err)] // the stream goes back to the caller, to be rejected
     fn offer(&self, net: &Net, hello: QpHello, p: Pending) -> Result<(), Pending>;
-    /// Timers: MPA deadlines, a peer's close.
+    /// Timers (MPA deadlines) due at `now`.
     fn handle_timeout(&self, now: u64);
+    /// When the QP next needs [`Endpoint::handle_timeout`] (engine ms), if ever.
+    fn next_timeout(&self) -> Option<u64>;
 }
 
 /// A stream waiting for its MPA Request, and its rdma_cm connection if it has one.
 type Waiting = (Pending, Option<Arc<CmConn>>);
+
+/// Readiness flags that mean the peer hung up (FIN or reset).
+const EPOLL_HUP_FLAGS: u32 = (libc::EPOLLRDHUP | libc::EPOLLHUP | libc::EPOLLERR) as u32;
 
 const TOKEN_LISTENER: u64 = 0;
 const TOKEN_WAKE: u64 = 1;
@@ -170,70 +173,78 @@ impl Net {
         let fd = sock.as_raw_fd();
         self.epoll
             .add(fd, KIND_QP | u64::from(qpn), EPOLL_SOCKET_EDGE)
-            .or_else(|_| self.epoll.modify(fd, KIND_QP | u64::from(qpn), EPOLL_SOCKET_EDGE))
+            .or_else(|_| self.epoll.modify(fd, KIND_QP | u64::from(qpn), EPOLL_SOCKET_EDGE))?;
+        // Its MPA negotiation has a deadline the progress thread must know of.
+        self.wake();
+        Ok(())
     }
 
     pub fn unwatch(&self, sock: &TcpStream) {
         let _ = self.epoll.delete(sock.as_raw_fd());
     }
 
+    /// The progress thread. It sleeps in `epoll_wait` until a socket is ready or a stream's
+    /// deadline (MPA negotiation) is due: an idle process takes no periodic wake-ups.
     fn run(self: Arc<Net>) {
         let mut evs = Vec::with_capacity(64);
-        let mut ready: VecDeque<u64> = VecDeque::new();
-        let mut deferred: Vec<u64> = Vec::new();
-        let mut last_sweep = now_ms();
+        let mut ready: VecDeque<(u64, bool)> = VecDeque::new();
+        // When the next deadline is due (engine ms); None: no stream needs the clock.
+        let mut next_due: Option<u64> = None;
         while !self.stop.load(Ordering::Acquire) {
             evs.clear();
             let timeout = if !ready.is_empty() {
                 0
-            } else if !deferred.is_empty() {
-                1
             } else {
-                100
+                match next_due {
+                    None => -1,
+                    Some(t) => t.saturating_sub(now_ms()).min(i32::MAX as u64) as i32,
+                }
             };
             if self.epoll.wait(&mut evs, timeout).is_err() {
                 std::thread::sleep(Duration::from_millis(10));
             }
-            for tok in evs.iter().map(|e| e.0).chain(deferred.drain(..)) {
-                if !ready.contains(&tok) {
-                    ready.push_back(tok);
+            for &(tok, flags) in &evs {
+                let hup = flags & (EPOLL_HUP_FLAGS) != 0;
+                match ready.iter_mut().find(|r| r.0 == tok) {
+                    Some(r) => r.1 |= hup,
+                    None => ready.push_back((tok, hup)),
                 }
             }
-            let now = now_ms();
             for _ in 0..ready.len() {
-                let Some(tok) = ready.pop_front() else { break };
+                let Some((tok, hup)) = ready.pop_front() else { break };
                 let more = match tok & KIND_MASK {
-                    KIND_QP => match self.lookup(tok as u32).map(|qp| qp.progress(now)) {
-                        Some(Progress::More) => true,
-                        Some(Progress::Deferred) => {
-                            deferred.push(tok);
-                            false
-                        }
-                        _ => false,
-                    },
+                    KIND_QP => self.lookup(tok as u32).is_some_and(|qp| qp.progress(hup) == Progress::More),
                     KIND_PENDING => {
                         self.serve_pending(tok & !KIND_MASK);
                         false
                     }
                     _ if tok == TOKEN_LISTENER => {
                         self.accept_all();
+                        next_due = Some(0);
                         false
                     }
                     _ => {
+                        // Woken: a stream with a deadline may have started.
                         let mut b = [0u8; 64];
                         let _ = uiw_kabi::sys::recv_dontwait(&self.waker.1, &mut b);
+                        next_due = Some(0);
                         false
                     }
                 };
                 if more {
-                    ready.push_back(tok);
+                    ready.push_back((tok, false));
                 }
             }
-            if now.saturating_sub(last_sweep) >= 100 {
-                last_sweep = now;
-                self.sweep(now);
+            let now = now_ms();
+            if next_due.is_some_and(|t| t <= now) {
+                next_due = self.sweep(now);
             }
         }
+    }
+
+    /// Wakes the progress thread so that it looks at the streams' deadlines again.
+    pub fn wake(&self) {
+        let _ = (&self.waker.0).write(b"w");
     }
 
     fn accept_all(&self) {
@@ -260,6 +271,7 @@ impl Net {
             self.pending.lock().remove(&id);
             return Err(e);
         }
+        self.wake();
         Ok(())
     }
 
@@ -298,19 +310,30 @@ impl Net {
         }
     }
 
-    /// MPA timeouts of streams still negotiating.
-    fn sweep(&self, now: u64) {
+    /// MPA timeouts of streams still negotiating; returns when the next one is due.
+    fn sweep(&self, now: u64) -> Option<u64> {
+        let mut next: Option<u64> = None;
+        let mut due = |t: Option<u64>| {
+            if let Some(t) = t {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        };
         let qps: Vec<Arc<dyn Endpoint>> = self.qps.read().values().filter_map(Weak::upgrade).collect();
         for qp in qps {
             qp.handle_timeout(now);
+            due(qp.next_timeout());
         }
         let mut expired = Vec::new();
         {
             let mut pending = self.pending.lock();
             for (id, (p, _)) in pending.iter_mut() {
-                p.conn.handle_timeout(now);
+                if p.conn.poll_timeout().is_some_and(|d| d <= now) {
+                    p.conn.handle_timeout(now);
+                }
                 if p.conn.wants_close() {
                     expired.push(*id);
+                } else {
+                    due(p.conn.poll_timeout());
                 }
             }
             for id in &expired {
@@ -319,5 +342,6 @@ impl Net {
                 }
             }
         }
+        next
     }
 }

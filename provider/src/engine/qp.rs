@@ -63,18 +63,20 @@ pub struct Qp {
     pub(crate) device: Arc<DeviceInfo>,
     pub(crate) net: Arc<Net>,
     pub(crate) destroyed: AtomicBool,
-    /// When an application thread last drove this QP from `ibv_poll_cq` (engine clock, ms).
-    pub(crate) polled_ms: AtomicU64,
+    /// The stream has news (readiness, an application poll) for whichever thread holds the
+    /// QP: it serves the stream again before it lets go (see [`Qp::serve`]).
+    pub(crate) kick: AtomicBool,
+    /// The progress thread saw the peer hang up (EPOLLRDHUP/EPOLLHUP): the next pump reads
+    /// to the end of the stream.
+    pub(crate) hup: AtomicBool,
     /// Counters `uiw stat` reads (see `stats`).
     pub(crate) stats: QpStats,
     pub inner: Mutex<QpInner>,
 }
 
-/// How long after reading a peer's FIN its QP goes to ERROR (see `Link::peer_closed`).
+/// How long after reading a peer's FIN its QP goes to ERROR (see `Link::peer_closed`): a
+/// one-shot deadline on the close path, not a poll.
 const PEER_CLOSE_GRACE_MS: u64 = 100;
-
-/// How long after an application thread last polled the progress thread leaves a QP to it.
-const POLLER_GRACE_MS: u64 = 2;
 
 impl std::fmt::Debug for Net {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -89,7 +91,59 @@ impl Qp {
     }
 
     pub fn state(&self) -> QpState {
-        self.inner.lock().attrs.qp_state
+        let s = self.inner.lock().attrs.qp_state;
+        self.settle();
+        s
+    }
+
+    /// The current attributes (`ibv_query_qp`).
+    pub fn attrs(&self) -> QpAttrs {
+        let a = self.inner.lock().attrs;
+        self.settle();
+        a
+    }
+
+    /// After releasing the QP: serve the stream if news came while we held it (the thread
+    /// that brought it found the QP taken and left it to us).
+    fn settle(&self) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.kick.load(Ordering::SeqCst) {
+            self.serve();
+        }
+    }
+
+    /// Serves the QP's stream now, from whichever thread has news for it: the progress thread
+    /// on readiness, an application thread in `ibv_poll_cq`. Never waits for a thread that
+    /// holds the QP: that thread serves the stream again before it lets go (`kick`, then
+    /// `settle`), so no arrival waits for a timer. Returns `More` when the receive budget ran
+    /// out with input left (the progress thread comes back to it after the other QPs).
+    pub fn serve(&self) -> Progress {
+        self.kick.store(true, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        loop {
+            let Some(mut inner) = self.inner.try_lock() else {
+                return Progress::Done;
+            };
+            let mut more = false;
+            while !more && self.kick.swap(false, Ordering::SeqCst) {
+                match self.pump_locked(&mut inner) {
+                    Some((_, Some(f))) => {
+                        self.fail_locked(inner, f);
+                        return Progress::Done;
+                    }
+                    Some((m, None)) => more = m,
+                    None => {}
+                }
+            }
+            drop(inner);
+            if more {
+                return Progress::More;
+            }
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if !self.kick.load(Ordering::SeqCst) {
+                return Progress::Done;
+            }
+        }
     }
 
     pub(crate) fn env(&self, qp_access: u32) -> Env<'_> {
@@ -109,6 +163,12 @@ impl Qp {
     /// `ibv_modify_qp`: validates against the RC state machine, applies, and performs what the
     /// transition implies (connect on RTR, flush on ERR, empty queues on RESET).
     pub fn modify(&self, req: &QpAttrs, mask: u32, limits: &DeviceLimits) -> std::result::Result<(), qp_state::ModifyError> {
+        let r = self.modify_unsettled(req, mask, limits);
+        self.settle();
+        r
+    }
+
+    fn modify_unsettled(&self, req: &QpAttrs, mask: u32, limits: &DeviceLimits) -> std::result::Result<(), qp_state::ModifyError> {
         let mut inner = self.inner.lock();
         let t = qp_state::validate_modify(&inner.attrs, req, mask, limits)?;
         qp_state::apply(&mut inner.attrs, req, mask);
@@ -130,7 +190,7 @@ impl Qp {
             match self.connect_locked(&mut inner) {
                 Some(f) => self.fail_locked(inner, f),
                 // Send the MPA Request, or the Reply to a parked Request, now.
-                None => self.kick(inner),
+                None => self.serve_locked(inner),
             }
         }
         Ok(())
@@ -175,6 +235,13 @@ impl Qp {
     /// RTR/RTS and expect that peer; parked if we have not reached RTR yet.
     #[allow(clippy::result_large_err)] // the stream goes back to the caller, to be rejected
     pub fn offer(&self, net: &Net, hello: QpHello, p: Pending) -> std::result::Result<(), Pending> {
+        let r = self.offer_unsettled(net, hello, p);
+        self.settle();
+        r
+    }
+
+    #[allow(clippy::result_large_err)] // the stream goes back to the caller, to be rejected
+    fn offer_unsettled(&self, net: &Net, hello: QpHello, p: Pending) -> std::result::Result<(), Pending> {
         let mut inner = self.inner.lock();
         if self.destroyed.load(Ordering::Acquire) || inner.dp.link.is_some() {
             return Err(p);
@@ -187,7 +254,7 @@ impl Qp {
             }
             QpState::Rtr | QpState::Rts if inner.attrs.dest_qp_num == hello.from_qpn => {
                 self.adopt_locked(&mut inner, hello, p)?;
-                self.kick(inner);
+                self.serve_locked(inner);
                 Ok(())
             }
             _ => Err(p),
@@ -211,48 +278,29 @@ impl Qp {
         Ok(())
     }
 
-    /// The progress thread: serve this QP's stream, unless an application thread is polling
-    /// it (then that thread receives, and the two do not fight over the QP: a progress thread
-    /// preempted while holding the lock would stall a spinning poller for a whole time slice)
-    /// or holds the QP right now.
-    pub fn progress(&self, now: u64) -> Progress {
-        if now.saturating_sub(self.polled_ms.load(Ordering::Relaxed)) < POLLER_GRACE_MS {
-            return Progress::Deferred;
-        }
-        let Some(mut inner) = self.inner.try_lock() else {
-            return Progress::Deferred;
-        };
-        match self.pump_locked(&mut inner) {
-            Some((_, Some(f))) => {
-                self.fail_locked(inner, f);
-                Progress::Done
-            }
-            Some((true, None)) => Progress::More,
-            _ => Progress::Done,
-        }
-    }
-
     /// `ibv_poll_cq` found nothing: serve the stream here unless another thread is at it.
     pub fn try_progress(&self) {
-        self.polled_ms.store(now_ms(), Ordering::Relaxed);
-        if let Some(mut inner) = self.inner.try_lock() {
-            if let Some((_, Some(f))) = self.pump_locked(&mut inner) {
-                self.fail_locked(inner, f);
-            }
-        }
+        self.serve();
     }
 
     fn pump_locked(&self, inner: &mut QpInner) -> Option<(bool, Option<Fatal>)> {
         if inner.dp.link.is_none() || inner.attrs.qp_state == QpState::Err {
             return None;
         }
-        if inner.dp.link.as_ref().and_then(|l| l.peer_closed).is_some_and(|t| now_ms().saturating_sub(t) >= PEER_CLOSE_GRACE_MS) {
-            return Some((false, Some(Fatal::Lost)));
+        if self.hup.swap(false, Ordering::AcqRel) {
+            if let Some(l) = inner.dp.link.as_mut() {
+                l.peer_hup = true;
+            }
         }
         let env = self.env(inner.attrs.qp_access_flags);
+        let closed = inner.dp.link.as_ref().is_some_and(|l| l.peer_closed.is_some());
         let r = inner.dp.pump(&env);
         self.sync_stats(inner);
         self.after(inner);
+        if !closed && inner.dp.link.as_ref().is_some_and(|l| l.peer_closed.is_some()) {
+            // The peer closed: the progress thread takes the new deadline.
+            self.net.wake();
+        }
         Some(r)
     }
 
@@ -279,10 +327,10 @@ impl Qp {
         }
     }
 
-    /// MPA negotiation deadlines, the QP of a peer that closed its stream, and a periodic look
-    /// at the stream (every 100 ms, from the progress thread's sweep).
+    /// MPA negotiation deadlines (the progress thread calls this when one is due).
     pub fn handle_timeout(&self, now: u64) {
         let Some(mut inner) = self.inner.try_lock() else {
+            // The holder serves the stream; the deadline is looked at again next time.
             return;
         };
         let Some(l) = inner.dp.link.as_mut() else {
@@ -298,17 +346,29 @@ impl Qp {
             let env = self.env(inner.attrs.qp_access_flags);
             if let Some(f) = inner.dp.drain_events(&env) {
                 self.fail_locked(inner, f);
-            }
-            return;
-        }
-        // A pump stops reading at a short read; an end of stream that came with the last
-        // bytes raises no new event. Look once in a while, unless an application thread is
-        // polling this QP anyway.
-        if now.saturating_sub(self.polled_ms.load(Ordering::Relaxed)) >= POLLER_GRACE_MS {
-            if let Some((_, Some(f))) = self.pump_locked(&mut inner) {
-                self.fail_locked(inner, f);
+                return;
             }
         }
+        drop(inner);
+        self.settle();
+    }
+
+    /// When this QP's stream next needs the clock (engine ms), if it does.
+    pub fn next_timeout(&self) -> Option<u64> {
+        let Some(inner) = self.inner.try_lock() else {
+            // Taken right now: look again soon.
+            return Some(now_ms() + 10);
+        };
+        let t = inner.dp.link.as_ref().and_then(|l| {
+            let close = l.peer_closed.map(|t| t + PEER_CLOSE_GRACE_MS);
+            match (l.conn.poll_timeout(), close) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            }
+        });
+        drop(inner);
+        self.settle();
+        t
     }
 
     /// The QP goes to ERROR from the inside (peer Terminate, lost stream, local WR error): the
@@ -348,24 +408,36 @@ impl Qp {
     /// `rdma_accept`: the stream of a CONNECT_REQUEST becomes this QP's (INIT or RTR); the MPA
     /// Reply carries `private_data` and our IRD/ORD; the QP moves to RTS.
     pub fn cm_accept(self: &Arc<Self>, cm: &Arc<CmConn>, private_data: &[u8], ird: u16, ord: u16) -> Result<()> {
+        let r = self.cm_accept_unsettled(cm, private_data, ird, ord);
+        self.settle();
+        r
+    }
+
+    fn cm_accept_unsettled(self: &Arc<Self>, cm: &Arc<CmConn>, private_data: &[u8], ird: u16, ord: u16) -> Result<()> {
         let mut inner = self.cm_ready(ird, ord)?;
         let mut p = cm.pending.lock().take().ok_or(Error::Invalid)?;
         if p.conn.accept(ird.max(1), ord.max(1), private_data, now_ms()).is_err() {
             return Err(Error::Invalid);
         }
         self.cm_attach(&mut inner, cm, Link::new(p.conn, p.sock))?;
-        self.kick(inner);
+        self.serve_locked(inner);
         Ok(())
     }
 
     /// `rdma_connect`: MPA Request with `private_data` and our IRD/ORD on `sock` (connected or
     /// connecting); the QP (INIT or RTR) moves to RTS when the Reply accepts.
     pub fn cm_connect(self: &Arc<Self>, cm: &Arc<CmConn>, sock: TcpStream, private_data: &[u8], ird: u16, ord: u16) -> Result<()> {
+        let r = self.cm_connect_unsettled(cm, sock, private_data, ird, ord);
+        self.settle();
+        r
+    }
+
+    fn cm_connect_unsettled(self: &Arc<Self>, cm: &Arc<CmConn>, sock: TcpStream, private_data: &[u8], ird: u16, ord: u16) -> Result<()> {
         let mut inner = self.cm_ready(ird, ord)?;
         let mss = prepare(&sock)?;
         let cfg = config(Role::Initiator, ird.max(1), ord.max(1), private_data.to_vec(), mss);
         self.cm_attach(&mut inner, cm, Link::new(Connection::new(cfg, now_ms()), sock))?;
-        self.kick(inner);
+        self.serve_locked(inner);
         Ok(())
     }
 
@@ -395,6 +467,11 @@ impl Qp {
     /// `rdma_disconnect`: the QP goes to ERROR (WRs flushed), the stream closes, and
     /// DISCONNECTED is reported.
     pub fn cm_disconnect(&self) {
+        self.cm_disconnect_unsettled();
+        self.settle();
+    }
+
+    fn cm_disconnect_unsettled(&self) {
         let mut inner = self.inner.lock();
         if inner.attrs.qp_state != QpState::Err {
             inner.attrs.qp_state = QpState::Err;
@@ -408,7 +485,7 @@ impl Qp {
     }
 
     /// Serves the stream now (after attaching it), failing the QP if that fails.
-    fn kick(&self, mut inner: parking_lot::MutexGuard<'_, QpInner>) {
+    fn serve_locked(&self, mut inner: parking_lot::MutexGuard<'_, QpInner>) {
         if let Some((_, Some(f))) = self.pump_locked(&mut inner) {
             self.fail_locked(inner, f);
         }
@@ -436,6 +513,12 @@ impl Qp {
     /// `ibv_post_recv` for one WR. A QP with an SRQ takes receives from it only (EINVAL here,
     /// as the kernel's providers). In ERROR the WR completes at once, flushed.
     pub fn post_recv(&self, wqe: RecvWqe) -> std::result::Result<(), PostError> {
+        let r = self.post_recv_unsettled(wqe);
+        self.settle();
+        r
+    }
+
+    fn post_recv_unsettled(&self, wqe: RecvWqe) -> std::result::Result<(), PostError> {
         if self.srq.is_some() {
             return Err(PostError::BadState);
         }
@@ -463,6 +546,12 @@ impl Qp {
     /// ERROR the WR completes at once, flushed; before RTR it is refused (EINVAL). Posted before
     /// the stream is up, it waits.
     pub fn post_send(&self, wqe: SendWqe) -> std::result::Result<(), PostError> {
+        let r = self.post_send_unsettled(wqe);
+        self.settle();
+        r
+    }
+
+    fn post_send_unsettled(&self, wqe: SendWqe) -> std::result::Result<(), PostError> {
         use super::wr::{opcode, Payload};
         if wqe.opcode > opcode::SEND_WITH_INV || matches!(wqe.opcode, opcode::LOCAL_INV | opcode::BIND_MW) {
             return Err(if wqe.opcode > opcode::SEND_WITH_INV { PostError::BadOpcode } else { PostError::Unsupported });
@@ -509,14 +598,20 @@ impl Endpoint for Qp {
     fn qpn(&self) -> u32 {
         self.qpn
     }
-    fn progress(&self, now: u64) -> Progress {
-        Qp::progress(self, now)
+    fn progress(&self, hup: bool) -> Progress {
+        if hup {
+            self.hup.store(true, Ordering::Release);
+        }
+        self.serve()
     }
     fn offer(&self, net: &Net, hello: QpHello, p: Pending) -> std::result::Result<(), Pending> {
         Qp::offer(self, net, hello, p)
     }
     fn handle_timeout(&self, now: u64) {
         Qp::handle_timeout(self, now)
+    }
+    fn next_timeout(&self) -> Option<u64> {
+        Qp::next_timeout(self)
     }
 }
 

@@ -237,7 +237,14 @@ unsafe fn advance(cq: *mut ibv_cq_ex) -> c_int {
 
 unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, _attr: *mut ibv_poll_cq_attr) -> c_int {
     // SAFETY (whole family): cq is one of ours; libibverbs' inline helpers pass it through.
-    guard(libc::EFAULT, || unsafe { advance(cq) })
+    guard(libc::EFAULT, || unsafe {
+        // Like ibv_poll_cq: an empty CQ drives its QPs' streams right here.
+        let obj = &uiw_cq(cq).obj;
+        if obj.q.lock().is_empty() {
+            obj.drive();
+        }
+        advance(cq)
+    })
 }
 unsafe extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
     guard(libc::EFAULT, || unsafe { advance(cq) })

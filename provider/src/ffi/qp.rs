@@ -369,7 +369,7 @@ pub(super) unsafe extern "C" fn query_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr
     guard(libc::EFAULT, || {
         // SAFETY: qp is ours; attr and init are the caller's.
         let (u, q, a, i) = unsafe { (uiw_qp(qp), &*qp, &mut *attr, &mut *init) };
-        let s = u.obj.inner.lock().attrs;
+        let s = u.obj.attrs();
         let cap = u.obj.cap;
         *a = Default::default();
         a.qp_state = s.qp_state.as_u32();

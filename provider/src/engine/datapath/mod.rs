@@ -107,6 +107,9 @@ pub struct Link {
     stage: Box<[u8]>,
     st_lo: usize,
     st_hi: usize,
+    /// The peer hung up (FIN or reset reported with the last readiness): read on past a short
+    /// read, until the end of the stream is seen.
+    pub peer_hup: bool,
     /// When the peer's FIN was read (engine clock, ms).
     pub peer_closed: Option<u64>,
     /// This pump's last read came back short: the socket is empty, and any later arrival
@@ -130,6 +133,7 @@ impl Link {
             stage: vec![0u8; STAGE].into_boxed_slice(),
             st_lo: 0,
             st_hi: 0,
+            peer_hup: false,
             peer_closed: None,
             drained: false,
             stats_seen: Default::default(),

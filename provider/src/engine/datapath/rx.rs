@@ -95,7 +95,7 @@ impl DataPath {
                                 match env.user_mem.recv(l.sock.as_raw_fd(), &p, &mut l.stage[..DIRECT_TAIL]) {
                                     Ok(0) => Ok(0),
                                     Ok(n) => {
-                                        l.drained = n < want + DIRECT_TAIL;
+                                        l.drained = n < want + DIRECT_TAIL && !l.peer_hup;
                                         let placed = n.min(want);
                                         l.conn.rx_placed_len(placed, &mut mem);
                                         l.st_lo = 0;
@@ -127,9 +127,11 @@ impl DataPath {
             match step {
                 Ok(0) if l.st_lo >= l.st_hi => {
                     // EOF: the peer closed its side. What arrived before the FIN has been
-                    // delivered; the QP fails a moment later (`peer_closed`), so that an
-                    // application finishing its last completions sees them before the flushes
-                    // (siw, too, handles a peer close from a work queue).
+                    // delivered; the QP fails `PEER_CLOSE_GRACE_MS` later (a deadline of the
+                    // progress thread's, see `Qp::next_timeout`), so that an application
+                    // finishing its last completions does not find flushes of its remaining
+                    // receives in the same batch (ibv_rc_pingpong treats any as a failure;
+                    // siw, too, handles a peer close from a work queue).
                     l.peer_closed.get_or_insert(crate::engine::transport::now_ms());
                     return (false, self.drain_events(env));
                 }
@@ -161,6 +163,6 @@ fn refill(l: &mut Link) -> io::Result<usize> {
     l.st_hi = 0;
     let n = (&l.sock).read(&mut l.stage)?;
     l.st_hi = n;
-    l.drained = n < l.stage.len();
+    l.drained = n < l.stage.len() && !l.peer_hup;
     Ok(n)
 }
