@@ -22,6 +22,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 pub mod pair;
+pub mod testbed;
 pub mod twoproc;
 
 /// File names of the artifacts the tests need, relative to the profile dir.

@@ -1,0 +1,109 @@
+//! Two hosts over a veth pair (`ci/testbed.sh`: two network namespaces, a uiw device in
+//! each, nftables dropping 1% of the frames each host sends): the integrity program and
+//! perftest across a real (non-loopback) netdev with loss, and a peer whose address
+//! disappears in the middle of a transfer — the survivor's QP must fail, every WR flushed,
+//! within the dead-peer timeout instead of hanging.
+
+use std::ffi::OsString;
+use std::time::{Duration, Instant};
+
+use uiw_examples::pair::Running;
+use uiw_examples::testbed::{Host, Testbed};
+use uiw_examples::{build_c_example, device_lock, device_test_artifacts, failures, have_program, out_dir, parse_summary, skip};
+
+fn testbed(test: &str, opts: &[&str]) -> Option<(std::sync::MutexGuard<'static, ()>, Testbed)> {
+    let artifacts = device_test_artifacts(test)?;
+    for p in ["ip", "nft"] {
+        if !have_program(p) && !std::path::Path::new("/usr/sbin").join(p).exists() {
+            skip(test, &format!("{p} is not installed (apt-get install iproute2 nftables)"));
+            return None;
+        }
+    }
+    let lock = device_lock();
+    let tb = Testbed::up(&artifacts, opts).unwrap_or_else(|e| panic!("{test}: {e}"));
+    Some((lock, tb))
+}
+
+/// Waits until something on host B listens on TCP `port`.
+fn wait_listening(tb: &Testbed, port: u16, s: &Running) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let o = tb.ctl(&["exec", "b", "ss", "-Hltn", &format!("sport = :{port}")]);
+        if !String::from_utf8_lossy(&o.stdout).trim().is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "nothing listens on {port} on host B: {:?}", s.lines());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Runs a server on B and, once it listens on `port`, its client on A, both to completion
+/// within `limit`.
+fn pair(tb: &Testbed, server: &[OsString], client: &[OsString], port: u16, limit: Duration) -> (Running, Running) {
+    let s = Running::spawn("server", tb.run_cmd(Host::B, server));
+    wait_listening(tb, port, &s);
+    let mut s = s;
+    let mut c = Running::spawn("client", tb.run_cmd(Host::A, client));
+    let deadline = Instant::now() + limit;
+    let cs = c.wait_until(deadline);
+    let ss = s.wait_until(deadline);
+    assert!(cs.is_some() && ss.is_some(), "did not finish within {limit:?}\nserver: {:?}\nclient: {:?}", s.lines(), c.lines());
+    (s, c)
+}
+
+fn stdout(r: &Running) -> String {
+    r.lines().into_iter().filter(|l| l.stream == uiw_examples::pair::Stream::Stdout).map(|l| l.text + "\n").collect()
+}
+
+fn os(v: &[&str]) -> Vec<OsString> {
+    v.iter().map(OsString::from).collect()
+}
+
+#[test]
+fn integrity_across_a_lossy_veth() {
+    let Some((_l, tb)) = testbed("integrity_across_a_lossy_veth", &["--loss", "1"]) else { return };
+    let exe = build_c_example("integrity", &out_dir(env!("CARGO_TARGET_TMPDIR")));
+    let exe = exe.to_str().unwrap();
+    let (mut s, mut c) = pair(
+        &tb,
+        &os(&[exe, "-s", "-p", "7471", "-d", &tb.dev]),
+        &os(&[exe, "-c", &tb.addr_b, "-p", "7471", "-d", &tb.dev]),
+        7471,
+        Duration::from_secs(300),
+    );
+    for (side, r) in [("server", &mut s), ("client", &mut c)] {
+        let out = stdout(r);
+        let sum = parse_summary(&out).unwrap_or_else(|| panic!("{side}: no summary\n{:?}", r.lines()));
+        assert!(sum.failed == 0 && sum.passed > 2000, "{side}: {sum:?}: {:?}", failures(&out));
+    }
+    // The loss really happened.
+    let rules = tb.ctl(&["exec", "a", "nft", "list", "ruleset"]);
+    let text = String::from_utf8_lossy(&rules.stdout);
+    let dropped: u64 = text.split("packets ").nth(1).and_then(|t| t.split_whitespace().next()).and_then(|n| n.parse().ok()).unwrap_or(0);
+    assert!(dropped > 0, "no frame was dropped: {text}");
+}
+
+#[test]
+fn perftest_across_a_lossy_veth() {
+    let Some((_l, tb)) = testbed("perftest_across_a_lossy_veth", &["--loss", "1"]) else { return };
+    for prog in ["ib_write_bw", "ib_read_bw", "ib_send_bw"] {
+        if !have_program(prog) {
+            skip("perftest_across_a_lossy_veth", &format!("{prog} is not installed (apt-get install perftest)"));
+            return;
+        }
+        let port = "7472";
+        let common = ["-d", &tb.dev, "-x", "0", "-n", "1000", "-s", "65536", "-p", port];
+        let mut sv = vec![prog];
+        sv.extend(common);
+        let mut cv = sv.clone();
+        cv.push(&tb.addr_b);
+        let (s, c) = pair(&tb, &os(&sv), &os(&cv), 7472, Duration::from_secs(120));
+        let out = stdout(&c);
+        assert!(
+            out.lines().any(|l| l.split_whitespace().next() == Some("65536") && l.split_whitespace().nth(1) == Some("1000")),
+            "{prog}: no result line\nclient: {:?}\nserver: {:?}",
+            c.lines(),
+            s.lines()
+        );
+    }
+}
