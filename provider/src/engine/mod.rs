@@ -23,6 +23,7 @@ pub mod mr;
 pub mod net;
 pub mod qp;
 pub mod qp_state;
+pub mod random;
 pub mod srq;
 pub mod stats;
 pub mod transport;

@@ -8,8 +8,9 @@
 //! socket I/O on. [`MrTable::deregister`] makes a region's spans unpinnable and returns only
 //! when no pin is left: no transfer touches the memory after `ibv_dereg_mr` returns.
 //!
-//! uiw uses one STag as both lkey and rkey, shaped like siw's: a 24-bit index and an 8-bit key
-//! (`0xIIIIIIKK`), so that a stale STag of a re-used index does not match.
+//! uiw uses one STag as both lkey and rkey, shaped like siw's: a 24-bit index and an 8-bit
+//! random key (`0xIIIIIIKK`), so that a stale STag of a re-used index does not match and a
+//! peer cannot guess one STag from another.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -197,6 +198,9 @@ pub enum RegError {
 }
 
 
+/// MR indices stay below this: STags `0xffXX_XXXX` are reserved for the Read sinks.
+pub const MAX_INDEX: u32 = 0x00ff_0000;
+
 /// All regions of one device context, by STag.
 #[derive(Debug)]
 pub struct MrTable {
@@ -233,10 +237,13 @@ impl MrTable {
             return Err(RegError::TooMany);
         }
         let stag = loop {
-            let n = self.next_index.fetch_add(1, Ordering::Relaxed);
-            // 24-bit index, 8-bit key that changes each time the index space wraps.
-            let stag = ((n & 0x00ff_ffff) << 8) | ((n >> 24) & 0xff);
-            if n & 0x00ff_ffff != 0 && !regions.contains_key(&stag) {
+            // 24-bit index below MAX_INDEX (the STags from 0xff00_0000 up are the Read sinks'
+            // tags, see link.rs), 8-bit key drawn at random (RFC 5042 §5: a peer that saw
+            // one STag cannot guess the next, and a stale STag of a re-used index is refused
+            // unless the key repeats, 1 in 256).
+            let n = self.next_index.fetch_add(1, Ordering::Relaxed) % MAX_INDEX;
+            let stag = (n << 8) | (super::random::u64() & 0xff) as u32;
+            if n != 0 && !regions.contains_key(&stag) {
                 break stag;
             }
         };
@@ -317,8 +324,23 @@ mod tests {
         assert_eq!(t.register(1, 0x1000, 0, 0x1000, 0).unwrap_err(), RegError::BadRange);
         assert_eq!(t.register(1, u64::MAX - 4, 64, 0, 0).unwrap_err(), RegError::BadRange);
         let mr = t.register(1, 0x1000, 64, 0x1000, LOCAL_WRITE | REMOTE_WRITE).unwrap();
-        assert_eq!(mr.stag & 0xff, 0);
+        assert_eq!(mr.stag >> 8, 1, "index 1, key random");
         assert_eq!(t.lookup(mr.stag).unwrap().length, 64);
+    }
+
+    #[test]
+    fn stag_keys_are_unpredictable_and_indices_leave_the_sink_tags_alone() {
+        let t = MrTable::new(1 << 20);
+        let keys: std::collections::HashSet<u32> = (0..64).map(|_| t.register(1, 0x1000, 64, 0x1000, 0).unwrap().stag & 0xff).collect();
+        assert!(keys.len() > 16, "64 registrations drew only {} distinct keys", keys.len());
+        // Past MAX_INDEX the index wraps (skipping 0) instead of reaching 0xff: never a Read
+        // sink's tag (0xff00_0000 | id).
+        t.next_index.store(MAX_INDEX - 1, Ordering::Relaxed);
+        let a = t.register(1, 0x1000, 64, 0x1000, 0).unwrap();
+        let b = t.register(1, 0x1000, 64, 0x1000, 0).unwrap();
+        assert_eq!(a.stag >> 8, MAX_INDEX - 1);
+        assert_eq!(b.stag >> 8, 1);
+        assert!(a.stag >> 24 != 0xff && b.stag >> 24 != 0xff);
     }
 
     #[test]
