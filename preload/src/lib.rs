@@ -51,7 +51,7 @@ static OV_HANDLER: [AtomicUsize; OVERFLOW] = [ZU; OVERFLOW];
 static OV_CTX: [AtomicUsize; OVERFLOW] = [ZU; OVERFLOW];
 /// Number of registered fds: while 0, write() and close() go straight through.
 static COUNT: AtomicUsize = AtomicUsize::new(0);
-/// Serialises register/unregister (never taken on the write path).
+/// Serialises registrations (never taken on the write or close path).
 static REG_LOCK: AtomicUsize = AtomicUsize::new(0);
 
 struct RegGuard;
@@ -171,12 +171,15 @@ pub extern "C" fn uiw_preload_register_cmd_fd_v1(fd: c_int, h: Option<UiwCmdHand
 }
 
 /// Forget `fd`'s handler (no-op if none). Does not close the fd.
+///
+/// Lock-free and async-signal-safe (atomic swaps only): `close()` calls it, and close is
+/// on POSIX's list of functions a signal handler may call. Only registration takes
+/// `REG_LOCK`; a racing unregistration of the same fd is decided by the swap.
 #[no_mangle]
 pub extern "C" fn uiw_preload_unregister_cmd_fd_v1(fd: c_int) {
     if fd < 0 || COUNT.load(Ordering::Acquire) == 0 {
         return;
     }
-    let _g = RegGuard::lock();
     if (fd as usize) < DIRECT {
         let i = fd as usize;
         if HANDLER[i].swap(0, Ordering::AcqRel) != 0 {
@@ -185,10 +188,11 @@ pub extern "C" fn uiw_preload_unregister_cmd_fd_v1(fd: c_int) {
         }
     } else {
         for i in 0..OVERFLOW {
-            if OV_FD[i].load(Ordering::Relaxed) == fd {
-                OV_FD[i].store(-1, Ordering::Release);
+            // -2 marks a slot being cleared: registration only takes slots at -1.
+            if OV_FD[i].compare_exchange(fd, -2, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
                 OV_HANDLER[i].store(0, Ordering::Release);
                 OV_CTX[i].store(0, Ordering::Release);
+                OV_FD[i].store(-1, Ordering::Release);
                 COUNT.fetch_sub(1, Ordering::AcqRel);
             }
         }
