@@ -66,6 +66,8 @@ OPTIONS
 
 ROWS
     write_bw_64k write_bw_1m   ib_write_bw -s SIZE -D secs, requester side
+    write_bw_1m_crc            ib_write_bw 1 MiB with MPA CRC32c requested (UIW_CRC=1 on
+                               both sides) against the same without: CRC's cost
     write_lat send_lat         ib_write_lat / ib_send_lat -s 8 -n iters, t_typical
                                (median) of the half round trip
     read_bw_64k read_bw_1m     ib_read_bw, informational

@@ -31,6 +31,10 @@ pub enum Kind {
     Perftest {
         prog: &'static str,
     },
+    /// The same perftest program with MPA CRC32c requested (`UIW_CRC=1` on both sides).
+    PerftestCrc {
+        prog: &'static str,
+    },
     TcpBw,
     TcpPp,
     Iperf3,
@@ -67,6 +71,7 @@ impl Probe {
     pub fn id(&self) -> String {
         let k = match self.kind {
             Kind::Perftest { prog } => return format!("uiw.{prog}.{}", self.size),
+            Kind::PerftestCrc { prog } => return format!("uiw_crc.{prog}.{}", self.size),
             Kind::TcpBw => "tcp.bw",
             Kind::TcpPp => "tcp.pp_busy",
             Kind::Iperf3 => "tcp.iperf3",
@@ -84,6 +89,7 @@ impl Probe {
         let s = size_label(self.size);
         match self.kind {
             Kind::Perftest { prog } => format!("uiw {prog} {s}"),
+            Kind::PerftestCrc { prog } => format!("uiw {prog} {s}, MPA CRC on (UIW_CRC=1)"),
             Kind::TcpBw => format!("TCP single stream {s} (tcpbench bw)"),
             Kind::TcpPp => format!("TCP busy-poll ping-pong {s} (tcpbench pp -b)"),
             Kind::Iperf3 => format!("TCP iperf3 -l {s}"),
@@ -98,7 +104,7 @@ impl Probe {
     /// The software stack, for the table's peer column and the charts.
     pub fn stack(&self) -> &'static str {
         match self.kind {
-            Kind::Perftest { .. } => "uiw",
+            Kind::Perftest { .. } | Kind::PerftestCrc { .. } => "uiw",
             Kind::TcpBw | Kind::TcpPp | Kind::Iperf3 => "TCP",
             Kind::UcxPutBw | Kind::UcxAmLat | Kind::UcxTagLat => "UCX",
             Kind::FiPingpong | Kind::FiRmaBw => "libfabric",
@@ -108,7 +114,7 @@ impl Probe {
     pub fn metric(&self) -> Metric {
         match self.kind {
             Kind::Perftest { prog } if prog.ends_with("_lat") => Metric::Latency,
-            Kind::Perftest { .. } => Metric::Bandwidth,
+            Kind::Perftest { .. } | Kind::PerftestCrc { .. } => Metric::Bandwidth,
             Kind::TcpBw | Kind::Iperf3 | Kind::UcxPutBw | Kind::FiRmaBw => Metric::Bandwidth,
             Kind::TcpPp | Kind::UcxAmLat | Kind::UcxTagLat | Kind::FiPingpong => Metric::Latency,
         }
@@ -123,7 +129,7 @@ impl Probe {
             Kind::Perftest { .. } if self.metric() == Metric::Latency => {
                 "requester, half round trip"
             }
-            Kind::Perftest { .. } => "requester",
+            Kind::Perftest { .. } | Kind::PerftestCrc { .. } => "requester",
             Kind::TcpBw | Kind::Iperf3 => "receiver",
             Kind::UcxPutBw | Kind::FiRmaBw => "initiator",
             Kind::TcpPp | Kind::UcxAmLat | Kind::UcxTagLat | Kind::FiPingpong => {
@@ -135,7 +141,7 @@ impl Probe {
     /// The program that must exist on PATH (or be built) for this probe.
     pub fn tool(&self) -> &'static str {
         match self.kind {
-            Kind::Perftest { prog } => prog,
+            Kind::Perftest { prog } | Kind::PerftestCrc { prog } => prog,
             Kind::TcpBw | Kind::TcpPp => "tcpbench",
             Kind::Iperf3 => "iperf3",
             Kind::UcxPutBw | Kind::UcxAmLat | Kind::UcxTagLat => "ucx_perftest",
@@ -147,7 +153,7 @@ impl Probe {
     pub fn parse(&self, out: &str) -> Result<f64, String> {
         match self.kind {
             Kind::Perftest { .. } if self.metric() == Metric::Latency => parse::perftest_lat(out),
-            Kind::Perftest { .. } => parse::perftest_bw(out),
+            Kind::Perftest { .. } | Kind::PerftestCrc { .. } => parse::perftest_bw(out),
             Kind::TcpBw => parse::tcpbench_bw(out),
             Kind::TcpPp => parse::tcpbench_pp(out),
             Kind::Iperf3 => parse::iperf3_json(out),
@@ -222,7 +228,7 @@ impl Probe {
         let bw_timeout = Duration::from_secs_f64(len.secs + 30.0);
         let lat_timeout = Duration::from_secs(60);
         let plan = match self.kind {
-            Kind::Perftest { prog } => {
+            Kind::Perftest { prog } | Kind::PerftestCrc { prog } => {
                 let mut args: Vec<String> = vec![
                     "-d".into(),
                     ctx.device.clone(),
@@ -240,9 +246,11 @@ impl Probe {
                 } else {
                     args.extend(["-n".into(), len.lat_iters.to_string()]);
                 }
-                let server = ctx.uiw_cmd(prog, &args)?;
+                let crc = matches!(self.kind, Kind::PerftestCrc { .. });
+                let with_crc = |c: Cmd| if crc { c.env("UIW_CRC", "1") } else { c };
+                let server = with_crc(ctx.uiw_cmd(prog, &args)?);
                 args.push("127.0.0.1".into());
-                let client = ctx.uiw_cmd(prog, &args)?;
+                let client = with_crc(ctx.uiw_cmd(prog, &args)?);
                 Plan {
                     server: Some(server),
                     client,

@@ -71,6 +71,19 @@ fn lat_row(prog: &'static str, with_targets: bool) -> Row {
     }
 }
 
+/// MPA CRC32c's cost: 1 MiB RDMA Write bandwidth with CRC requested on both sides
+/// against the same run without (the rule: CRC by default if it keeps ≥ 0.9×).
+fn crc_row() -> Row {
+    Row {
+        name: "write_bw_1m_crc".into(),
+        uiw: Probe::new(Kind::PerftestCrc { prog: "ib_write_bw" }, MIB1),
+        peers: vec![
+            Peer { probe: Probe::new(Kind::Perftest { prog: "ib_write_bw" }, MIB1), target: Some(Target::AtLeast(0.9)), scale: 1.0 },
+            peer(Kind::TcpBw, MIB1, None),
+        ],
+    }
+}
+
 /// Every row, in table order. The targets sit on the write_bw,
 /// write_lat and send_lat rows; the others are informational.
 pub fn all() -> Vec<Row> {
@@ -81,6 +94,7 @@ pub fn all() -> Vec<Row> {
     vec![
         bw_row("ib_write_bw", KIB64, true),
         bw_row("ib_write_bw", MIB1, true),
+        crc_row(),
         lat_row("ib_write_lat", true),
         lat_row("ib_send_lat", true),
         bw_row("ib_read_bw", KIB64, false),
@@ -140,6 +154,7 @@ mod tests {
             [
                 "write_bw_64k",
                 "write_bw_1m",
+                "write_bw_1m_crc",
                 "write_lat",
                 "send_lat",
                 "read_bw_64k",
@@ -153,12 +168,13 @@ mod tests {
         assert_eq!(w.uiw.size, 65536);
         assert_eq!(w.peers[0].target, Some(Target::AtLeast(0.9)));
         assert_eq!(w.peers[1].target, Some(Target::Above(1.0)));
-        let l = &rows[3];
+        assert_eq!(rows[2].peers[0].target, Some(Target::AtLeast(0.9)));
+        let l = &rows[4];
         assert_eq!(l.peers[0].target, Some(Target::AtMost(1.2)));
         assert_eq!(l.peers[1].target, Some(Target::Below(1.0)));
         assert_eq!(l.peers[2].target, Some(Target::Below(1.0)));
-        assert!(rows[4].peers.iter().all(|p| p.target.is_none()));
-        assert!(rows[8].peers.iter().all(|p| p.scale == 2.0));
+        assert!(rows[5].peers.iter().all(|p| p.target.is_none()));
+        assert!(rows[9].peers.iter().all(|p| p.scale == 2.0));
     }
 
     #[test]
