@@ -13,6 +13,7 @@
 #   uiw up                       (rootless: state dir under ~/.local/state)
 #   uiw run -- ibv_devinfo       (libibverbs opens the absent uverbs node)
 #   uiw run -- ls/python3 listing /sys/class/infiniband (the published tree)
+#   uiw run -- lstopo-no-graphics (hwloc finds uiw_lo as an OpenFabrics device)
 #   an ib_write_bw pair, an rping -V pair, an ibv_rc_pingpong pair
 #   uiw down
 # Prints what each step printed and exits non-zero on the first failure.
@@ -99,6 +100,10 @@ EOP
 else
 	echo "python3 not installed: listed with ls only"
 fi
+
+step "hwloc: HWLOC_VIRTUAL_LINUX_OSDEV=1 uiw run -- lstopo-no-graphics --whole-io (software devices are virtual, as siw's)"
+HWLOC_VIRTUAL_LINUX_OSDEV=1 to "$BIN/uiw" run -- lstopo-no-graphics --whole-io | tee lstopo.out | grep -i openfabrics
+grep -q 'OpenFabrics "uiw_lo"' lstopo.out
 
 step "ib_write_bw pair (port $P1)"
 to "$BIN/uiw" run -- ib_write_bw -d uiw_lo -x 0 -n 200 -s 65536 -p "$P1" >wbs.out 2>&1 &

@@ -100,8 +100,9 @@ DESCRIPTION
         class/infiniband_verbs/abi_version                 6
         class/infiniband_verbs/uverbsN/{ibdev,dev,abi_version}
         class/infiniband/uiw_NAME/{node_type,node_guid,sys_image_guid,node_desc,
-            fw_ver,board_id,hca_type,device/modalias}
-        class/infiniband/uiw_NAME/device/net/NAME -> /sys/class/net/NAME
+            fw_ver,board_id,hca_type}
+        class/infiniband/uiw_NAME/device -> ../../../devices/virtual/uiw/uiw_NAME
+        devices/virtual/uiw/uiw_NAME/{modalias,net/NAME -> /sys/class/net/NAME}
         class/infiniband/uiw_NAME/ports/1/{state,phys_state,link_layer,rate,lid,
             sm_lid,lid_mask_count,sm_sl,cap_mask,gids/I,gid_attrs/types/I,
             gid_attrs/ndevs/I,pkeys/0}

@@ -84,6 +84,14 @@ pub fn gid_table(nd: &Netdev) -> Vec<[u8; 16]> {
     t
 }
 
+/// The device's parent, as the kernel's `<ibdev>/device` symlink names a PCI function or,
+/// for software devices, a `/virtual/` one: `devices/virtual/uiw/<ibdev>`, holding
+/// `modalias` and `net/<netdev>`. hwloc places an RDMA device by that link (virtual ones
+/// near the root, with `--whole-io`), rdma-core's tests/base.py lists `device/net/`.
+pub fn parent_dir(ibdev: &str) -> String {
+    format!("devices/virtual/uiw/{ibdev}")
+}
+
 /// All files of one device, paths relative to the tree root (`$SYSFS_PATH`).
 pub fn render(dev: &Device) -> Vec<(String, String)> {
     let nd = &dev.netdev;
@@ -107,7 +115,7 @@ pub fn render(dev: &Device) -> Vec<(String, String)> {
         (format!("{d}/fw_ver"), env!("CARGO_PKG_VERSION").into()),
         (format!("{d}/board_id"), "uiw".into()),
         (format!("{d}/hca_type"), "uiw".into()),
-        (format!("{d}/device/modalias"), format!("uiw:{}", nd.name)),
+        (format!("{}/modalias", parent_dir(&dev.ibdev)), format!("uiw:{}", nd.name)),
         (format!("{p}/state"), state.into()),
         (format!("{p}/phys_state"), phys.into()),
         (format!("{p}/link_layer"), "Ethernet".into()),
@@ -204,9 +212,10 @@ fn write_file(path: &Path, content: &str) -> io::Result<()> {
 }
 
 /// Build the complete tree in `<root>.new` and swap it into place at `root`.
-/// `host_sysfs` (normally /sys) is where each device's `device/net/<netdev>` link points,
-/// as the kernel's `device/net/` lists the parent device's netdevs (rdma-core's
-/// tests/base.py finds a device's netdev, and so its IP address, there).
+/// `<ibdev>/device` links to [`parent_dir`], whose `net/<netdev>` links to
+/// `<host_sysfs>/class/net/<netdev>` (host_sysfs is normally /sys), as the kernel's
+/// `device/net/` lists the parent device's netdevs (rdma-core's tests/base.py finds a
+/// device's netdev, and so its IP address, there).
 pub fn publish(root: &Path, devices: &[Device], mirror: &Mirror, host_sysfs: &Path) -> io::Result<()> {
     let name = root.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "sysfs".into());
     let tmp = root.with_file_name(format!(".{name}.new"));
@@ -220,9 +229,11 @@ pub fn publish(root: &Path, devices: &[Device], mirror: &Mirror, host_sysfs: &Pa
         for (rel, content) in render(d) {
             write_file(&tmp.join(rel), &content)?;
         }
-        let net = tmp.join(format!("class/infiniband/{}/device/net", d.ibdev));
+        let parent = parent_dir(&d.ibdev);
+        let net = tmp.join(&parent).join("net");
         fs::create_dir_all(&net)?;
         std::os::unix::fs::symlink(host_sysfs.join("class/net").join(&d.netdev.name), net.join(&d.netdev.name))?;
+        std::os::unix::fs::symlink(format!("../../../{parent}"), tmp.join(format!("class/infiniband/{}/device", d.ibdev)))?;
     }
     for (n, target) in &mirror.verbs {
         std::os::unix::fs::symlink(target, tmp.join("class/infiniband_verbs").join(n))?;

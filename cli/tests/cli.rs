@@ -173,7 +173,7 @@ fn tree_is_byte_exact() {
         (&format!("{d}/fw_ver"), env!("CARGO_PKG_VERSION")),
         (&format!("{d}/board_id"), "uiw"),
         (&format!("{d}/hca_type"), "uiw"),
-        (&format!("{d}/device/modalias"), "uiw:lo"),
+        ("devices/virtual/uiw/uiw_lo/modalias", "uiw:lo"),
         (&format!("{p}/state"), "4: ACTIVE"),
         (&format!("{p}/phys_state"), "5: LinkUp"),
         (&format!("{p}/link_layer"), "Ethernet"),
@@ -204,8 +204,10 @@ fn tree_is_byte_exact() {
     // mirrored kernel device
     want.insert("class/infiniband_verbs/uverbs0".into(), format!("-> {}", host.join("class/infiniband_verbs/uverbs0").display()));
     want.insert("class/infiniband/mlx5_0".into(), format!("-> {}", host.join("class/infiniband/mlx5_0").display()));
-    // the netdev, as the kernel lists the parent device's netdevs (rdma-core's tests/base.py)
-    want.insert(format!("{d}/device/net/lo"), format!("-> {}", host.join("class/net/lo").display()));
+    // the parent device (virtual, as hwloc reads it) and its netdev, as the kernel lists a
+    // parent device's netdevs (rdma-core's tests/base.py)
+    want.insert(format!("{d}/device"), "-> ../../../devices/virtual/uiw/uiw_lo".into());
+    want.insert("devices/virtual/uiw/uiw_lo/net/lo".into(), format!("-> {}", host.join("class/net/lo").display()));
     if lo_has_only_127_0_0_1() {
         assert_eq!(snap, want);
     } else {

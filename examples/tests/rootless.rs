@@ -3,10 +3,11 @@
 //! `ci/rootless-test.sh` (run here as root) creates the user `uiw-rootless`, hides
 //! `/dev/infiniband` behind an empty tmpfs in a private mount namespace, drops to that
 //! user with no capabilities (`setpriv`) and runs `uiw up` (rootless mode),
-//! `ibv_devinfo`, a listing of `/sys/class/infiniband` by `ls` and `python3`, an
+//! `ibv_devinfo`, a listing of `/sys/class/infiniband` by `ls` and `python3`, hwloc's
+//! `lstopo` (which must find `OpenFabrics "uiw_lo"`), an
 //! `ib_write_bw` pair, an `rping -V` pair and an `ibv_rc_pingpong -e` pair, all under
 //! `uiw run`, then `uiw down`. Needs root (to create the user and the namespace),
-//! `cargo build --workspace`, perftest, rdmacm-utils and ibverbs-utils.
+//! `cargo build --workspace`, perftest, rdmacm-utils, ibverbs-utils and hwloc.
 
 use std::process::Command;
 
@@ -22,7 +23,8 @@ fn unprivileged_user_without_dev_infiniband() {
         return;
     }
     for (p, pkg) in [("setpriv", "util-linux"), ("unshare", "util-linux"), ("useradd", "passwd"),
-        ("ib_write_bw", "perftest"), ("rping", "rdmacm-utils"), ("ibv_rc_pingpong", "ibverbs-utils")] {
+        ("ib_write_bw", "perftest"), ("rping", "rdmacm-utils"), ("ibv_rc_pingpong", "ibverbs-utils"),
+        ("lstopo-no-graphics", "hwloc")] {
         if !have_program(p) && !std::path::Path::new("/usr/sbin").join(p).exists() {
             skip(test, &format!("{p} is not installed (apt-get install {pkg})"));
             return;
