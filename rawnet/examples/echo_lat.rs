@@ -7,7 +7,8 @@
 //!
 //!   sudo cargo run --release -p uiw-rawnet --example echo_lat [-- ITERATIONS [SIZE]]
 //!
-//! Prints p50/p99/mean per client. Needs root, iproute2, nftables, ethtool.
+//! Prints p50/p99/mean per client; then one-way bulk throughput (64 MiB) from each client
+//! to a kernel TCP sink in b. Needs root, iproute2, nftables, ethtool.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddrV4, TcpListener, TcpStream};
@@ -79,6 +80,84 @@ fn user_echo(ns: String, port: u16, ready: mpsc::Sender<()>, stop: std::sync::Ar
             }
         }
     })
+}
+
+const BULK: usize = 64 << 20;
+
+/// A kernel TCP sink in b: read BULK bytes per connection, answer one byte.
+fn kernel_sink(ns: String, port: u16, conns: usize, ready: mpsc::Sender<()>) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        netns::enter(&ns).unwrap();
+        let l = TcpListener::bind(SocketAddrV4::new(B_IP, port)).unwrap();
+        ready.send(()).unwrap();
+        for _ in 0..conns {
+            let (mut s, _) = l.accept().unwrap();
+            let mut buf = vec![0u8; 1 << 20];
+            let mut got = 0;
+            while got < BULK {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got += n,
+                }
+            }
+            let _ = s.write_all(&[1]);
+        }
+    })
+}
+
+fn gbps(t: Duration) -> f64 {
+    BULK as f64 * 8.0 / t.as_secs_f64() / 1e9
+}
+
+fn kernel_bulk(port: u16) -> Duration {
+    let mut s = TcpStream::connect(SocketAddrV4::new(B_IP, port)).unwrap();
+    let chunk = vec![0x77u8; 1 << 20];
+    let t = Instant::now();
+    for _ in 0..BULK / chunk.len() {
+        s.write_all(&chunk).unwrap();
+    }
+    let mut b = [0u8; 1];
+    s.read_exact(&mut b).unwrap();
+    t.elapsed()
+}
+
+fn user_bulk(xdp: bool, port: u16, local: u16) -> Duration {
+    let iface = Iface::lookup(IF).unwrap();
+    let _guard = RstGuard::install(IF, iface.ip, DEFAULT_PORTS).unwrap();
+    let io: Box<dyn FrameIo> = if xdp {
+        Box::new(XskSocket::open(&iface, DEFAULT_PORTS).unwrap())
+    } else {
+        Box::new(PacketSocket::open(&iface, DEFAULT_PORTS).unwrap())
+    };
+    let cfg = StackConfig { mac: iface.mac, ip: iface.ip, mtu: iface.mtu, tcp: Config { send_buf: 4 << 20, ..Config::default() }, seed: local as u64 * 31 };
+    let mut host = Host::new(cfg, io);
+    host.stack.set_neighbour(B_IP, neigh::resolve(B_IP, Duration::from_secs(5)).unwrap());
+    let h = host.stack.connect(local, SocketAddrV4::new(B_IP, port));
+    while host.stack.tcb(h).unwrap().state() != State::Established {
+        host.poll(64).unwrap();
+    }
+    let chunk = vec![0x77u8; 1 << 20];
+    let t = Instant::now();
+    let mut sent = 0;
+    let mut b = [0u8; 1];
+    loop {
+        host.poll(256).unwrap();
+        let tcb = host.stack.tcb(h).unwrap();
+        if sent < BULK {
+            let n = tcb.send(&chunk[..(BULK - sent).min(chunk.len())]).unwrap();
+            sent += n;
+        }
+        if tcb.recv(&mut b) == 1 {
+            break;
+        }
+    }
+    let d = t.elapsed();
+    host.stack.tcb(h).unwrap().close();
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(200) {
+        host.poll(64).unwrap();
+    }
+    d
 }
 
 fn kernel_client(port: u16, iters: usize, size: usize) -> Vec<Duration> {
@@ -154,11 +233,14 @@ fn main() {
     let bed = Bed::new(1500);
     let (tx, rx) = mpsc::channel();
     let server = kernel_echo(bed.b.clone(), 7100, 3, tx.clone());
+    let sink = kernel_sink(bed.b.clone(), 7101, 3, tx.clone());
+    rx.recv().unwrap();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let userver = user_echo(bed.b.clone(), DEFAULT_PORTS.0 + 100, tx, stop.clone());
     rx.recv().unwrap();
     rx.recv().unwrap();
     let a = bed.a.clone();
+    let stop2 = stop.clone();
     let client = std::thread::spawn(move || {
         netns::enter(&a).unwrap();
         println!("echo round trip, {size} B messages, {iters} iterations, across a veth pair");
@@ -173,9 +255,15 @@ fn main() {
             kinds = vec![kind, kind2];
         }
         println!("(client drivers: {})", kinds.join(", "));
+        stop2.store(true, std::sync::atomic::Ordering::Relaxed); // free b's spinning core
+        println!("bulk, {} MiB one way to a kernel TCP sink in b (MTU 1500):", BULK >> 20);
+        println!("kernel   {:>6.2} Gbit/s", gbps(kernel_bulk(7101)));
+        println!("packet   {:>6.2} Gbit/s", gbps(user_bulk(false, 7101, DEFAULT_PORTS.0 + 40)));
+        println!("xdp      {:>6.2} Gbit/s", gbps(user_bulk(true, 7101, DEFAULT_PORTS.0 + 41)));
     });
     client.join().unwrap();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     server.join().unwrap();
+    sink.join().unwrap();
     userver.join().unwrap();
 }

@@ -316,8 +316,8 @@ impl FrameIo for XskSocket {
         }
         let prod = self.tx.prod().load(Ordering::Relaxed);
         let cons = self.tx.cons().load(Ordering::Acquire);
-        if prod.wrapping_sub(cons) >= RING {
-            return Ok(false);
+        if prod.wrapping_sub(cons) >= RING || self.free.is_empty() {
+            return Ok(false); // the caller flushes (kicks) and tries again
         }
         let Some(addr) = self.free.pop() else { return Ok(false) };
         self.chunk(addr, frame.len()).copy_from_slice(frame);
@@ -329,17 +329,27 @@ impl FrameIo for XskSocket {
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        if self.tx_pending {
-            self.tx_pending = false;
-            // Copy mode transmits inside sendto(): the kick.
+        // Copy mode transmits inside sendto(), a bounded batch (32 frames) per call: kick
+        // until the kernel has taken the whole TX ring, or stops making progress.
+        let mut rounds = 0;
+        while self.tx_pending && rounds < 64 {
+            rounds += 1;
+            let before = self.tx.cons().load(Ordering::Acquire);
             // SAFETY: a zero-length sendto with no buffer and no address.
             let r = unsafe { libc::sendto(self.fd.as_raw_fd(), std::ptr::null(), 0, libc::MSG_DONTWAIT, std::ptr::null(), 0) };
             if r < 0 {
                 let e = io::Error::last_os_error();
                 match e.raw_os_error() {
-                    Some(libc::EAGAIN) | Some(libc::EBUSY) | Some(libc::ENOBUFS) | Some(libc::EINTR) => self.tx_pending = true,
+                    Some(libc::EAGAIN) | Some(libc::EBUSY) | Some(libc::ENOBUFS) | Some(libc::EINTR) => {}
                     _ => return Err(e),
                 }
+            }
+            let after = self.tx.cons().load(Ordering::Acquire);
+            let prod = self.tx.prod().load(Ordering::Relaxed);
+            if after == prod {
+                self.tx_pending = false;
+            } else if after == before && r < 0 {
+                break; // the kernel is busy: the next poll kicks again
             }
         }
         self.reap();
