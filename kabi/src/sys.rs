@@ -193,6 +193,60 @@ pub fn tcp_maxseg(s: &impl AsRawFd) -> io::Result<u32> {
     Ok(v as u32)
 }
 
+fn setsockopt_int(fd: libc::c_int, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> io::Result<()> {
+    // SAFETY: v is a valid c_int whose size is passed along.
+    let r = unsafe {
+        libc::setsockopt(fd, level, name, &v as *const _ as *const libc::c_void, std::mem::size_of::<libc::c_int>() as libc::socklen_t)
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Dead-peer detection on a TCP stream, as an RNIC's retry timer gives it: unacknowledged data
+/// fails the connection after `timeout_ms` (`TCP_USER_TIMEOUT`), and an idle connection is
+/// probed by keep-alives (first after a third of the timeout, then every sixth, three probes),
+/// so a peer that vanished is noticed within about `timeout_ms` whether or not data is flowing.
+pub fn set_peer_timeout(s: &impl AsRawFd, timeout_ms: u32) -> io::Result<()> {
+    let fd = s.as_raw_fd();
+    let secs = |ms: u32| ((ms / 1000).max(1)) as libc::c_int;
+    setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)?;
+    setsockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, secs(timeout_ms / 3))?;
+    setsockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, secs(timeout_ms / 6))?;
+    setsockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3)?;
+    setsockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, timeout_ms.min(i32::MAX as u32) as libc::c_int)
+}
+
+/// Starts a TCP connection to `addr` without waiting for it: a non-blocking, close-on-exec
+/// socket whose `connect` is under way (`EINPROGRESS`); readiness (or the error, through the
+/// socket's later reads and writes) comes from epoll.
+pub fn tcp_connect_start(addr: std::net::SocketAddrV4) -> io::Result<std::net::TcpStream> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain socket(2); the descriptor is owned below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh socket nobody else owns; the TcpStream closes it.
+    let stream = unsafe { std::net::TcpStream::from_raw_fd(fd) };
+    let sa = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: addr.port().to_be(),
+        sin_addr: libc::in_addr { s_addr: u32::from(*addr.ip()).to_be() },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: sa is a valid sockaddr_in of the size passed.
+    let r = unsafe { libc::connect(fd, &sa as *const _ as *const libc::sockaddr, std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t) };
+    if r != 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINPROGRESS) {
+            return Err(e);
+        }
+    }
+    Ok(stream)
+}
+
 #[cfg(test)]
 mod epoll_tests {
     use super::*;
@@ -215,6 +269,24 @@ mod epoll_tests {
         ep.delete(b.as_raw_fd()).unwrap();
         out.clear();
         assert_eq!(ep.wait(&mut out, 0).unwrap(), 0);
+    }
+
+    #[test]
+    fn connect_start_and_peer_timeout() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let std::net::SocketAddr::V4(a) = l.local_addr().unwrap() else { panic!() };
+        let c = tcp_connect_start(a).unwrap();
+        set_peer_timeout(&c, 5000).unwrap();
+        let (s, _) = l.accept().unwrap();
+        drop(s);
+        // A port nobody listens on: the start succeeds, the error comes later.
+        drop(l);
+        let c = tcp_connect_start(a).unwrap();
+        let mut out = Vec::new();
+        let ep = Epoll::new().unwrap();
+        ep.add(c.as_raw_fd(), 1, EPOLL_SOCKET_EDGE).unwrap();
+        ep.wait(&mut out, 5000).unwrap();
+        assert!(c.take_error().unwrap().is_some());
     }
 
     #[test]

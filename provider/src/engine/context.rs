@@ -237,7 +237,7 @@ impl Context {
             kick: AtomicBool::new(false),
             hup: AtomicBool::new(false),
             stats: super::stats::QpStats::new(&self.device.name, &self.device.ibdev_path, qpn),
-            inner: Mutex::new(QpInner { attrs: qp_state::init_attrs_from_create(&cap), dp: DataPath::default(), parked: None, cm: None }),
+            inner: Mutex::new(QpInner { attrs: qp_state::init_attrs_from_create(&cap), dp: DataPath::default(), parked: Vec::new(), open_at: None, cm: None }),
         });
         let polled: Arc<dyn PolledQp> = qp.clone();
         qp.send_cq.qps.lock().push(Arc::downgrade(&polled));
@@ -260,8 +260,11 @@ impl Context {
                 qp.net.unwatch(&l.sock);
             }
             let env = qp.env(inner.attrs.qp_access_flags);
-            inner.dp.shutdown(&env, false);
-            inner.parked = None;
+            if let Some(c) = inner.dp.shutdown(&env, false) {
+                qp.net.linger(c);
+            }
+            inner.parked.clear();
+            inner.open_at = None;
         }
         for cq in [&qp.send_cq, &qp.recv_cq] {
             cq.qps.lock().retain(|w| w.upgrade().is_some_and(|q| q.qpn() != qp.qpn));

@@ -3,7 +3,7 @@
 //! into libibverbs still places data and answers Reads). Addressing: see [`super::transport`].
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
@@ -16,7 +16,7 @@ use uiw_kabi::sys::{Epoll, EPOLL_IN, EPOLL_SOCKET_EDGE};
 use uiw_wire::conn::{Connection, Role};
 
 use super::cm::{CmConn, CmStatus};
-use super::transport::{config, now_ms, prepare, Pending, QpHello, DEFAULT_PORT_BASE, INDEXES, SLOTS};
+use super::transport::{config, now_ms, prepare, Closing, Pending, QpHello, DEFAULT_PORT_BASE, INDEXES, SLOTS};
 use super::user_memory::UserMemory;
 
 /// What the progress thread made of a QP.
@@ -43,6 +43,18 @@ pub trait Endpoint: Send + Sync {
     fn next_timeout(&self) -> Option<u64>;
 }
 
+/// How long a closing stream may take to deliver its last bytes and see the peer's FIN.
+const LINGER_MS: u64 = 2_000;
+
+/// A failed QP's stream on its way out (see [`Net::linger`]).
+struct Lingering {
+    sock: TcpStream,
+    bytes: Vec<u8>,
+    sent: usize,
+    fin: bool,
+    deadline: u64,
+}
+
 /// A stream waiting for its MPA Request, and its rdma_cm connection if it has one.
 type Waiting = (Pending, Option<Arc<CmConn>>);
 
@@ -53,6 +65,7 @@ const TOKEN_LISTENER: u64 = 0;
 const TOKEN_WAKE: u64 = 1;
 const KIND_QP: u64 = 1 << 32;
 const KIND_PENDING: u64 = 2 << 32;
+const KIND_CLOSING: u64 = 3 << 32;
 const KIND_MASK: u64 = 0xffff_ffff << 32;
 
 /// The process-wide transport.
@@ -67,6 +80,8 @@ pub struct Net {
     /// librdmacm drop-in handed over (else: our listener, an RTR connection).
     pending: Mutex<HashMap<u64, Waiting>>,
     next_pending: AtomicU64,
+    /// Streams of stopped QPs still sending their last bytes (the Terminate) before FIN.
+    closing: Mutex<HashMap<u64, Lingering>>,
     pub user_mem: &'static dyn UserMemory,
     stop: AtomicBool,
     waker: (UnixStream, UnixStream),
@@ -142,15 +157,23 @@ impl Net {
             free: Mutex::new((1..INDEXES).collect()),
             pending: Mutex::new(HashMap::new()),
             next_pending: AtomicU64::new(1),
+            closing: Mutex::new(HashMap::new()),
             user_mem,
             stop: AtomicBool::new(false),
             waker,
         })
     }
 
-    /// A fresh QP number of this process, or `None` when all are in use.
+    /// A fresh QP number of this process, or `None` when all are in use. The index is drawn at
+    /// random from the free ones (RFC 5042 §5: a peer that saw one QP number cannot name the
+    /// next).
     pub fn alloc_qpn(&self) -> Option<u32> {
-        let i = self.free.lock().pop_front()?;
+        let mut free = self.free.lock();
+        if free.is_empty() {
+            return None;
+        }
+        let k = super::random::below(free.len() as u32) as usize;
+        let i = free.swap_remove_back(k)?;
         Some(self.slot << 12 | i)
     }
 
@@ -216,6 +239,10 @@ impl Net {
                     KIND_QP => self.lookup(tok as u32).is_some_and(|qp| qp.progress(hup) == Progress::More),
                     KIND_PENDING => {
                         self.serve_pending(tok & !KIND_MASK);
+                        false
+                    }
+                    KIND_CLOSING => {
+                        self.serve_closing(tok & !KIND_MASK, now_ms());
                         false
                     }
                     _ if tok == TOKEN_LISTENER => {
@@ -299,14 +326,67 @@ impl Net {
                 Some((hello, qp)) => {
                     if let Err(p) = qp.offer(self, hello, p) {
                         self.unwatch(&p.sock);
-                        p.reject(&[]);
+                        self.linger(p.rejected(&[]));
                     }
                 }
                 None => {
                     self.unwatch(&p.sock);
-                    p.reject(&[]);
+                    self.linger(p.rejected(&[]));
                 }
             },
+        }
+    }
+
+    /// Closes a stopped QP's stream in order, without blocking anybody: `c.bytes` (the end of
+    /// the last FPDU, the Terminate) are written as the socket takes them, then FIN, then what
+    /// the peer still sends is read and dropped until its FIN (closing with unread data would
+    /// reset the connection and could destroy the Terminate in flight) or [`LINGER_MS`].
+    pub fn linger(&self, c: Closing) {
+        let id = self.next_pending.fetch_add(1, Ordering::Relaxed);
+        let fd = c.sock.as_raw_fd();
+        let l = Lingering { sock: c.sock, bytes: c.bytes, sent: 0, fin: false, deadline: now_ms() + LINGER_MS };
+        self.closing.lock().insert(id, l);
+        if self.epoll.add(fd, KIND_CLOSING | id, EPOLL_SOCKET_EDGE).is_err() {
+            self.closing.lock().remove(&id);
+            return;
+        }
+        self.serve_closing(id, now_ms());
+        // The progress thread takes the new deadline.
+        self.wake();
+    }
+
+    fn serve_closing(&self, id: u64, now: u64) {
+        let mut closing = self.closing.lock();
+        let Some(l) = closing.get_mut(&id) else { return };
+        let done = loop {
+            if l.sent < l.bytes.len() {
+                match (&l.sock).write(&l.bytes[l.sent..]) {
+                    Ok(n) => {
+                        l.sent += n;
+                        continue;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break now >= l.deadline,
+                    Err(_) => break true,
+                }
+            }
+            if !l.fin {
+                l.fin = true;
+                let _ = l.sock.shutdown(std::net::Shutdown::Write);
+            }
+            let mut b = [0u8; 4096];
+            match (&l.sock).read(&mut b) {
+                Ok(0) => break true,
+                Ok(_) => continue,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break now >= l.deadline,
+                Err(_) => break true,
+            }
+        };
+        if done {
+            if let Some(l) = closing.remove(&id) {
+                let _ = self.epoll.delete(l.sock.as_raw_fd());
+            }
         }
     }
 
@@ -318,6 +398,13 @@ impl Net {
                 next = Some(next.map_or(t, |n| n.min(t)));
             }
         };
+        let ids: Vec<u64> = self.closing.lock().iter().filter(|(_, l)| now >= l.deadline).map(|(id, _)| *id).collect();
+        for id in ids {
+            self.serve_closing(id, now);
+        }
+        for l in self.closing.lock().values() {
+            due(Some(l.deadline));
+        }
         let qps: Vec<Arc<dyn Endpoint>> = self.qps.read().values().filter_map(Weak::upgrade).collect();
         for qp in qps {
             qp.handle_timeout(now);

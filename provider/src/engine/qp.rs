@@ -4,7 +4,6 @@
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use parking_lot::Mutex;
 use uiw_wire::conn::{Connection, Role};
@@ -21,7 +20,7 @@ use super::net::{Endpoint, Net, Progress};
 use super::qp_state::{self, QpAttrs, QpState};
 use super::srq::SrqObj;
 use super::stats::QpStats;
-use super::transport::{config, is_initiator, now_ms, prepare, qp_address, Pending, QpHello};
+use super::transport::{config, is_initiator, now_ms, prepare, qp_address, Expected, Pending, QpHello, Verdict};
 use super::wr::{PostError, RecvWqe, SendWqe};
 
 /// What `ibv_create_qp` asks for.
@@ -39,8 +38,12 @@ pub struct QpSpec {
 pub struct QpInner {
     pub attrs: QpAttrs,
     pub dp: DataPath,
-    /// A stream that arrived for this QP before it reached RTR.
-    pub(crate) parked: Option<Pending>,
+    /// Streams that named this QP before it could decide on them (before RTR, or before RTS
+    /// when the opener gave only its `rq_psn`): at most [`MAX_PARKED`], the oldest dropped.
+    pub(crate) parked: Vec<(Pending, QpHello)>,
+    /// This QP opens the stream, once in RTS (when it knows its `sq_psn`, the stronger proof)
+    /// or at this time (engine clock) if it is left in RTR.
+    pub(crate) open_at: Option<u64>,
     /// rdma_cm connection this QP belongs to (the librdmacm drop-in).
     pub(crate) cm: Option<Arc<CmConn>>,
 }
@@ -73,6 +76,13 @@ pub struct Qp {
     pub(crate) stats: QpStats,
     pub inner: Mutex<QpInner>,
 }
+
+/// Streams a QP keeps waiting for its decision (a peer that connects early, strangers).
+const MAX_PARKED: usize = 4;
+
+/// How long an opening QP left in RTR waits for RTS before it connects with its `rq_psn` as
+/// the only proof (perftest's send-test server stays in RTR).
+const OPEN_WAIT_MS: u64 = 200;
 
 /// How long after reading a peer's FIN its QP goes to ERROR (see `Link::peer_closed`): a
 /// one-shot deadline on the close path, not a poll.
@@ -181,13 +191,28 @@ impl Qp {
                     self.net.unwatch(&l.sock);
                 }
                 inner.dp.reset();
-                inner.parked = None;
+                self.drop_parked(&mut inner);
+                inner.open_at = None;
                 inner.attrs = qp_state::init_attrs_from_create(&self.cap);
             }
             _ => {}
         }
-        if t.connect {
-            match self.connect_locked(&mut inner) {
+        let f = if t.connect {
+            self.connect_locked(&mut inner)
+        } else if t.start_sq && t.state_change {
+            // RTS: an opener connects now with its sq_psn; an acceptor can check the
+            // streams that offered only their rq_psn.
+            if inner.open_at.take().is_some() {
+                self.open_locked(&mut inner)
+            } else {
+                self.settle_parked(&mut inner);
+                None
+            }
+        } else {
+            None
+        };
+        if t.connect || t.start_sq {
+            match f {
                 Some(f) => self.fail_locked(inner, f),
                 // Send the MPA Request, or the Reply to a parked Request, now.
                 None => self.serve_locked(inner),
@@ -196,22 +221,44 @@ impl Qp {
         Ok(())
     }
 
-    /// INIT→RTR: open the stream to the peer QP, or take the one it already opened.
+    /// What this QP expects of the peer that opens its stream, once the application named it.
+    fn expected(&self, a: &QpAttrs) -> Option<Expected> {
+        let peer = std::net::Ipv4Addr::from(qp_state::gid_to_ipv4(&a.ah.dgid)?);
+        let sq_psn = matches!(a.qp_state, QpState::Rts | QpState::Sqd).then_some(a.sq_psn);
+        Some(Expected { qpn: self.qpn, peer, dest_qpn: a.dest_qp_num, rq_psn: a.rq_psn, sq_psn })
+    }
+
+    /// INIT→RTR: the lower (address, QPN) of the two opens the stream (at RTS, or after
+    /// [`OPEN_WAIT_MS`] in RTR); the other takes a parked stream that proves to be its peer.
     fn connect_locked(&self, inner: &mut QpInner) -> Option<Fatal> {
         let a = inner.attrs;
         let remote = std::net::Ipv4Addr::from(qp_state::gid_to_ipv4(&a.ah.dgid)?);
         let local = self.device.gids.get(a.ah.sgid_index as usize).and_then(gid_ipv4).unwrap_or(std::net::Ipv4Addr::LOCALHOST);
         if !is_initiator(local, self.qpn, remote, a.dest_qp_num) {
-            if let Some(p) = inner.parked.take() {
-                let hello = QpHello { to_qpn: self.qpn, from_qpn: a.dest_qp_num };
-                return self.adopt_locked(inner, hello, p).err().map(|_| Fatal::Rejected);
-            }
+            self.settle_parked(inner);
             return None;
         }
+        // Strangers that connected to an opener are refused: its peer never connects to it.
+        self.drop_parked(inner);
+        if matches!(a.qp_state, QpState::Rts | QpState::Sqd) {
+            return self.open_locked(inner);
+        }
+        inner.open_at = Some(now_ms() + OPEN_WAIT_MS);
+        // The progress thread takes the new deadline.
+        self.net.wake();
+        None
+    }
+
+    /// Opens the stream to the peer QP without waiting for TCP: `connect` runs on; its failure
+    /// (an unreachable peer) fails the QP later with an async event, as a kernel provider's
+    /// connection manager does. The MPA Request goes out as soon as the socket is writable.
+    fn open_locked(&self, inner: &mut QpInner) -> Option<Fatal> {
+        let a = inner.attrs;
+        let remote = std::net::Ipv4Addr::from(qp_state::gid_to_ipv4(&a.ah.dgid)?);
         let Some(addr) = qp_address(remote, a.dest_qp_num, self.net.port_base) else {
             return Some(Fatal::Lost);
         };
-        let sock = match TcpStream::connect_timeout(&addr.into(), Duration::from_secs(5)) {
+        let sock = match uiw_kabi::sys::tcp_connect_start(addr) {
             Ok(s) => s,
             Err(e) => {
                 crate::uiw_log!(Warn, "{}: QP 0x{:06x}: cannot reach QP 0x{:06x} at {addr}: {e}", self.device.name, self.qpn, a.dest_qp_num);
@@ -221,7 +268,8 @@ impl Qp {
         let Ok(mss) = prepare(&sock) else {
             return Some(Fatal::Lost);
         };
-        let hello = QpHello { to_qpn: a.dest_qp_num, from_qpn: self.qpn };
+        let sq_psn = matches!(a.qp_state, QpState::Rts | QpState::Sqd).then_some(a.sq_psn);
+        let hello = QpHello { to_qpn: a.dest_qp_num, from_qpn: self.qpn, rq_psn: a.rq_psn, sq_psn };
         let cfg = config(Role::Initiator, ird(&a), ord(&a), hello.encode(), mss);
         let link = Link::new(Connection::new(cfg, now_ms()), sock);
         if self.net.watch(&link.sock, self.qpn).is_err() {
@@ -231,8 +279,51 @@ impl Qp {
         None
     }
 
-    /// A stream the listener matched to this QP (its MPA Request names us). Taken if we are in
-    /// RTR/RTS and expect that peer; parked if we have not reached RTR yet.
+    /// Refuses a stream (MPA Reply with R=1, then FIN), without blocking.
+    fn refuse(&self, p: Pending) {
+        self.net.unwatch(&p.sock);
+        self.net.linger(p.rejected(&[]));
+    }
+
+    fn drop_parked(&self, inner: &mut QpInner) {
+        for (p, _) in std::mem::take(&mut inner.parked) {
+            self.refuse(p);
+        }
+    }
+
+    /// Decides on the parked streams with what this QP knows now: the first that proves to be
+    /// the peer becomes the QP's stream, the ones that cannot be are refused, the rest wait.
+    fn settle_parked(&self, inner: &mut QpInner) {
+        let Some(e) = self.expected(&inner.attrs) else { return };
+        for (p, h) in std::mem::take(&mut inner.parked) {
+            if inner.dp.link.is_some() {
+                self.refuse(p);
+                continue;
+            }
+            match h.verify(peer_ipv4(&p), &e) {
+                Verdict::Accept => {
+                    if let Err(p) = self.adopt_locked(inner, p) {
+                        self.refuse(p);
+                    }
+                }
+                Verdict::Refuse => self.refuse(p),
+                Verdict::Undecided => inner.parked.push((p, h)),
+            }
+        }
+    }
+
+    fn park(&self, inner: &mut QpInner, p: Pending, h: QpHello) {
+        if inner.parked.len() >= MAX_PARKED {
+            let (old, _) = inner.parked.remove(0);
+            self.refuse(old);
+        }
+        let _ = self.net.watch(&p.sock, self.qpn);
+        inner.parked.push((p, h));
+    }
+
+    /// A stream the listener matched to this QP (its MPA Request names us). Taken if it proves
+    /// to come from the peer the application named ([`QpHello::verify`]), refused if it cannot,
+    /// parked if this QP cannot tell yet.
     #[allow(clippy::result_large_err)] // the stream goes back to the caller, to be rejected
     pub fn offer(&self, net: &Net, hello: QpHello, p: Pending) -> std::result::Result<(), Pending> {
         let r = self.offer_unsettled(net, hello, p);
@@ -241,33 +332,41 @@ impl Qp {
     }
 
     #[allow(clippy::result_large_err)] // the stream goes back to the caller, to be rejected
-    fn offer_unsettled(&self, net: &Net, hello: QpHello, p: Pending) -> std::result::Result<(), Pending> {
+    fn offer_unsettled(&self, _net: &Net, hello: QpHello, p: Pending) -> std::result::Result<(), Pending> {
         let mut inner = self.inner.lock();
-        if self.destroyed.load(Ordering::Acquire) || inner.dp.link.is_some() {
+        if self.destroyed.load(Ordering::Acquire) || inner.dp.link.is_some() || inner.open_at.is_some() {
             return Err(p);
         }
         match inner.attrs.qp_state {
             QpState::Reset | QpState::Init => {
-                let _ = net.watch(&p.sock, self.qpn);
-                inner.parked = Some(p);
+                self.park(&mut inner, p, hello);
                 Ok(())
             }
-            QpState::Rtr | QpState::Rts if inner.attrs.dest_qp_num == hello.from_qpn => {
-                self.adopt_locked(&mut inner, hello, p)?;
-                self.serve_locked(inner);
-                Ok(())
+            QpState::Rtr | QpState::Rts | QpState::Sqd => {
+                let Some(e) = self.expected(&inner.attrs) else { return Err(p) };
+                match hello.verify(peer_ipv4(&p), &e) {
+                    Verdict::Accept => {
+                        self.adopt_locked(&mut inner, p)?;
+                        self.serve_locked(inner);
+                        Ok(())
+                    }
+                    Verdict::Refuse => Err(p),
+                    Verdict::Undecided => {
+                        self.park(&mut inner, p, hello);
+                        Ok(())
+                    }
+                }
             }
             _ => Err(p),
         }
     }
 
+    /// Takes a verified stream: MPA Reply with our IRD/ORD, served by the progress thread.
     #[allow(clippy::result_large_err)] // the stream goes back to the caller, to be rejected
-    fn adopt_locked(&self, inner: &mut QpInner, hello: QpHello, mut p: Pending) -> std::result::Result<(), Pending> {
-        if inner.attrs.dest_qp_num != hello.from_qpn {
-            return Err(p);
-        }
+    fn adopt_locked(&self, inner: &mut QpInner, mut p: Pending) -> std::result::Result<(), Pending> {
         let a = inner.attrs;
-        let reply = QpHello { to_qpn: hello.from_qpn, from_qpn: self.qpn };
+        let sq_psn = matches!(a.qp_state, QpState::Rts | QpState::Sqd).then_some(a.sq_psn);
+        let reply = QpHello { to_qpn: a.dest_qp_num, from_qpn: self.qpn, rq_psn: a.rq_psn, sq_psn };
         if p.conn.accept(ird(&a), ord(&a), &reply.encode(), now_ms()).is_err() {
             return Err(p);
         }
@@ -333,6 +432,15 @@ impl Qp {
             // The holder serves the stream; the deadline is looked at again next time.
             return;
         };
+        if inner.open_at.is_some_and(|t| now >= t) {
+            inner.open_at = None;
+            match self.open_locked(&mut inner) {
+                Some(f) => self.fail_locked(inner, f),
+                None => self.serve_locked(inner),
+            }
+            self.settle();
+            return;
+        }
         let Some(l) = inner.dp.link.as_mut() else {
             return;
         };
@@ -366,6 +474,10 @@ impl Qp {
                 (a, b) => a.or(b),
             }
         });
+        let t = match (t, inner.open_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         drop(inner);
         self.settle();
         t
@@ -506,8 +618,11 @@ impl Qp {
         self.sync_stats(inner);
         self.stats.flushed(inner.dp.sq.len() + inner.dp.rq.values().filter(|e| !e.from_srq).count());
         let env = self.env(inner.attrs.qp_access_flags);
-        inner.dp.shutdown(&env, true);
-        inner.parked = None;
+        if let Some(c) = inner.dp.shutdown(&env, true) {
+            self.net.linger(c);
+        }
+        inner.open_at = None;
+        self.drop_parked(inner);
     }
 
     /// `ibv_post_recv` for one WR. A QP with an SRQ takes receives from it only (EINVAL here,
@@ -582,6 +697,14 @@ impl Qp {
             }
             _ => Err(PostError::BadState),
         }
+    }
+}
+
+/// The IPv4 address a stream comes from (`None` for anything else).
+fn peer_ipv4(p: &Pending) -> Option<std::net::Ipv4Addr> {
+    match p.sock.peer_addr().ok()? {
+        std::net::SocketAddr::V4(a) => Some(*a.ip()),
+        std::net::SocketAddr::V6(a) => a.ip().to_ipv4_mapped(),
     }
 }
 

@@ -32,23 +32,61 @@ pub fn now_ms() -> u64 {
     START.get_or_init(Instant::now).elapsed().as_millis() as u64
 }
 
-/// The MPA private data of an RTR-initiated connection: which QP connects to which.
+/// The MPA private data of an RTR-initiated connection: which QP connects to which, and the
+/// proof that the opener is the peer the application named (issue 10: a stranger who guessed
+/// both QP numbers must not get the QP). The secret is what both applications exchanged out of
+/// band and passed to `ibv_modify_qp`: the opener's `sq_psn` is the acceptor's `rq_psn`, and
+/// the opener's `rq_psn` is the acceptor's `sq_psn` (24 bits each; together with the random QPN
+/// index, the source address check and TCP's own sequence numbers, an off-path attacker has to
+/// guess ~36 bits before its first byte is placed).
+///
+/// Wire form (24 bytes, big-endian): `"uiwQ"`, `to_qpn`, `from_qpn`, flags (bit 0: `sq_psn`
+/// valid — the opener had reached RTS), the opener's `rq_psn`, its `sq_psn`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpHello {
     /// The QP the stream is for (the responder's).
     pub to_qpn: u32,
     /// The QP that opened it.
     pub from_qpn: u32,
+    /// The opener's `rq_psn` (= the acceptor's `sq_psn`).
+    pub rq_psn: u32,
+    /// The opener's `sq_psn` (= the acceptor's `rq_psn`), if it had one when it connected.
+    pub sq_psn: Option<u32>,
+}
+
+/// What an acceptor makes of a [`QpHello`] with what it knows now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The opener proved it knows the PSNs: take the stream.
+    Accept,
+    /// Wrong QP numbers, address or PSNs: refuse it.
+    Refuse,
+    /// Nothing to check against yet (our `sq_psn` comes with RTS): keep it waiting.
+    Undecided,
+}
+
+/// What the acceptor knows: its QPN, the peer the application named (address, QPN), its
+/// `rq_psn` (from RTR) and its `sq_psn` once in RTS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expected {
+    pub qpn: u32,
+    pub peer: Ipv4Addr,
+    pub dest_qpn: u32,
+    pub rq_psn: u32,
+    pub sq_psn: Option<u32>,
 }
 
 impl QpHello {
     const MAGIC: [u8; 4] = *b"uiwQ";
-    pub const LEN: usize = 12;
+    pub const LEN: usize = 24;
 
     pub fn encode(&self) -> Vec<u8> {
         let mut v = Self::MAGIC.to_vec();
         v.extend_from_slice(&self.to_qpn.to_be_bytes());
         v.extend_from_slice(&self.from_qpn.to_be_bytes());
+        v.extend_from_slice(&u32::from(self.sq_psn.is_some()).to_be_bytes());
+        v.extend_from_slice(&self.rq_psn.to_be_bytes());
+        v.extend_from_slice(&self.sq_psn.unwrap_or(0).to_be_bytes());
         v
     }
 
@@ -56,7 +94,24 @@ impl QpHello {
         if b.len() < Self::LEN || b[..4] != Self::MAGIC {
             return None;
         }
-        Some(QpHello { to_qpn: u32::from_be_bytes(b[4..8].try_into().ok()?), from_qpn: u32::from_be_bytes(b[8..12].try_into().ok()?) })
+        let w = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        Some(QpHello { to_qpn: w(4), from_qpn: w(8), rq_psn: w(16), sq_psn: (w(12) & 1 != 0).then(|| w(20)) })
+    }
+
+    /// Whether a stream from `src` carrying this hello is the peer `e` describes.
+    pub fn verify(&self, src: Option<Ipv4Addr>, e: &Expected) -> Verdict {
+        if self.to_qpn != e.qpn || self.from_qpn != e.dest_qpn || src != Some(e.peer) {
+            return Verdict::Refuse;
+        }
+        let psn = |x: u32| x & 0x00ff_ffff;
+        if let Some(sq) = self.sq_psn {
+            return if psn(sq) == psn(e.rq_psn) { Verdict::Accept } else { Verdict::Refuse };
+        }
+        match e.sq_psn {
+            Some(sq) if psn(sq) == psn(self.rq_psn) => Verdict::Accept,
+            Some(_) => Verdict::Refuse,
+            None => Verdict::Undecided,
+        }
     }
 }
 
@@ -71,6 +126,26 @@ pub fn qp_address(ip: Ipv4Addr, qpn: u32, base: u16) -> Option<SocketAddrV4> {
     (port <= 0xffff && qpn >> 12 < SLOTS).then(|| SocketAddrV4::new(ip, port as u16))
 }
 
+/// A duration in seconds from the environment (`UIW_PEER_TIMEOUT=10`, `=2.5`), or `default_ms`.
+fn env_secs_ms(name: &str, default_ms: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.trim().parse::<f64>().ok()).filter(|s| *s > 0.0 && *s < 1e6).map(|s| (s * 1000.0) as u64).unwrap_or(default_ms)
+}
+
+/// How long a silent peer may go unnoticed (`UIW_PEER_TIMEOUT`, seconds, default 10): an RNIC's
+/// retry timeout, not TCP's 15 minutes. Unacknowledged data fails the stream after this long
+/// (`TCP_USER_TIMEOUT`), an idle one is probed by keep-alives.
+pub fn peer_timeout_ms() -> u64 {
+    static V: OnceLock<u64> = OnceLock::new();
+    *V.get_or_init(|| env_secs_ms("UIW_PEER_TIMEOUT", 10_000))
+}
+
+/// Time allowed for MPA negotiation (`UIW_MPA_TIMEOUT`, seconds, default 10): a stream that
+/// does not complete its Request/Reply by then is dropped.
+pub fn mpa_timeout_ms() -> u64 {
+    static V: OnceLock<u64> = OnceLock::new();
+    *V.get_or_init(|| env_secs_ms("UIW_MPA_TIMEOUT", 10_000))
+}
+
 /// The protocol settings of a uiw connection (MPA v2, RFC 7306 offered, CRC if `UIW_CRC=1`).
 pub fn config(role: Role, ird: u16, ord: u16, private_data: Vec<u8>, mss: usize) -> Config {
     let mut c = Config::new(role);
@@ -81,15 +156,24 @@ pub fn config(role: Role, ird: u16, ord: u16, private_data: Vec<u8>, mss: usize)
     c.private_data = private_data;
     c.mss = mss.max(536);
     c.manual_accept = role == Role::Responder;
-    c.mpa_timeout_ms = 60_000;
+    c.mpa_timeout_ms = mpa_timeout_ms();
     c
 }
 
-/// Sets up a stream socket as the data path wants it: non-blocking, no Nagle.
+/// Sets up a stream socket as the data path wants it: non-blocking, no Nagle, dead-peer
+/// detection ([`peer_timeout_ms`]). Returns the MSS.
 pub fn prepare(s: &TcpStream) -> io::Result<usize> {
     s.set_nonblocking(true)?;
     s.set_nodelay(true)?;
+    uiw_kabi::sys::set_peer_timeout(s, peer_timeout_ms().min(u64::from(u32::MAX)) as u32)?;
     Ok(uiw_kabi::sys::tcp_maxseg(s).unwrap_or(1460) as usize)
+}
+
+/// A stream to close in order (see `Net::linger`): `bytes` (the rest of the transmit backlog,
+/// then the Terminate or the MPA Reply that rejects, if any) go out first, then FIN.
+pub struct Closing {
+    pub sock: TcpStream,
+    pub bytes: Vec<u8>,
 }
 
 /// A stream accepted by the listener whose MPA Request has not been matched to a QP yet.
@@ -122,6 +206,17 @@ impl Pending {
         let _ = self.sock.set_write_timeout(Some(Duration::from_millis(200)));
         let _ = self.sock.write_all(&out);
         let _ = self.sock.shutdown(std::net::Shutdown::Both);
+    }
+
+    /// [`Pending::reject`] for the progress thread, which must never block: the MPA Reply
+    /// (R=1) to send before FIN, for `Net::linger`.
+    pub fn rejected(mut self, private_data: &[u8]) -> Closing {
+        let _ = self.conn.reject(private_data);
+        let mut bytes = Vec::new();
+        while let Some(uiw_wire::conn::Tx::Bytes(b)) = self.conn.next_tx() {
+            bytes.extend_from_slice(&b);
+        }
+        Closing { sock: self.sock, bytes }
     }
 
     /// Reads the MPA Request; `Some(Ok(request))` once it has arrived, `Some(Err(()))` if the
@@ -170,12 +265,39 @@ mod tests {
 
     #[test]
     fn hello_round_trip_and_rejects_foreign_data() {
-        let h = QpHello { to_qpn: 0x001002, from_qpn: 0x003001 };
+        let h = QpHello { to_qpn: 0x001002, from_qpn: 0x003001, rq_psn: 0xabcdef, sq_psn: Some(0x123456) };
         let b = h.encode();
-        assert_eq!(b, [b'u', b'i', b'w', b'Q', 0x00, 0x00, 0x10, 0x02, 0x00, 0x00, 0x30, 0x01]);
+        assert_eq!(
+            b,
+            [b'u', b'i', b'w', b'Q', 0, 0, 0x10, 0x02, 0, 0, 0x30, 0x01, 0, 0, 0, 1, 0, 0xab, 0xcd, 0xef, 0, 0x12, 0x34, 0x56]
+        );
         assert_eq!(QpHello::parse(&b), Some(h));
-        assert_eq!(QpHello::parse(b"uiwX\0\0\0\0\0\0\0\0"), None);
-        assert_eq!(QpHello::parse(b"uiwQ"), None);
+        let h2 = QpHello { sq_psn: None, ..h };
+        assert_eq!(QpHello::parse(&h2.encode()), Some(h2));
+        assert_eq!(QpHello::parse(b"uiwX\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0"), None);
+        // The unauthenticated 12-byte form of earlier versions is not accepted.
+        assert_eq!(QpHello::parse(&b[..12]), None);
+    }
+
+    #[test]
+    fn only_the_named_peer_with_the_psns_gets_the_qp() {
+        let peer = Ipv4Addr::new(198, 51, 100, 2);
+        let mut e = Expected { qpn: 0x1005, peer, dest_qpn: 0x2007, rq_psn: 0x111111, sq_psn: None };
+        let good = QpHello { to_qpn: 0x1005, from_qpn: 0x2007, rq_psn: 0x222222, sq_psn: Some(0x111111) };
+        assert_eq!(good.verify(Some(peer), &e), Verdict::Accept);
+        // Another host with everything right, or the right host with a wrong field.
+        assert_eq!(good.verify(Some(Ipv4Addr::new(198, 51, 100, 9)), &e), Verdict::Refuse);
+        assert_eq!(good.verify(None, &e), Verdict::Refuse);
+        assert_eq!(QpHello { sq_psn: Some(0x111112), ..good }.verify(Some(peer), &e), Verdict::Refuse);
+        assert_eq!(QpHello { from_qpn: 0x2008, ..good }.verify(Some(peer), &e), Verdict::Refuse);
+        assert_eq!(QpHello { to_qpn: 0x1006, ..good }.verify(Some(peer), &e), Verdict::Refuse);
+        // An opener still in RTR proves itself with its rq_psn once we know our sq_psn.
+        let early = QpHello { sq_psn: None, ..good };
+        assert_eq!(early.verify(Some(peer), &e), Verdict::Undecided);
+        e.sq_psn = Some(0x222222);
+        assert_eq!(early.verify(Some(peer), &e), Verdict::Accept);
+        e.sq_psn = Some(0x222223);
+        assert_eq!(early.verify(Some(peer), &e), Verdict::Refuse);
     }
 
     #[test]

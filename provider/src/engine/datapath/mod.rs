@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::TcpStream;
 
-use uiw_wire::conn::{Completion as WireCompletion, Connection, Event, Failure, SendFlags, State, WcOpcode};
+use uiw_wire::conn::{Completion as WireCompletion, Connection, Event, Failure, SendFlags, State as ConnState, Tx, WcOpcode};
 use uiw_wire::placement::{Access, Memory, Placement};
 use uiw_wire::rdmap::AtomicOp;
 use uiw_wire::{PostError as WirePostError, TaggedError, WcStatus};
@@ -19,6 +19,7 @@ use super::access;
 use super::cq::{wc_flags, wc_opcode, wc_status, Completion, CqObj};
 use super::mr::{AccessError, MrTable, Span};
 use super::srq::SrqObj;
+pub use super::transport::Closing;
 use super::user_memory::UserMemory;
 use super::wr::{opcode, send_flags, Payload, PostError, RecvWqe, SendWqe, Sge};
 
@@ -526,19 +527,52 @@ impl DataPath {
     /// The QP is going to ERROR (or being destroyed): closes the stream and completes every
     /// outstanding WR — held send completions whose bytes never left become flushes — in
     /// posting order. Receives taken from an SRQ and never used go back to it.
-    pub fn shutdown(&mut self, env: &Env, deliver: bool) {
-        // A Terminate the protocol core queued goes out before the stream closes (RFC 5040
-        // §6: the Terminate is the last message of the stream), as far as the socket takes it
-        // without blocking.
-        if self.link.as_ref().is_some_and(|l| l.conn.state() == State::Error) {
-            let _ = self.pump_tx(env);
-        }
+    pub fn shutdown(&mut self, env: &Env, deliver: bool) -> Option<Closing> {
+        let mut tail = Vec::new();
         if let Some(l) = self.link.as_mut() {
+            // The transmit backlog holds whole FPDUs (header, payload, trailer are queued
+            // together): all of it goes out, so the peer never sees a stream cut mid-FPDU.
+            // Payload still in application memory is copied now, while it is registered.
+            let mut cut = false;
+            for (i, p) in l.tx.iter().enumerate() {
+                let skip = if i == 0 { l.tx_skip } else { 0 };
+                match p.bytes(skip) {
+                    Some(b) => tail.extend_from_slice(b),
+                    None => {
+                        let Piece::User(s) = p else { continue };
+                        // A region being deregistered cannot be read any more: then the stream
+                        // ends without the rest (and without a Terminate, which could not be
+                        // framed after a partial FPDU).
+                        match s.tail(skip as u64).and_then(|s| s.pin()) {
+                            Some(pin) => {
+                                let n = tail.len();
+                                tail.resize(n + pin.len(), 0);
+                                env.user_mem.read(&pin, &mut tail[n..]);
+                            }
+                            None => {
+                                cut = true;
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+            l.tx.clear();
+            if cut {
+                tail.clear();
+            }
+            // After an error the core has only the Terminate left to send (RFC 5040 §6: it
+            // goes out before the stream is closed).
+            if !cut && l.conn.state() == ConnState::Error {
+                while let Some(Tx::Bytes(b)) = l.conn.next_tx() {
+                    tail.extend_from_slice(&b);
+                }
+            }
             l.conn.close();
         }
         let _ = self.drain_events(env);
+        let mut closing = None;
         if let Some(mut l) = self.link.take() {
-            let _ = l.sock.shutdown(std::net::Shutdown::Both);
             for (_, mut c) in l.held.drain(..) {
                 if c.status == wc_status::SUCCESS {
                     c.status = wc_status::WR_FLUSH_ERR;
@@ -547,6 +581,7 @@ impl DataPath {
                     env.send_cq.push(c);
                 }
             }
+            closing = Some(Closing { sock: l.sock, bytes: tail });
         }
         self.sinks.clear();
         for (_, e) in std::mem::take(&mut self.sq) {
@@ -561,6 +596,7 @@ impl DataPath {
                 _ => {}
             }
         }
+        closing
     }
 
     /// `ibv_modify_qp` to RESET: forget everything.

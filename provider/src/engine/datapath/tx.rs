@@ -39,7 +39,7 @@ impl Piece {
     }
 
     /// The engine-owned bytes of this piece from `skip` on (`None` for application memory).
-    fn bytes(&self, skip: usize) -> Option<&[u8]> {
+    pub(super) fn bytes(&self, skip: usize) -> Option<&[u8]> {
         match self {
             Piece::Own(v) => Some(&v[skip..]),
             Piece::Small(a, n) => Some(&a[skip..*n as usize]),
