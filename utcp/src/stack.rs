@@ -9,6 +9,9 @@ use std::time::Instant;
 use crate::packet::{self, flags, FrameAddrs, Mac, ParseError, TcpHeader};
 use crate::tcb::{Config, State, Tcb};
 
+/// Connections in SYN-RECEIVED a stack holds at most (SYN flood bound).
+pub const MAX_HALF_OPEN: usize = 256;
+
 /// A connection's index in the stack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Handle(pub usize);
@@ -38,6 +41,8 @@ pub enum Drop {
 struct Conn {
     remote: Ipv4Addr,
     tcb: Tcb,
+    /// Created by LISTEN and not yet handed out by `accept`.
+    passive_unaccepted: bool,
 }
 
 /// The stack.
@@ -118,7 +123,13 @@ impl Stack {
 
     /// A connection that completed its handshake on a listening port.
     pub fn accept(&mut self) -> Option<Handle> {
-        self.accept_q.pop_front()
+        while let Some(h) = self.accept_q.pop_front() {
+            if let Some(Some(c)) = self.conns.get_mut(h.0) {
+                c.passive_unaccepted = false;
+                return Some(h);
+            }
+        }
+        None
     }
 
     /// Open a connection from `local_port` to `remote`. The remote's MAC must be known
@@ -133,11 +144,11 @@ impl Stack {
         let key = (remote, tcb.remote_port(), tcb.local_port());
         let idx = match self.conns.iter().position(Option::is_none) {
             Some(i) => {
-                self.conns[i] = Some(Conn { remote, tcb });
+                self.conns[i] = Some(Conn { remote, tcb, passive_unaccepted: false });
                 i
             }
             None => {
-                self.conns.push(Some(Conn { remote, tcb }));
+                self.conns.push(Some(Conn { remote, tcb, passive_unaccepted: false }));
                 self.conns.len() - 1
             }
         };
@@ -162,6 +173,7 @@ impl Stack {
             let key = (c.remote, c.tcb.remote_port(), c.tcb.local_port());
             self.by_tuple.remove(&key);
             self.conns[h.0] = None;
+            self.accept_q.retain(|&x| x != h);
         }
     }
 
@@ -192,10 +204,19 @@ impl Stack {
             }
         }
         if h.has(flags::SYN) && !h.has(flags::ACK) && !h.has(flags::RST) && self.listeners.contains(&h.dst_port) {
+            // A SYN flood must not grow the table without bound: beyond MAX_HALF_OPEN
+            // connections in SYN-RECEIVED, new SYNs are dropped (the peer retries).
+            let half_open = self.conns.iter().flatten().filter(|c| c.tcb.state() == State::SynReceived).count();
+            if half_open >= MAX_HALF_OPEN {
+                return Ok(None);
+            }
             let iss = self.iss();
             let tcb = Tcb::accept(self.cfg.tcp.clone(), &h, iss);
             self.neigh.insert(p.src, src_mac);
             let i = self.insert(p.src, tcb);
+            if let Some(c) = self.conns[i].as_mut() {
+                c.passive_unaccepted = true;
+            }
             return Ok(Some(Handle(i)));
         }
         // Nobody's: RST (RFC 9293 §3.10.7.1), never in answer to a RST.
@@ -237,7 +258,8 @@ impl Stack {
             let r = seg.map(|h| self.emit(remote, mac, &h, &payload, out));
             self.scratch = payload;
             if r.is_some() {
-                self.next = i; // stay on this connection while it has segments
+                // One segment per connection in turn: a bulk flow does not starve the others.
+                self.next = (i + 1) % n;
                 return r;
             }
         }
@@ -255,12 +277,22 @@ impl Stack {
         self.conns.iter().flatten().filter_map(|c| c.tcb.poll_timeout()).min()
     }
 
-    /// Drive every connection's timers.
+    /// Drive every connection's timers. A passive connection that closed before it was
+    /// accepted (reset, or its handshake timed out) is forgotten here: nobody holds its
+    /// handle.
     pub fn on_timeout(&mut self, now: Instant) {
-        for c in self.conns.iter_mut().flatten() {
+        let mut gone = Vec::new();
+        for (i, c) in self.conns.iter_mut().enumerate() {
+            let Some(c) = c else { continue };
             if matches!(c.tcb.poll_timeout(), Some(t) if t <= now) {
                 c.tcb.on_timeout(now);
             }
+            if c.passive_unaccepted && c.tcb.state() == State::Closed {
+                gone.push(Handle(i));
+            }
+        }
+        for h in gone {
+            self.remove(h);
         }
     }
 }

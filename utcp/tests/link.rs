@@ -528,3 +528,39 @@ fn mutated_segments_never_panic() {
         net.b.on_timeout(net.now);
     }
 }
+
+/// A SYN flood holds at most MAX_HALF_OPEN connections; a passive connection reset before it
+/// was accepted is forgotten by the stack.
+#[test]
+fn syn_flood_is_bounded_and_unaccepted_resets_are_reaped() {
+    let mut net = Net::new(1500, Config::default(), Impair::default(), 31);
+    net.b.listen(20_001);
+    let a = packet::FrameAddrs { src_mac: A_MAC, dst_mac: B_MAC, src: A_IP, dst: B_IP, ip_id: 1 };
+    let syn = |port: u16, seq: u32| {
+        let h = packet::TcpHeader { src_port: port, dst_port: 20_001, seq, flags: flags::SYN, window: 1000, mss: Some(1460), ..Default::default() };
+        let mut f = vec![0u8; packet::frame_len(&h, 0)];
+        packet::emit_frame(&a, &h, &[], &mut f);
+        f
+    };
+    for port in 0..1000u16 {
+        net.b.on_frame(&syn(30_000 + port, 7), net.now).unwrap();
+    }
+    assert_eq!(net.b.handles().len(), uiw_utcp::stack::MAX_HALF_OPEN);
+    // One of them is reset by its "client" (RST at the SYN-ACK's ack point): reaped.
+    let mut out = vec![0u8; 2000];
+    let mut synack = None;
+    while let Some(n) = net.b.poll_transmit(net.now, &mut out) {
+        let (_, p) = packet::parse_frame(&out[..n]).unwrap();
+        if p.tcp.dst_port == 30_000 {
+            synack = Some(p.tcp);
+        }
+    }
+    let sa = synack.expect("a SYN-ACK to port 30000");
+    let h = packet::TcpHeader { src_port: 30_000, dst_port: 20_001, seq: sa.ack, flags: flags::RST, ..Default::default() };
+    let mut f = vec![0u8; packet::frame_len(&h, 0)];
+    packet::emit_frame(&a, &h, &[], &mut f);
+    net.b.on_frame(&f, net.now).unwrap();
+    net.b.on_timeout(net.now);
+    assert_eq!(net.b.handles().len(), uiw_utcp::stack::MAX_HALF_OPEN - 1);
+    assert!(net.b.accept().is_none());
+}
