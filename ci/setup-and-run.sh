@@ -1,26 +1,36 @@
 #!/usr/bin/env bash
-# ci/setup-and-run.sh — build uiw, publish the loopback device uiw_lo, and run
-# standard, unmodified rdma-core tools against it.
+# ci/setup-and-run.sh — the README's first command: on a fresh Debian 12
+# machine, install what uiw needs, build it, publish the loopback device
+# uiw_lo and run standard, unmodified rdma-core tools against it.
 #
-#   sudo ./ci/setup-and-run.sh          # or as root; as a user it builds as
-#                                       # you and re-runs itself with sudo
+#   ./ci/setup-and-run.sh          as root, or as a user with sudo (it uses sudo
+#                                  only for apt-get and `uiw up`; it builds as you)
+#   sudo ./ci/setup-and-run.sh     also works: it builds as $SUDO_USER, with that
+#                                  user's ~/.cargo/bin toolchain (sudo resets PATH)
 #
 # What it does:
-#   1. cargo build --workspace           (uiw, libuiw-rdmav34.so, the shim)
-#   2. uiw up                            publish uiw_lo (127.0.0.1); creating
+#   1. installs the Debian packages of ci/packages.txt that are missing
+#      (apt-get; the same list .ci/run installs)
+#   2. finds a Rust toolchain >= the workspace's rust-version, or says exactly
+#      how to install one and stops
+#   3. cargo build --workspace           (uiw, libuiw-rdmav34.so, the shim,
+#                                         the librdmacm drop-in)
+#   4. uiw up                            publish uiw_lo (127.0.0.1); creating
 #                                        /dev/infiniband/uverbsN needs root once
-#   3. uiw run -- ibv_devices
+#   5. uiw run -- ibv_devices
 #      uiw run -- ibv_devinfo -v -d uiw_lo
-#   4. ibv_rc_pingpong server and client over uiw_lo (RC Send/Recv through
+#   6. ibv_rc_pingpong server and client over uiw_lo (RC Send/Recv through
 #      the uiw data path, on 127.0.0.1, GID index 0), then a short
 #      ib_write_bw pair (perftest, RDMA Write, -x 0: no rdma_cm)
 #
 # Environment:
 #   CARGO_PROFILE=release   build and use the release profile (default: dev)
-#   RUN_PINGPONG=0          skip step 4 (default: run it)
+#   UIW_SKIP_APT=1          do not install packages (step 1)
+#   RUN_PINGPONG=0          skip step 6 (default: run it)
 #   PINGPONG_EVENTS=1       ...and ibv_rc_pingpong once more with -e
 #                           (completion channel)
-#   PINGPONG_PORT=18515     TCP port for the tools' own exchange
+#   PINGPONG_PORT=N         TCP port for the tools' own exchange (default: a
+#                           free one)
 #   UIW_DOWN_AFTER=1        take the device down at the end (default: leave it
 #                           up so you can go on with `uiw run -- <your tool>`)
 #   UIW_STATE_DIR           where uiw keeps the published tree (uiw's default
@@ -44,9 +54,33 @@ uiw=$target_dir/$profile_dir/uiw
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 
+# Who builds: the invoking user, also under sudo (a root-owned target/ would
+# get in that user's way later).
+build_user=""
+if [[ $(id -u) -eq 0 && -n "${SUDO_USER:-}" && "${SUDO_USER}" != root ]]; then
+	build_user=$SUDO_USER
+fi
+
+if [[ "${UIW_SKIP_APT:-0}" != 1 ]]; then
+	step "Debian packages (ci/packages.txt)"
+	bash ci/apt-packages.sh
+fi
+
 if [[ "${UIW_SKIP_BUILD:-0}" != 1 ]]; then
+	step "Rust toolchain"
+	# shellcheck source=ci/rust-toolchain.sh
+	. ci/rust-toolchain.sh
+	uiw_find_cargo "${build_user:-$(id -un)}"
 	step "cargo build --workspace ${profile_args[*]}"
-	cargo build --workspace "${profile_args[@]}"
+	if [[ -n "$build_user" ]]; then
+		home=$(getent passwd "$build_user" | cut -d: -f6)
+		runuser -u "$build_user" -- env "HOME=$home" "PATH=$PATH" \
+			${RUSTUP_HOME:+"RUSTUP_HOME=$RUSTUP_HOME"} ${CARGO_HOME:+"CARGO_HOME=$CARGO_HOME"} \
+			${CARGO_TARGET_DIR:+"CARGO_TARGET_DIR=$CARGO_TARGET_DIR"} \
+			cargo build --workspace "${profile_args[@]}"
+	else
+		cargo build --workspace "${profile_args[@]}"
+	fi
 fi
 if [[ ! -x "$uiw" ]]; then
 	echo "setup-and-run: $uiw was not built" >&2
@@ -60,7 +94,7 @@ if [[ $(id -u) -ne 0 ]]; then
 		exit 1
 	fi
 	step "re-running as root with sudo (the build is done)"
-	exec sudo env "PATH=$PATH" UIW_SKIP_BUILD=1 \
+	exec sudo env "PATH=$PATH" UIW_SKIP_BUILD=1 UIW_SKIP_APT=1 \
 		"CARGO_PROFILE=${CARGO_PROFILE:-dev}" "CARGO_TARGET_DIR=$target_dir" \
 		"RUN_PINGPONG=${RUN_PINGPONG:-}" "PINGPONG_EVENTS=${PINGPONG_EVENTS:-}" \
 		"PINGPONG_PORT=${PINGPONG_PORT:-}" "UIW_DOWN_AFTER=${UIW_DOWN_AFTER:-}" \
@@ -93,10 +127,25 @@ wait_listen() {
 	return 1
 }
 
+# A TCP port nothing listens on (other programs on this host may be running
+# their own pairs: never a fixed one).
+free_port() {
+	local p i
+	for i in $(seq 200); do
+		p=$((30000 + RANDOM % 20000))
+		if ! ss -Htan "( sport = :$p or dport = :$p )" 2>/dev/null | grep -q .; then
+			echo "$p"
+			return 0
+		fi
+	done
+	echo 18515
+}
+
 # One server/client pair of TOOL: server in the background, client to
 # 127.0.0.1, each under a 60 s timeout.
 pair() {
-	local tool=$1 port=${PINGPONG_PORT:-18515} spid status=0 sstatus=0
+	local tool=$1 port=${PINGPONG_PORT:-} spid status=0 sstatus=0
+	[[ -n "$port" ]] || port=$(free_port)
 	shift
 	local args=("$@" -p "$port")
 
