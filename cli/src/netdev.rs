@@ -66,22 +66,31 @@ pub fn lookup(host_sysfs: &Path, name: &str) -> Result<Netdev, String> {
 pub use uiw_kabi::sys::ipv4_addrs;
 
 /// The IB (speed, width) pair the kernel's `ib_get_eth_speed()` reports for an
-/// Ethernet netdev of this speed (unknown speed counts as 1000 Mb/s, as there).
+/// Ethernet netdev of this speed: an unknown speed (no ethtool speed: lo, or
+/// SPEED_UNKNOWN) counts as 1000 Mb/s, as there. The table is mainline's for a
+/// netdev that reports no lane count (`ib_get_width_and_speed`; sysfs has no
+/// lanes); kernels before 6.10 stop at 4X EDR above 40 Gb/s.
 /// Returns (ib_speed enum value, ib_width enum value).
 pub fn ib_speed_width(speed_mbps: Option<u32>) -> (u8, u8) {
     const SDR: u8 = 1;
     const DDR: u8 = 2;
     const FDR10: u8 = 8;
     const EDR: u8 = 32;
+    const HDR: u8 = 64;
+    const NDR: u8 = 128;
     const W1X: u8 = 1;
     const W4X: u8 = 2;
+    const W2X: u8 = 16;
     match speed_mbps.unwrap_or(1000) {
         0..=1000 => (SDR, W1X),
         1001..=10000 => (FDR10, W1X),
         10001..=20000 => (DDR, W4X),
         20001..=25000 => (EDR, W1X),
         25001..=40000 => (FDR10, W4X),
-        _ => (EDR, W4X),
+        40001..=50000 => (EDR, W2X),
+        50001..=100000 => (EDR, W4X),
+        100001..=200000 => (HDR, W4X),
+        _ => (NDR, W4X),
     }
 }
 
@@ -120,6 +129,12 @@ mod tests {
         assert_eq!(ib_speed_width(None), (1, 1));
         assert_eq!(ib_speed_width(Some(10000)), (8, 1));
         assert_eq!(ib_speed_width(Some(100000)), (32, 2));
+        assert_eq!(ib_speed_width(Some(50000)), (32, 16));
+        assert_eq!(ib_speed_width(Some(400000)), (128, 2));
+        assert_eq!(ib_speed_width(Some(1000)), (1, 1));
+        assert_eq!(rate_text(32, 16), "50 Gb/sec (2X EDR)");
+        assert_eq!(rate_text(128, 2), "400 Gb/sec (4X NDR)");
+        assert_eq!(rate_text(64, 2), "200 Gb/sec (4X HDR)");
     }
     #[test]
     fn mac() {

@@ -9,6 +9,9 @@ use std::path::{Path, PathBuf};
 /// `enum ibv_mtu` values.
 pub const IBV_MTU_256: u32 = 1;
 pub const IBV_MTU_4096: u32 = 5;
+/// `IB_SPEED_SDR` (2.5 Gb/s per lane) and `IB_WIDTH_1X`.
+pub const IB_SPEED_SDR: u8 = 1;
+pub const IB_WIDTH_1X: u8 = 1;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {
@@ -27,6 +30,12 @@ pub struct DeviceInfo {
     pub gid_tbl_len: u32,
     /// Where it is published (`…/class/infiniband/uiw_lo`).
     pub ibdev_path: PathBuf,
+    /// `ibv_port_attr.active_speed` / `active_width` (IB enum values): what the kernel's
+    /// `ib_get_eth_speed()` derives from the netdev's ethtool speed, as `uiw up` computed it
+    /// (`uiw/active_speed`, `uiw/active_width`, matching `ports/1/rate`). A tree without them
+    /// reads as 1X SDR, the kernel's answer for a netdev without a speed (lo).
+    pub active_speed: u8,
+    pub active_width: u8,
 }
 
 impl DeviceInfo {
@@ -60,7 +69,10 @@ impl DeviceInfo {
         }
         let published = (0..).take_while(|i| gid_dir.join(i.to_string()).exists()).count() as u32;
         let gid_tbl_len = read("uiw/gid_tbl_len").ok().and_then(|n| n.parse().ok()).unwrap_or(published).min(published);
-        Ok(DeviceInfo { name, netdev, node_guid, gids, netdev_mtu, gid_tbl_len, ibdev_path: ibdev_path.to_path_buf() })
+        let enum_file = |rel: &str| read(rel).ok().and_then(|v| v.parse::<u8>().ok()).filter(|&v| v != 0);
+        let active_speed = enum_file("uiw/active_speed").unwrap_or(IB_SPEED_SDR);
+        let active_width = enum_file("uiw/active_width").unwrap_or(IB_WIDTH_1X);
+        Ok(DeviceInfo { name, netdev, node_guid, gids, netdev_mtu, gid_tbl_len, active_speed, active_width, ibdev_path: ibdev_path.to_path_buf() })
     }
 
     /// `ibv_port_attr.active_mtu`: the largest IB MTU that fits the netdev MTU, as siw reports.
@@ -155,6 +167,11 @@ mod tests {
         assert_eq!(info.gids.len(), 1);
         assert_eq!(info.gid_tbl_len, 2, "every published entry, empty ones included");
         assert_eq!(info.active_mtu(), IBV_MTU_4096);
+        assert_eq!((info.active_speed, info.active_width), (IB_SPEED_SDR, IB_WIDTH_1X), "no speed files: 1X SDR");
+        fs::write(dev.join("uiw/active_speed"), "32\n").unwrap();
+        fs::write(dev.join("uiw/active_width"), "2\n").unwrap();
+        let info = DeviceInfo::load(&dev).unwrap();
+        assert_eq!((info.active_speed, info.active_width), (32, 2), "4X EDR as published");
         fs::remove_dir_all(&dir).unwrap();
     }
 }

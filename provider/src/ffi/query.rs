@@ -57,6 +57,9 @@ pub(super) unsafe extern "C" fn query_device_ex(
         o.local_ca_ack_delay = l.local_ca_ack_delay;
         o.phys_port_cnt = l.phys_port_cnt;
         a.device_cap_flags_ex = u64::from(l.device_cap_flags);
+        // libibverbs' own ibv_cmd_query_device_any fills this from the sysfs port count;
+        // a provider answering itself must too (rdma-core's tests/test_device.py reads it).
+        a.phys_port_cnt_ex = u32::from(l.phys_port_cnt);
         let n = attr_size.min(core::mem::size_of::<ibv_device_attr_ex>());
         // SAFETY: the caller's buffer holds attr_size bytes; we copy at most that many.
         unsafe { core::ptr::copy_nonoverlapping(&a as *const _ as *const u8, attr as *mut u8, n) };
@@ -83,9 +86,10 @@ pub(super) unsafe extern "C" fn query_port(ctx: *mut ibv_context, port: u8, attr
         a.max_msg_sz = l.max_msg_sz;
         a.pkey_tbl_len = l.pkey_tbl_len as u16;
         a.max_vl_num = 1;
-        // ib_get_eth_speed's answer for a netdev without an ethtool speed (lo): 1X SDR.
-        a.active_width = 1;
-        a.active_speed = 1;
+        // What siw reports: ib_get_eth_speed() over the netdev's ethtool speed (1X SDR for
+        // lo, which has none), as `uiw up` published it beside ports/1/rate.
+        a.active_width = e.device.active_width;
+        a.active_speed = e.device.active_speed;
         a.phys_state = 5; // LinkUp
         a.link_layer = l.link_layer;
         0
