@@ -8,7 +8,8 @@
 # 2. a Rust toolchain: this host's rustup toolchains bind-mounted read-only at
 #    ROOT/root/.rustup, its ~/.cargo/bin copied, and `. "$HOME/.cargo/env"` in
 #    root's ~/.profile — what rustup's installer leaves behind
-#    (and the host's CA bundle as a local CA: the network here may inspect TLS)
+#    (and the host's CA bundle as a local CA: the network here may inspect TLS;
+#    /etc/hosts and /etc/hostname as the Debian installer writes them)
 # 3. git clone of this checkout's HEAD into ROOT/root/uiw
 # 4. in `chroot ROOT bash -l` (proc, sysfs, devpts, /dev/shm mounted; the host's
 #    network, for apt and crates.io):
@@ -102,6 +103,12 @@ mnt -t devpts -o newinstance,ptmxmode=0666 devpts "$root/dev/pts"
 mnt -t tmpfs tmpfs "$root/dev/shm"
 mnt -t tmpfs tmpfs "$root/run"
 cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
+# What the Debian installer writes on every new machine and minbase lacks:
+# without /etc/hosts "localhost" does not resolve (libfabric's verbs provider
+# binds it to find its device).
+printf '127.0.0.1\tlocalhost\n127.0.1.1\tuiw-clean-root\n::1\tlocalhost ip6-localhost ip6-loopback\n' \
+	>"$root/etc/hosts"
+echo uiw-clean-root >"$root/etc/hostname"
 # The host's CA bundle, as a local CA of the new root: where the network to
 # crates.io passes a TLS-inspecting proxy (as in this project's workplace), a
 # fresh machine there carries that CA too. Harmless elsewhere.

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# ci/test.sh — THE test command: builds everything, then runs every test.
+# ci/test.sh — THE test command: builds everything, then runs every test
+# (as root also ci/deb-test.sh: the Debian package in a clean chroot).
 #
 #   ./ci/test.sh            # as root: everything
 #   ./ci/test.sh            # as a user: builds and tests as you, then runs the
@@ -45,6 +46,10 @@ fi
 if [[ $(id -u) -eq 0 ]]; then
 	# Root: every test runs, and none may skip.
 	export UIW_TEST_REQUIRE_ALL=1
+	# The Debian package: built from this build, installed, used and purged in a
+	# clean bookworm chroot (the host is not touched); ~1-2 minutes.
+	step "ci/deb-test.sh (the .deb in a clean Debian 12 chroot)"
+	bash ci/deb-test.sh
 	step "cargo test --workspace ${profile_args[*]}"
 	exec cargo test --workspace "${profile_args[@]}"
 fi

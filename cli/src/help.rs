@@ -6,8 +6,8 @@ NAME
 
 SYNOPSIS
     uiw [--state-dir DIR] COMMAND [OPTIONS]
-    uiw up [--rootless] [--transport tcp|packet|xdp] [--netdev NAME]...
-    uiw down [--netdev NAME]...
+    uiw up [--rootless] [--transport tcp|packet|xdp] [--netdev NAME]... [--config FILE]
+    uiw down [--netdev NAME]... [--config FILE]
     uiw show [-d]
     uiw env
     uiw run [--] CMD [ARGS]...
@@ -37,7 +37,8 @@ COMMANDS
     stat      Show traffic and error counters of the processes using the
               devices, per device, process and QP, like `rdma statistic`.
     install   Install the provider system-wide (libibverbs provider directory and
-              /etc/libibverbs.d/uiw.driver).
+              /etc/libibverbs.d/uiw.driver), the shim and the librdmacm drop-in
+              (private <libdir>/uiw/; the Debian package installs the same).
     uninstall Reverse `uiw install`.
 
     `uiw COMMAND --help` describes each command in detail.
@@ -87,7 +88,7 @@ NAME
     uiw up - publish uiw devices
 
 SYNOPSIS
-    uiw up [--rootless] [--transport tcp|packet|xdp] [--netdev NAME]...
+    uiw up [--rootless] [--transport tcp|packet|xdp] [--netdev NAME]... [--config FILE]
 
 DESCRIPTION
     Publishes one RDMA device named uiw_<NAME> for each --netdev (default: lo),
@@ -148,6 +149,10 @@ OPTIONS
                     supported yet: the provider cannot carry queue pairs over
                     them, and `up` refuses them (EOPNOTSUPP), saying so.
                     `uiw show` prints each device's transport.
+    --config FILE   Also the network devices FILE names (white-space separated,
+                    `#` starts a comment; a file naming none is an error). The
+                    Debian package's uiw.service runs
+                    `uiw up --config /etc/uiw/devices` at boot.
 ";
 
 pub const DOWN: &str = "\
@@ -155,7 +160,7 @@ NAME
     uiw down - withdraw uiw devices
 
 SYNOPSIS
-    uiw down [--netdev NAME]...
+    uiw down [--netdev NAME]... [--config FILE]
 
 DESCRIPTION
     Withdraws the devices attached to each --netdev (default: all devices of
@@ -167,6 +172,7 @@ DESCRIPTION
 
 OPTIONS
     --netdev NAME   Withdraw only uiw_NAME; repeatable.
+    --config FILE   Withdraw the devices of the network devices FILE names.
 ";
 
 pub const SHOW: &str = "\
@@ -318,9 +324,13 @@ DESCRIPTION
     libuiw-rdmav34.so (e.g. /usr/lib/x86_64-linux-gnu/libibverbs/), with links
     libuiw-rdmav{57,59,64,65}.so to it (the names rdma-core v57 to v65 load;
     the provider picks the running libibverbs' layout), the shim to
-    <libdir>/uiw/libuiw_preload.so, and writes /etc/libibverbs.d/uiw.driver
+    <libdir>/uiw/libuiw_preload.so, the librdmacm drop-in to
+    <libdir>/uiw/rdmacm/librdmacm.so.1, and writes /etc/libibverbs.d/uiw.driver
     (`driver uiw`). Afterwards RDMAV_DRIVERS is not needed. Programs still need
-    SYSFS_PATH (and, on hosts where NETLINK_RDMA works, the shim): use `uiw run`.
+    SYSFS_PATH (and, on hosts where NETLINK_RDMA works, the shim): use `uiw run`,
+    which also puts <libdir>/uiw/rdmacm first on LD_LIBRARY_PATH. The system's
+    own librdmacm is not replaced: only programs started by `uiw run` use the
+    drop-in. This is the layout of the Debian package (packaging/build-deb.sh).
     The provider directory is the first of `pkg-config --variable=libdir
     libibverbs`/libibverbs and the distributions' usual places that already
     holds a lib*-rdmavN.so. UIW_INSTALL_ROOT prefixes every path (DESTDIR).
@@ -337,6 +347,7 @@ SYNOPSIS
     uiw uninstall [--provider-dir DIR]
 
 DESCRIPTION
-    Removes libuiw-rdmavN.so (every N) from the provider directory, the shim and
+    Removes libuiw-rdmavN.so (every N) from the provider directory, the shim,
+    the librdmacm drop-in (and the then empty <libdir>/uiw) and
     /etc/libibverbs.d/uiw.driver. Removing nothing is not an error.
 ";

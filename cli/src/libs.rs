@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 
 pub const PROVIDER_FILES: &[&str] = &["libuiw_rdmav34.so", "libuiw-rdmav34.so"];
 pub const PRELOAD_FILES: &[&str] = &["libuiw_preload.so"];
-/// The librdmacm drop-in as cargo names it (its SONAME is librdmacm.so.1).
-pub const RDMACM_FILES: &[&str] = &["libuiw_rdmacm.so"];
+/// The librdmacm drop-in as cargo names it (its SONAME is librdmacm.so.1), then as
+/// installed (`uiw install`, the Debian package): `<libdir>/uiw/rdmacm/librdmacm.so.1`.
+pub const RDMACM_FILES: &[&str] = &["libuiw_rdmacm.so", "rdmacm/librdmacm.so.1"];
 
 /// Directories searched, in order:
 /// 1. each entry of `UIW_LIBDIR` (colon-separated),

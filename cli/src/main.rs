@@ -184,6 +184,24 @@ fn netdev_opts(rest: &[OsString], cmd: &str) -> Res<Vec<String>> {
             }
         } else if let Some(v) = s.strip_prefix("--netdev=") {
             v.to_string()
+        } else if s == "--config" || s.starts_with("--config=") {
+            let file = match s.strip_prefix("--config=") {
+                Some(f) => PathBuf::from(f),
+                None => match it.next() {
+                    Some(f) => PathBuf::from(f),
+                    None => return usage(format!("{cmd}: --config needs a file")),
+                },
+            };
+            let names = config_netdevs(&file)?;
+            if names.is_empty() {
+                return fail(format!("{cmd}: {} names no network device", file.display()));
+            }
+            for v in names {
+                if !out.contains(&v) {
+                    out.push(v);
+                }
+            }
+            continue;
         } else {
             return usage(format!("{cmd}: unexpected argument {a:?}"));
         };
@@ -192,6 +210,18 @@ fn netdev_opts(rest: &[OsString], cmd: &str) -> Res<Vec<String>> {
         }
     }
     Ok(out)
+}
+
+/// The network devices a config file (`/etc/uiw/devices`) names: whitespace-separated
+/// words, `#` to the end of a line a comment.
+fn config_netdevs(file: &Path) -> Res<Vec<String>> {
+    let text = fs::read_to_string(file).map_err(|e| io_fail("cannot read", file, e))?;
+    Ok(text
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or(""))
+        .flat_map(|l| l.split_whitespace())
+        .map(str::to_string)
+        .collect())
 }
 
 fn parse_show(rest: &[OsString]) -> Res<bool> {
@@ -746,9 +776,19 @@ fn copy_atomic(src: &Path, dst: &Path) -> std::io::Result<()> {
     fs::rename(&tmp, dst)
 }
 
-/// The provider's path in libibverbs' provider directory, the shim's, and the driver file's.
-/// The provider is also linked there under every other name of `state::provider_links`.
-fn install_targets(paths: &Paths, dir: Option<PathBuf>) -> Res<(PathBuf, PathBuf, PathBuf)> {
+/// Where `uiw install` puts things: the provider in libibverbs' provider directory, the
+/// shim and the librdmacm drop-in in the private `<libdir>/uiw/` (the drop-in as
+/// `rdmacm/librdmacm.so.1`, reached only through `uiw run`'s `LD_LIBRARY_PATH`: the
+/// system's librdmacm is not touched), and the driver file. The provider is also linked
+/// there under every other name of `state::provider_links`.
+struct Targets {
+    provider: PathBuf,
+    shim: PathBuf,
+    rdmacm: PathBuf,
+    driver: PathBuf,
+}
+
+fn install_targets(paths: &Paths, dir: Option<PathBuf>) -> Res<Targets> {
     let pdir = match dir {
         Some(d) => d,
         None => match libs::provider_dir(paths) {
@@ -756,12 +796,17 @@ fn install_targets(paths: &Paths, dir: Option<PathBuf>) -> Res<(PathBuf, PathBuf
             None => return fail("cannot find libibverbs' provider directory (is libibverbs installed?); pass --provider-dir DIR"),
         },
     };
-    let shim_dir = pdir.parent().map(|p| p.join("uiw")).unwrap_or_else(|| pdir.join("uiw"));
-    Ok((pdir.join(state::PROVIDER_LINK), shim_dir.join(state::PRELOAD_NAME), paths.rooted("/etc/libibverbs.d/uiw.driver")))
+    let private = pdir.parent().map(|p| p.join("uiw")).unwrap_or_else(|| pdir.join("uiw"));
+    Ok(Targets {
+        provider: pdir.join(state::PROVIDER_LINK),
+        shim: private.join(state::PRELOAD_NAME),
+        rdmacm: private.join("rdmacm/librdmacm.so.1"),
+        driver: paths.rooted("/etc/libibverbs.d/uiw.driver"),
+    })
 }
 
 fn cmd_install(paths: &Paths, dir: Option<PathBuf>) -> Res {
-    let (prov, shim, driver) = install_targets(paths, dir)?;
+    let t = install_targets(paths, dir)?;
     let Some(src) = libs::find(paths, &["libuiw_rdmav34.so"]) else {
         return fail("install: provider libuiw_rdmav34.so not found (cargo build --release -p uiw-provider, or set UIW_LIBDIR)");
     };
@@ -772,31 +817,36 @@ fn cmd_install(paths: &Paths, dir: Option<PathBuf>) -> Res {
             io_fail("install: cannot write", p, e)
         }
     };
-    copy_atomic(&src, &prov).map_err(|e| perm(e, &prov))?;
-    println!("installed {} (from {})", prov.display(), src.display());
+    copy_atomic(&src, &t.provider).map_err(|e| perm(e, &t.provider))?;
+    println!("installed {} (from {})", t.provider.display(), src.display());
     // The same file under the names newer libibverbs load (lib<name>-rdmav<PABI>.so): relative
     // links beside it, so the directory can move (DESTDIR, a package).
     for name in state::provider_links().iter().filter(|n| n.as_str() != state::PROVIDER_LINK) {
-        let link = prov.with_file_name(name);
-        let tmp = prov.with_file_name(format!(".{name}.uiw-tmp"));
+        let link = t.provider.with_file_name(name);
+        let tmp = t.provider.with_file_name(format!(".{name}.uiw-tmp"));
         let _ = fs::remove_file(&tmp);
         std::os::unix::fs::symlink(state::PROVIDER_LINK, &tmp)
             .and_then(|_| fs::rename(&tmp, &link))
             .map_err(|e| perm(e, &link))?;
         println!("installed {} -> {}", link.display(), state::PROVIDER_LINK);
     }
-    match libs::find(paths, libs::PRELOAD_FILES) {
-        Some(s) if s != shim => {
-            fs::create_dir_all(shim.parent().unwrap()).map_err(|e| perm(e, &shim))?;
-            copy_atomic(&s, &shim).map_err(|e| perm(e, &shim))?;
-            println!("installed {}", shim.display());
+    for (dst, names, what) in [
+        (&t.shim, libs::PRELOAD_FILES, "preload shim libuiw_preload.so"),
+        (&t.rdmacm, &["libuiw_rdmacm.so"][..], "librdmacm drop-in libuiw_rdmacm.so"),
+    ] {
+        match libs::find(paths, names) {
+            Some(s) if s != *dst => {
+                fs::create_dir_all(dst.parent().unwrap()).map_err(|e| perm(e, dst))?;
+                copy_atomic(&s, dst).map_err(|e| perm(e, dst))?;
+                println!("installed {}", dst.display());
+            }
+            Some(_) => {}
+            None => eprintln!("uiw: install: note: {what} not found; not installed"),
         }
-        Some(_) => {}
-        None => eprintln!("uiw: install: note: preload shim libuiw_preload.so not found; not installed"),
     }
-    fs::create_dir_all(driver.parent().unwrap()).map_err(|e| perm(e, &driver))?;
-    fs::write(&driver, "driver uiw\n").map_err(|e| perm(e, &driver))?;
-    println!("installed {}", driver.display());
+    fs::create_dir_all(t.driver.parent().unwrap()).map_err(|e| perm(e, &t.driver))?;
+    fs::write(&t.driver, "driver uiw\n").map_err(|e| perm(e, &t.driver))?;
+    println!("installed {}", t.driver.display());
     Ok(())
 }
 
@@ -815,6 +865,7 @@ fn cmd_uninstall(paths: &Paths, dir: Option<PathBuf>) -> Res {
         targets.extend(names);
         if let Some(pd) = d.parent() {
             targets.push(pd.join("uiw").join(state::PRELOAD_NAME));
+            targets.push(pd.join("uiw/rdmacm/librdmacm.so.1"));
         }
     }
     targets.push(paths.rooted("/etc/libibverbs.d/uiw.driver"));
@@ -822,8 +873,13 @@ fn cmd_uninstall(paths: &Paths, dir: Option<PathBuf>) -> Res {
         match fs::remove_file(&t) {
             Ok(()) => {
                 println!("removed {}", t.display());
-                if let Some(d) = t.parent().filter(|d| d.ends_with("uiw")) {
-                    let _ = fs::remove_dir(d);
+                // The private directories, once empty: <libdir>/uiw/rdmacm, <libdir>/uiw.
+                let mut d = t.parent();
+                while let Some(dir) = d.filter(|d| d.ends_with("uiw") || d.ends_with("uiw/rdmacm")) {
+                    if fs::remove_dir(dir).is_err() {
+                        break;
+                    }
+                    d = dir.parent();
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
