@@ -96,6 +96,13 @@ uv = [u for u in os.listdir('/sys/class/infiniband_verbs') if u.startswith('uver
 print('uverbs', uv)
 st = os.stat('/dev/infiniband/' + uv[0])
 assert (os.major(st.st_rdev), os.minor(st.st_rdev)) == (1, 3), st
+# realpath(3), as UCX resolves a device's sysfs path
+import ctypes
+libc = ctypes.CDLL(None)
+libc.realpath.restype = ctypes.c_char_p
+rp = libc.realpath(d.encode(), ctypes.create_string_buffer(4096)).decode()
+print('realpath', rp)
+assert rp.endswith('/sysfs/class/infiniband/uiw_lo') and os.path.exists(rp + '/node_type'), rp
 EOP
 else
 	echo "python3 not installed: listed with ls only"

@@ -17,15 +17,16 @@
 //! `__openat_2`, `__openat64_2`, `stat`, `stat64`, `lstat`, `lstat64`, `fstatat`,
 //! `fstatat64`, `__xstat`, `__xstat64`, `__lxstat`, `__lxstat64`, `__fxstatat`,
 //! `__fxstatat64`, `statx`, `access`, `faccessat`, `readlink`, `readlinkat`,
-//! `opendir`, `fopen`, `fopen64`, `getxattr`, `lgetxattr`, `listxattr`, `llistxattr`. A path relative to a directory fd (hwloc opens
+//! `opendir`, `scandir`, `scandir64`, `fopen`, `fopen64`, `realpath`, `__realpath_chk`,
+//! `canonicalize_file_name`, `getxattr`, `lgetxattr`, `listxattr`, `llistxattr`. A path relative to a directory fd (hwloc opens
 //! `sys/class/infiniband` relative to its `/` fd) is resolved through
 //! `/proc/self/fd` — only when it mentions `infiniband`.
 //!
-//! Not covered (documented limits): `chdir` into the class directory, `realpath(3)`
-//! and `nftw`/`fts` (glibc-internal calls), programs that issue system calls
-//! themselves, static binaries.
+//! Not covered (documented limits): `chdir` into the class directory, `nftw`/`fts`
+//! (glibc-internal calls), programs that issue system calls themselves, static binaries.
 //!
-//! Everything here is async-signal-safe: no allocation, no locks, stack buffers only.
+//! Everything here is async-signal-safe: no allocation, no locks, stack buffers only — and
+//! those only for a path that mentions `infiniband` (others cost one scan of the path).
 //! `SYSFS_PATH` is read once, in the library constructor.
 
 use core::cell::UnsafeCell;
@@ -78,18 +79,18 @@ pub fn init() {
     ROOT_LEN.store(n, Ordering::Release);
 }
 
-/// A NUL-terminated path in a stack buffer.
-pub struct PathBuf {
-    buf: [u8; PATH_MAX],
+/// A NUL-terminated path in a stack buffer of `N` bytes.
+pub struct PathBuf<const N: usize = PATH_MAX> {
+    buf: [u8; N],
     len: usize,
 }
 
-impl PathBuf {
-    fn new() -> PathBuf {
-        PathBuf { buf: [0; PATH_MAX], len: 0 }
+impl<const N: usize> PathBuf<N> {
+    fn new() -> PathBuf<N> {
+        PathBuf { buf: [0; N], len: 0 }
     }
     fn push(&mut self, b: &[u8]) -> bool {
-        if self.len + b.len() + 1 > PATH_MAX {
+        if self.len + b.len() + 1 > N {
             return false;
         }
         self.buf[self.len..self.len + b.len()].copy_from_slice(b);
@@ -157,7 +158,7 @@ fn absolute_at(dirfd: c_int, path: &[u8], out: &mut PathBuf) -> bool {
         // the kernel's getcwd returns the length including the NUL
         (r as usize).saturating_sub(1)
     } else {
-        let mut link = PathBuf::new();
+        let mut link = PathBuf::<32>::new();
         let mut num = [0u8; 12];
         let mut i = num.len();
         let mut v = dirfd as u32;
@@ -226,7 +227,7 @@ pub unsafe fn is_uiw_node(dirfd: c_int, p: *const c_char) -> bool {
     if num.is_empty() || num.len() > 6 || !num.iter().all(u8::is_ascii_digit) {
         return false;
     }
-    let mut dir = PathBuf::new();
+    let mut dir = PathBuf::<576>::new();
     if !(dir.push(root) && dir.push(b"/class/infiniband_verbs/uverbs") && dir.push(num)) {
         return false;
     }
@@ -255,6 +256,19 @@ fn errno() -> c_int {
 /// `p` is NULL or a NUL-terminated string; `call` is safe to call with either path.
 #[inline]
 pub unsafe fn with_path<R: Copy + PartialEq>(dirfd: c_int, p: *const c_char, fail: R, call: impl Fn(*const c_char) -> R) -> R {
+    // The common case costs one scan of the path and no stack: nothing to redirect, or a path
+    // that cannot name /sys/class/infiniband* or /dev/infiniband/*.
+    // SAFETY: forwarded caller promise.
+    if root().is_none() || !unsafe { cbytes(p) }.is_some_and(|b| contains(b, b"infiniband")) {
+        return call(p);
+    }
+    // SAFETY: forwarded caller promise.
+    unsafe { with_path_slow(dirfd, p, fail, call) }
+}
+
+/// [`with_path`] for a path that mentions `infiniband` (about 12 KiB of stack).
+#[inline(never)]
+unsafe fn with_path_slow<R: Copy + PartialEq>(dirfd: c_int, p: *const c_char, fail: R, call: impl Fn(*const c_char) -> R) -> R {
     let mut buf = PathBuf::new();
     // SAFETY: forwarded caller promise.
     if unsafe { redirect_at(dirfd, p, &mut buf) } {
@@ -279,6 +293,11 @@ static R_FACCESSAT: AtomicUsize = AtomicUsize::new(0);
 static R_OPENDIR: AtomicUsize = AtomicUsize::new(0);
 static R_FOPEN: AtomicUsize = AtomicUsize::new(0);
 static R_FOPEN64: AtomicUsize = AtomicUsize::new(0);
+static R_REALPATH: AtomicUsize = AtomicUsize::new(0);
+static R_REALPATH_CHK: AtomicUsize = AtomicUsize::new(0);
+static R_CANONICALIZE: AtomicUsize = AtomicUsize::new(0);
+static R_SCANDIR: AtomicUsize = AtomicUsize::new(0);
+static R_SCANDIR64: AtomicUsize = AtomicUsize::new(0);
 
 /// Resolves every real function at load time (dlsym is not async-signal-safe).
 pub fn resolve_all() {
@@ -292,6 +311,11 @@ pub fn resolve_all() {
         (&R_OPENDIR, b"opendir\0"),
         (&R_FOPEN, b"fopen\0"),
         (&R_FOPEN64, b"fopen64\0"),
+        (&R_REALPATH, b"realpath\0"),
+        (&R_REALPATH_CHK, b"__realpath_chk\0"),
+        (&R_CANONICALIZE, b"canonicalize_file_name\0"),
+        (&R_SCANDIR, b"scandir\0"),
+        (&R_SCANDIR64, b"scandir64\0"),
     ] {
         crate::resolve(c, n);
     }
@@ -546,4 +570,53 @@ pub unsafe extern "C" fn listxattr(p: *const c_char, list: *mut c_char, n: usize
 pub unsafe extern "C" fn llistxattr(p: *const c_char, list: *mut c_char, n: usize) -> isize {
     // SAFETY: forwarding the caller's arguments to the system call.
     unsafe { with_path(libc::AT_FDCWD, p, -1, |q| libc::syscall(libc::SYS_llistxattr, q, list, n) as isize) }
+}
+
+type RealpathFn = unsafe extern "C" fn(*const c_char, *mut c_char) -> *mut c_char;
+type RealpathChkFn = unsafe extern "C" fn(*const c_char, *mut c_char, usize) -> *mut c_char;
+type CanonicalizeFn = unsafe extern "C" fn(*const c_char) -> *mut c_char;
+type ScandirFn = unsafe extern "C" fn(*const c_char, *mut c_void, *const c_void, *const c_void) -> c_int;
+
+/// realpath(3) resolves inside glibc (UCX resolves `/sys/class/infiniband/<dev>` with it): the
+/// answer is the path in the published tree.
+#[no_mangle]
+pub unsafe extern "C" fn realpath(p: *const c_char, resolved: *mut c_char) -> *mut c_char {
+    let real = real!(R_REALPATH, "realpath", RealpathFn);
+    // SAFETY: forwarding the caller's arguments to libc's realpath.
+    unsafe {
+        with_path(libc::AT_FDCWD, p, core::ptr::null_mut(), |q| real.map_or_else(|| enosys(core::ptr::null_mut()), |f| f(q, resolved)))
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __realpath_chk(p: *const c_char, resolved: *mut c_char, len: usize) -> *mut c_char {
+    let real = real!(R_REALPATH_CHK, "__realpath_chk", RealpathChkFn);
+    // SAFETY: forwarding the caller's arguments to libc's __realpath_chk.
+    unsafe {
+        with_path(libc::AT_FDCWD, p, core::ptr::null_mut(), |q| real.map_or_else(|| enosys(core::ptr::null_mut()), |f| f(q, resolved, len)))
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn canonicalize_file_name(p: *const c_char) -> *mut c_char {
+    let real = real!(R_CANONICALIZE, "canonicalize_file_name", CanonicalizeFn);
+    // SAFETY: forwarding the caller's argument to libc's canonicalize_file_name.
+    unsafe {
+        with_path(libc::AT_FDCWD, p, core::ptr::null_mut(), |q| real.map_or_else(|| enosys(core::ptr::null_mut()), |f| f(q)))
+    }
+}
+
+/// scandir(3) opens its directory inside glibc, like opendir.
+#[no_mangle]
+pub unsafe extern "C" fn scandir(p: *const c_char, list: *mut c_void, filter: *const c_void, compar: *const c_void) -> c_int {
+    let real = real!(R_SCANDIR, "scandir", ScandirFn);
+    // SAFETY: forwarding the caller's arguments to libc's scandir.
+    unsafe { with_path(libc::AT_FDCWD, p, -1, |q| real.map_or_else(|| enosys(-1), |f| f(q, list, filter, compar))) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn scandir64(p: *const c_char, list: *mut c_void, filter: *const c_void, compar: *const c_void) -> c_int {
+    let real = real!(R_SCANDIR64, "scandir64", ScandirFn);
+    // SAFETY: forwarding the caller's arguments to libc's scandir64.
+    unsafe { with_path(libc::AT_FDCWD, p, -1, |q| real.map_or_else(|| enosys(-1), |f| f(q, list, filter, compar))) }
 }
