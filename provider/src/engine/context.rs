@@ -259,6 +259,7 @@ impl Context {
             if let Some(l) = inner.dp.link.as_ref() {
                 qp.net.unwatch(&l.sock);
             }
+            qp.sync_stats(&mut inner);
             let env = qp.env(inner.attrs.qp_access_flags);
             if let Some(c) = inner.dp.shutdown(&env, false) {
                 qp.net.linger(c);

@@ -604,7 +604,7 @@ impl Qp {
     }
 
     /// Publishes the stream's traffic counters (after it was served, and before it closes).
-    fn sync_stats(&self, inner: &mut QpInner) {
+    pub(crate) fn sync_stats(&self, inner: &mut QpInner) {
         if let Some(l) = inner.dp.link.as_mut() {
             self.stats.sync(&mut l.stats_seen, l.conn.counters());
         }
@@ -690,7 +690,10 @@ impl Qp {
             // RTR and posts credit Writes.
             QpState::Rtr | QpState::Rts | QpState::Sqd => {
                 let env = self.env(inner.attrs.qp_access_flags);
-                if let Some(f) = inner.dp.post_send(&env, wqe, self.cap.max_send_wr)? {
+                let r = inner.dp.post_send(&env, wqe, self.cap.max_send_wr);
+                // An idle stream sends at once, from here.
+                self.sync_stats(&mut inner);
+                if let Some(f) = r? {
                     self.fail_locked(inner, f);
                 }
                 Ok(())
