@@ -15,7 +15,10 @@ use std::process::Command;
 use uiw_examples::{have_program, is_root, skip, Artifacts};
 
 /// Runs ci/distro-chroot.sh for `suite`, expecting its libibverbs to be rdma-core `release`.
+/// One suite at a time: two chroots' perftest pairs at once only load the machine.
 fn distro(test: &str, suite: &str, release: u32) {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let artifacts = Artifacts::locate().unwrap_or_else(|e| panic!("{test}: {e}"));
     if !is_root() {
         return skip(test, "building and entering a chroot needs root; run `sudo ./ci/test.sh`");
