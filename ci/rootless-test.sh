@@ -120,6 +120,10 @@ to "$BIN/uiw" run -- ib_write_bw -d uiw_lo -x 0 -n 200 -s 65536 -p "$P1" 127.0.0
 wait "$srv" || { cat wbs.out; exit 1; }
 grep -Eq '^ *65536 +200 ' wbc.out
 
+step "uiw stat -a (the pair's counters, from the user's own state directory)"
+"$BIN/uiw" stat -a | tee stat.out
+grep -Eq 'processes 2 tx_bytes 13107200 rx_bytes 13107200 tx_msgs 200 rx_msgs 200 ' stat.out
+
 step "rping -V pair (port $P2)"
 to "$BIN/uiw" run -- rping -s -a 127.0.0.1 -p "$P2" -C 5 -V >rps.out 2>&1 &
 srv=$!

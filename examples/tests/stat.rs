@@ -8,6 +8,8 @@
 //!    shows (processes exited, QPs destroyed) exactly ITERS RDMA Writes of SIZE bytes sent
 //!    by the client and received by the server, at least one FPDU per message, no
 //!    Terminate, one established stream each; `uiw stat -a` sums the same per device.
+//! 3. The server of a timed pair is killed mid-run: the client's QP shows one connection
+//!    error and no Terminate.
 //!
 //! Needs `cargo build --workspace` first, root (see verbs_objects.rs) and perftest.
 
@@ -137,4 +139,25 @@ fn uiw_stat_counts_an_ib_write_bw_run() {
     let d = uiw_stat(&dev, &["-a", "-d", "uiw_lo"]);
     assert_eq!(d[0].kv["processes"], "2", "{d:?}");
     assert_eq!((d[0].n("tx_bytes"), d[0].n("rx_bytes")), (iters * size, iters * size), "{d:?}");
+
+    // 3. A dead peer: the server is killed mid-run; the client's QP counts one failed
+    //    stream (no Terminate: the peer just went away).
+    dev.uiw(["stat", "--prune"]).unwrap();
+    let (mut srv, mut cli) = start_pair(&dev, &["-D", "30", "-s", "65536"]);
+    let (spid, cpid) = (srv.pid(), cli.pid());
+    let until = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < until && !uiw_stat(&dev, &["qp"]).iter().any(|l| l.pid() == spid && l.n("rx_msgs") > 0) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    srv.kill();
+    let _ = srv.wait_until(Instant::now() + Duration::from_secs(10));
+    // perftest gives up on the failed QP by itself.
+    let st = cli.wait_until(Instant::now() + Duration::from_secs(60));
+    if st.is_none() {
+        cli.kill();
+    }
+    let lines = uiw_stat(&dev, &["qp", "-a"]);
+    let c = lines.iter().find(|l| l.pid() == cpid).unwrap_or_else(|| panic!("the client's QP: {lines:?}"));
+    assert!(c.n("tx_msgs") > 0, "{c:?}");
+    assert_eq!((c.n("conn_errors"), c.n("tx_terminates"), c.n("rx_terminates")), (1, 0, 0), "{c:?}");
 }

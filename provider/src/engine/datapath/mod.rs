@@ -141,6 +141,12 @@ impl Link {
         }
     }
 
+    /// Successful send completions held until their bytes leave: flushed if the stream closes
+    /// first (see `DataPath::shutdown`).
+    pub fn held_successes(&self) -> usize {
+        self.held.iter().filter(|(_, c)| c.status == wc_status::SUCCESS).count()
+    }
+
     fn push(&mut self, p: Piece) {
         self.tx_queued += p.len() as u64;
         if p.len() > 0 {
