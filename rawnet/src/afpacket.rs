@@ -110,6 +110,18 @@ impl PacketSocket {
                 std::mem::size_of::<libc::c_int>() as libc::socklen_t,
             )
         })?;
+        // Transmit straight to the driver, past the qdisc layer (uiw paces itself with its
+        // congestion window). Best effort: older kernels lack it.
+        // SAFETY: an int option, pointer and length match.
+        unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_QDISC_BYPASS,
+                &one as *const libc::c_int as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
         // A deep receive queue: a burst from a kernel peer must not overflow it between two
         // polls (each overflow is a loss the peer must repair). FORCE (root) may exceed
         // rmem_max; otherwise the plain option, capped by the kernel.

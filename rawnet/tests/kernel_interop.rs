@@ -34,8 +34,75 @@ pub enum Driver {
 
 /// Host A's userspace stack on `driver`, built inside namespace `ns` (call on A's thread).
 fn open_host(driver: Driver) -> (Host<Box<dyn FrameIo>>, Option<RstGuard>) {
-    let iface = Iface::lookup(IF).expect("veth0 in namespace a");
-    assert_eq!(iface.ip, A_IP);
+    open_host_lossy(driver, 0)
+}
+
+/// Drops `per10k` in 10 000 frames at random in each direction, inside the process: for
+/// userspace↔userspace runs, whose raw transmissions pass no netfilter hook and whose raw
+/// receptions happen before the peer's ingress hook.
+struct Lossy {
+    io: Box<dyn FrameIo>,
+    per10k: u64,
+    rng: u64,
+}
+
+/// Frames the `Lossy` wrappers dropped, per test (the tests of this binary run in parallel;
+/// only the userspace↔userspace ones use it, and each counts its own).
+static LOSSY_DROPS: std::sync::Mutex<Vec<(String, u64)>> = std::sync::Mutex::new(Vec::new());
+
+fn count_drop() {
+    let name = std::thread::current().name().unwrap_or("").to_string();
+    let mut v = LOSSY_DROPS.lock().unwrap();
+    match v.iter_mut().find(|e| e.0 == name) {
+        Some(e) => e.1 += 1,
+        None => v.push((name, 1)),
+    }
+}
+
+impl Lossy {
+    fn drop_now(&mut self) -> bool {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        let d = self.rng % 10_000 < self.per10k;
+        if d {
+            count_drop();
+        }
+        d
+    }
+}
+
+impl FrameIo for Lossy {
+    fn recv(&mut self, budget: usize, f: &mut dyn FnMut(&[u8])) -> std::io::Result<usize> {
+        let mut keep = Vec::new();
+        let n = self.io.recv(budget, &mut |fr| keep.push(fr.to_vec()))?;
+        for fr in keep {
+            if !self.drop_now() {
+                f(&fr);
+            }
+        }
+        Ok(n)
+    }
+    fn send(&mut self, frame: &[u8]) -> std::io::Result<bool> {
+        if self.drop_now() {
+            return Ok(true);
+        }
+        self.io.send(frame)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.io.flush()
+    }
+    fn fd(&self) -> std::os::fd::RawFd {
+        self.io.fd()
+    }
+    fn kind(&self) -> &'static str {
+        self.io.kind()
+    }
+}
+
+fn open_host_lossy(driver: Driver, per10k: u64) -> (Host<Box<dyn FrameIo>>, Option<RstGuard>) {
+    let iface = Iface::lookup(IF).expect("veth0 in the namespace");
+    let peer_ip = if iface.ip == A_IP { B_IP } else { A_IP };
     let (io, guard): (Box<dyn FrameIo>, _) = match driver {
         Driver::Packet => {
             let guard = RstGuard::install(IF, iface.ip, DEFAULT_PORTS).expect("nftables RST guard");
@@ -48,10 +115,11 @@ fn open_host(driver: Driver) -> (Host<Box<dyn FrameIo>>, Option<RstGuard>) {
             (Box::new(XskSocket::open(&iface, DEFAULT_PORTS).expect("AF_XDP socket")), Some(guard))
         }
     };
+    let io: Box<dyn FrameIo> = if per10k > 0 { Box::new(Lossy { io, per10k, rng: seed() | 1 }) } else { io };
     let cfg = StackConfig { mac: iface.mac, ip: iface.ip, mtu: iface.mtu, tcp: Config::default(), seed: seed() };
     let mut host = Host::new(cfg, io);
-    let peer = neigh::resolve(B_IP, Duration::from_secs(5)).expect("ARP for the kernel peer");
-    host.stack.set_neighbour(B_IP, peer);
+    let peer = neigh::resolve(peer_ip, Duration::from_secs(5)).expect("ARP for the peer");
+    host.stack.set_neighbour(peer_ip, peer);
     (host, guard)
 }
 
@@ -379,4 +447,63 @@ fn xdp_passes_arp_and_other_tcp_to_the_kernel() {
         stop_tx.send(()).unwrap();
         holder.join().unwrap();
     });
+}
+
+/// uiw's userspace TCP at both ends: a's driver connects to an echo server on b's driver, with
+/// `per10k` in 10 000 frames dropped at random by each end (in both directions).
+fn userspace_to_userspace(a_drv: Driver, b_drv: Driver, per10k: u64, len: usize) {
+    let bed = Bed::new(1500);
+    let b = bed.b.clone();
+    let (tx, rx) = mpsc::channel();
+    let port = DEFAULT_PORTS.0 + 3;
+    let tag = format!("u2u-{a_drv:?}-{b_drv:?}-{per10k}");
+    let server = std::thread::Builder::new().name(tag.clone()).spawn(move || {
+        netns::enter(&b).unwrap();
+        let (mut host, _guard) = open_host_lossy(b_drv, per10k);
+        host.stack.listen(port);
+        tx.send(()).unwrap();
+        let start = Instant::now();
+        let h = loop {
+            assert!(start.elapsed() < Duration::from_secs(30), "no connection accepted");
+            host.poll(64).unwrap();
+            if let Some(h) = host.stack.accept() {
+                break h;
+            }
+            host.wait(Duration::from_millis(2)).unwrap();
+        };
+        echo_server(&mut host, h, Duration::from_secs(120))
+    }).unwrap();
+    rx.recv().unwrap();
+    let a = bed.a.clone();
+    let client = std::thread::Builder::new().name(tag.clone()).spawn(move || {
+        netns::enter(&a).unwrap();
+        let (mut host, _guard) = open_host_lossy(a_drv, per10k);
+        let h = host.stack.connect(DEFAULT_PORTS.0 + 4, SocketAddrV4::new(B_IP, port));
+        echo_client(&mut host, h, len, Duration::from_secs(120));
+        for _ in 0..20 {
+            host.poll(64).unwrap();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        host.stats
+    }).unwrap();
+    let stats = client.join().expect("userspace client");
+    assert_eq!(server.join().expect("userspace echo server"), len);
+    let drops = LOSSY_DROPS.lock().unwrap().iter().find(|e| e.0 == tag).map_or(0, |e| e.1);
+    eprintln!("{a_drv:?} -> {b_drv:?}, {per10k}/10000 dropped each way: {len} bytes echoed, {drops} frames dropped; client {stats:?}");
+    assert_eq!(drops > 0, per10k > 0, "the loss wrapper dropped {drops} frames");
+}
+
+#[test]
+fn xdp_to_xdp_loss_1pct() {
+    run_privileged("xdp_to_xdp_loss_1pct", || userspace_to_userspace(Driver::Xdp, Driver::Xdp, 100, 2 << 20));
+}
+
+#[test]
+fn packet_to_xdp_loss_5pct() {
+    run_privileged("packet_to_xdp_loss_5pct", || userspace_to_userspace(Driver::Packet, Driver::Xdp, 500, 1 << 20));
+}
+
+#[test]
+fn xdp_to_packet_clean() {
+    run_privileged("xdp_to_packet_clean", || userspace_to_userspace(Driver::Xdp, Driver::Packet, 0, 4 << 20));
 }

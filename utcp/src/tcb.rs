@@ -811,7 +811,9 @@ impl Tcb {
             }
             self.rcv_nxt = self.rcv_nxt.wrapping_add((next - self.rx_off) as u32);
             self.rx_off = next;
-            if !self.readable_signalled {
+            // One Readable per unread batch, and never a second one queued: an owner that
+            // reads without draining events must not grow the queue.
+            if !self.readable_signalled && !self.events.contains(&Event::Readable) {
                 self.readable_signalled = true;
                 self.events.push_back(Event::Readable);
             }
