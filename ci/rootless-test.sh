@@ -123,6 +123,14 @@ grep -Eq '^ *65536 +200 ' wbc.out
 step "uiw stat -a (the pair's counters, from the user's own state directory)"
 "$BIN/uiw" stat -a | tee stat.out
 grep -Eq 'processes 2 tx_bytes 13107200 rx_bytes 13107200 tx_msgs 200 rx_msgs 200 ' stat.out
+"$BIN/uiw" stat -a -j >stat.json
+python3 -c '
+import json, sys
+procs = json.load(open("stat.json"))
+assert len(procs) == 2 and all(p["ifname"] == "uiw_lo" and p["exited"] for p in procs), procs
+assert sorted(p["counters"]["tx_msgs"] for p in procs) == [0, 200], procs
+assert all(q["destroyed"] for p in procs for q in p["qps"]), procs
+print("uiw stat -j: ok")'
 
 step "rping -V pair (port $P2)"
 to "$BIN/uiw" run -- rping -s -a 127.0.0.1 -p "$P2" -C 5 -V >rps.out 2>&1 &

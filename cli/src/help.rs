@@ -11,7 +11,7 @@ SYNOPSIS
     uiw show [-d]
     uiw env
     uiw run [--] CMD [ARGS]...
-    uiw stat [qp] [-a] [-d DEV] [-p PID] [-c COUNTER,...] [--prune]
+    uiw stat [qp] [-a] [-j] [-d DEV] [-p PID] [-c COUNTER,...] [--prune]
     uiw install [--provider-dir DIR]
     uiw uninstall [--provider-dir DIR]
 
@@ -245,8 +245,8 @@ NAME
     uiw stat - show the counters of the processes using uiw devices
 
 SYNOPSIS
-    uiw stat [show] [-a] [-d DEV] [-p PID] [-c COUNTER[,COUNTER]...]
-    uiw stat qp [-a] [-d DEV] [-p PID] [-c COUNTER[,COUNTER]...]
+    uiw stat [show] [-a] [-j] [-d DEV] [-p PID] [-c COUNTER[,COUNTER]...]
+    uiw stat qp [-a] [-j] [-d DEV] [-p PID] [-c COUNTER[,COUNTER]...]
     uiw stat --prune
 
 DESCRIPTION
@@ -293,6 +293,10 @@ OPTIONS
     -d, --dev DEV      Only device DEV (uiw_lo or uiw_lo/1).
     -p, --pid PID      Only process PID.
     -c, --counter LIST Only these counters (comma-separated names).
+    -j, --json         One JSON array instead of lines, like `rdma -j statistic`:
+                       an object per process and device, {\"ifname\", \"port\",
+                       \"pid\", \"comm\", \"exited\", \"counters\": {NAME: N, ...},
+                       \"qps\": [{\"lqpn\", \"destroyed\", \"counters\"}, ...]}.
     --prune            Remove the files of exited processes. Each new process
                        also removes all but the 32 newest such files.
 

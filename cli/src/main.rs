@@ -246,6 +246,7 @@ fn parse_stat(rest: &[OsString]) -> Res<stat::Opts> {
             "qp" if first => o.qp = true,
             "--qp" => o.qp = true,
             "-a" | "--all" => o.all = true,
+            "-j" | "--json" => o.json = true,
             "--prune" => o.prune = true,
             "-d" | "--dev" | "dev" => match it.next() {
                 Some(v) => o.dev = Some(v.trim_end_matches("/1").to_string()),
@@ -280,6 +281,10 @@ fn cmd_stat(paths: &Paths, o: stat::Opts) -> Res {
     if o.prune {
         let n = stat::prune(&procs);
         println!("removed the statistics of {n} exited process(es)");
+        return Ok(());
+    }
+    if o.json {
+        println!("{}", stat::render_json(&procs, &o));
         return Ok(());
     }
     let lines = stat::render(&procs, &o);

@@ -20,6 +20,8 @@ pub struct Opts {
     pub prune: bool,
     /// Only the named counters (all when empty).
     pub counters: Vec<String>,
+    /// One JSON document instead of lines.
+    pub json: bool,
 }
 
 /// One statistics file and what became of its process.
@@ -108,6 +110,55 @@ pub fn render(procs: &[Proc], o: &Opts) -> Vec<String> {
     lines
 }
 
+fn counters_json(c: &[u64; stats::NCOUNTERS], only: &[String]) -> String {
+    let v: Vec<String> = COUNTERS
+        .iter()
+        .filter(|(_, name, _)| only.is_empty() || only.iter().any(|o| o == name))
+        .map(|(idx, name, _)| format!("\"{name}\":{}", c[*idx as usize]))
+        .collect();
+    format!("{{{}}}", v.join(","))
+}
+
+fn json_str(s: &str) -> String {
+    let mut o = String::from("\"");
+    for ch in s.chars() {
+        match ch {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+/// `uiw stat -j`: one array with an object per process and device (like `rdma -j
+/// statistic`): `{"ifname","port","pid","comm","exited","counters":{…},"qps":[{"lqpn",
+/// "destroyed","counters":{…}}]}`, filtered as the lines are.
+pub fn render_json(procs: &[Proc], o: &Opts) -> String {
+    let mut objs = Vec::new();
+    for p in procs.iter().filter(|p| p.live || o.all) {
+        let qps: Vec<String> = p
+            .snap
+            .qps
+            .iter()
+            .filter(|q| o.all || !q.1)
+            .map(|(qpn, destroyed, c)| format!("{{\"lqpn\":{qpn},\"destroyed\":{destroyed},\"counters\":{}}}", counters_json(c, &o.counters)))
+            .collect();
+        objs.push(format!(
+            "{{\"ifname\":{},\"port\":1,\"pid\":{},\"comm\":{},\"exited\":{},\"counters\":{},\"qps\":[{}]}}",
+            json_str(&p.snap.ibdev),
+            p.snap.pid,
+            json_str(&p.comm),
+            !p.live,
+            counters_json(&p.snap.device, &o.counters),
+            qps.join(",")
+        ));
+    }
+    format!("[{}]", objs.join(","))
+}
+
 /// Removes the files of exited processes; returns how many.
 pub fn prune(procs: &[Proc]) -> usize {
     procs.iter().filter(|p| !p.live).filter(|p| fs::remove_file(&p.path).is_ok()).count()
@@ -145,5 +196,13 @@ mod tests {
         assert_eq!(l, vec!["link uiw_lo/1 pid 10 comm ib_write_bw lqpn 4097 tx_bytes 100".to_string()]);
         let l = render(&procs, &Opts { qp: true, all: true, counters: vec!["tx_msgs".into()], ..Default::default() });
         assert_eq!(l[1], "link uiw_lo/1 pid 10 comm ib_write_bw lqpn 4098 destroyed tx_msgs 0");
+        let j = render_json(&procs, &Opts { counters: vec!["tx_bytes".into(), "tx_msgs".into()], ..Default::default() });
+        assert_eq!(
+            j,
+            "[{\"ifname\":\"uiw_lo\",\"port\":1,\"pid\":10,\"comm\":\"ib_write_bw\",\"exited\":false,\
+             \"counters\":{\"tx_bytes\":100,\"tx_msgs\":2},\"qps\":[{\"lqpn\":4097,\"destroyed\":false,\
+             \"counters\":{\"tx_bytes\":100,\"tx_msgs\":2}}]}]"
+        );
+        assert_eq!(json_str("a\"b\\c\n"), "\"a\\\"b\\\\c\\u000a\"");
     }
 }

@@ -24,7 +24,7 @@ fn unprivileged_user_without_dev_infiniband() {
     }
     for (p, pkg) in [("setpriv", "util-linux"), ("unshare", "util-linux"), ("useradd", "passwd"),
         ("ib_write_bw", "perftest"), ("rping", "rdmacm-utils"), ("ibv_rc_pingpong", "ibverbs-utils"),
-        ("lstopo-no-graphics", "hwloc")] {
+        ("lstopo-no-graphics", "hwloc"), ("python3", "python3")] {
         if !have_program(p) && !std::path::Path::new("/usr/sbin").join(p).exists() {
             skip(test, &format!("{p} is not installed (apt-get install {pkg})"));
             return;
