@@ -14,6 +14,8 @@
 //!   into the socket and passes everything else (ARP, ND, ssh, …) to the kernel.
 //! - [`neigh`]: the peer's MAC from the kernel's neighbour table.
 //! - [`host`]: a `Stack` driven over a `FrameIo`.
+//! - [`stream`]: `Transport` + `RawStream` — connect/listen/accept and `Read`/`Write`
+//!   streams with a progress thread: the shape an engine transport holds.
 //! - [`probe`]: whether this process has what a raw-frame transport needs.
 //! - [`netns`]: entering a network namespace on the calling thread (tests, test bed).
 //! - [`testbed`]: two namespaces over a veth pair with random loss, for tests and benchmarks.
@@ -26,6 +28,7 @@ pub mod iface;
 pub mod neigh;
 pub mod netns;
 pub mod probe;
+pub mod stream;
 pub mod testbed;
 pub mod xdp;
 
@@ -39,7 +42,7 @@ pub use iface::Iface;
 pub const DEFAULT_PORTS: (u16, u16) = (20000, 24095);
 
 /// A queue of Ethernet frames in and out of one interface.
-pub trait FrameIo {
+pub trait FrameIo: Send {
     /// Hand up to `budget` received frames to `f`, without blocking; returns how many.
     fn recv(&mut self, budget: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<usize>;
     /// Queue one frame for transmission. `Ok(false)`: the queue is full, try again after

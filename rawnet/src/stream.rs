@@ -1,0 +1,275 @@
+//! A raw-frame transport with the shape of the kernel's: `connect`/`listen`/`accept` giving
+//! streams that implement `std::io::Read` and `Write`, a progress thread that keeps the TCP
+//! running (ACKs, retransmissions, passive opens) while nobody reads or writes. This is the
+//! piece a transport interface in the engine would hold for a `--transport xdp|packet`
+//! device; it is built on the public `Host`/`Stack` API only.
+//!
+//! One lock guards the host. Readers and writers take it, do their turn of the stack
+//! (`Host::poll`) themselves — an application thread waiting for data polls the rings
+//! directly — and sleep on a condition variable that the progress thread signals after every
+//! turn that moved something; the progress thread sleeps in poll(2) on the socket, outside
+//! the lock, bounded by the stack's next timer.
+
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use uiw_utcp::{Config, Handle, StackConfig, State};
+
+use crate::afpacket::PacketSocket;
+use crate::guard::RstGuard;
+use crate::probe::Kind;
+use crate::xdp::XskSocket;
+use crate::{neigh, FrameIo, Host, Iface};
+
+type Dyn = Host<Box<dyn FrameIo>>;
+
+struct Shared {
+    host: Mutex<Dyn>,
+    /// Connections whose stream was dropped: removed from the stack once CLOSED (lock
+    /// order: `host`, then `orphans`).
+    orphans: Mutex<Vec<Handle>>,
+    moved: Condvar,
+    stop: AtomicBool,
+    fd: i32,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Dyn> {
+        self.host.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A userspace TCP on one interface, with its progress thread.
+pub struct Transport {
+    shared: Arc<Shared>,
+    progress: Option<JoinHandle<()>>,
+    kind: &'static str,
+    _guard: RstGuard,
+}
+
+fn seed() -> u64 {
+    let mut b = [0u8; 8];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        let _ = f.read_exact(&mut b);
+    }
+    u64::from_ne_bytes(b) ^ std::process::id() as u64
+}
+
+impl Transport {
+    /// Open `kind` on interface `ifname` (in the calling thread's namespace), steering
+    /// uiw's `ports`, and start the progress thread.
+    pub fn open(ifname: &str, kind: Kind, ports: (u16, u16), tcp: Config) -> io::Result<Transport> {
+        let iface = Iface::lookup(ifname)?;
+        let guard = RstGuard::install(ifname, iface.ip, ports)?;
+        let io: Box<dyn FrameIo> = match kind {
+            Kind::Xdp => Box::new(XskSocket::open(&iface, ports)?),
+            Kind::Packet => Box::new(PacketSocket::open(&iface, ports)?),
+        };
+        let name = io.kind();
+        let fd = io.fd();
+        let cfg = StackConfig { mac: iface.mac, ip: iface.ip, mtu: iface.mtu, tcp, seed: seed() };
+        let shared = Arc::new(Shared { host: Mutex::new(Host::new(cfg, io)), orphans: Mutex::new(Vec::new()), moved: Condvar::new(), stop: AtomicBool::new(false), fd });
+        let s = shared.clone();
+        let progress = std::thread::Builder::new().name("uiw-rawnet".into()).spawn(move || progress(s))?;
+        Ok(Transport { shared, progress: Some(progress), kind: name, _guard: guard })
+    }
+
+    /// The driver in use ("xdp (native, copy)", "packet").
+    pub fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    /// Accept connections to `port`.
+    pub fn listen(&self, port: u16) {
+        self.shared.lock().stack.listen(port);
+    }
+
+    /// The next connection to a listening port, waiting up to `timeout`.
+    pub fn accept(&self, timeout: Duration) -> io::Result<RawStream> {
+        let end = Instant::now() + timeout;
+        let mut host = self.shared.lock();
+        loop {
+            if let Some(h) = host.stack.accept() {
+                return Ok(RawStream { shared: self.shared.clone(), h, timeout: None });
+            }
+            host = self.wait(host, end)?;
+        }
+    }
+
+    /// Open a connection from `local_port` to `remote` (its MAC from the kernel's ARP
+    /// table), waiting up to `timeout` for the handshake.
+    pub fn connect(&self, local_port: u16, remote: SocketAddrV4, timeout: Duration) -> io::Result<RawStream> {
+        let end = Instant::now() + timeout;
+        let ip: Ipv4Addr = *remote.ip();
+        if self.shared.lock().stack.neighbour(ip).is_none() {
+            let mac = neigh::resolve(ip, timeout)?;
+            self.shared.lock().stack.set_neighbour(ip, mac);
+        }
+        let mut host = self.shared.lock();
+        let h = host.stack.connect(local_port, remote);
+        loop {
+            host.poll(64)?;
+            match host.stack.tcb(h).map(|t| t.state()) {
+                Some(State::Established) => return Ok(RawStream { shared: self.shared.clone(), h, timeout: None }),
+                Some(State::SynSent) => {}
+                _ => {
+                    host.stack.remove(h);
+                    return Err(io::Error::new(io::ErrorKind::ConnectionRefused, format!("{remote}: connection refused")));
+                }
+            }
+            host = match self.wait(host, end) {
+                Ok(g) => g,
+                Err(e) => {
+                    let mut g = self.shared.lock();
+                    if let Some(t) = g.stack.tcb(h) {
+                        t.abort();
+                    }
+                    return Err(e);
+                }
+            };
+        }
+    }
+
+    fn wait<'a>(&'a self, host: MutexGuard<'a, Dyn>, end: Instant) -> io::Result<MutexGuard<'a, Dyn>> {
+        wait(&self.shared, host, end)
+    }
+}
+
+fn wait<'a>(shared: &'a Shared, host: MutexGuard<'a, Dyn>, end: Instant) -> io::Result<MutexGuard<'a, Dyn>> {
+    let now = Instant::now();
+    if now >= end {
+        return Err(io::Error::new(io::ErrorKind::TimedOut, "timed out"));
+    }
+    let (g, _) = shared.moved.wait_timeout(host, (end - now).min(Duration::from_millis(5))).unwrap_or_else(|p| p.into_inner());
+    Ok(g)
+}
+
+impl Drop for Transport {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        if let Some(p) = self.progress.take() {
+            let _ = p.join();
+        }
+    }
+}
+
+/// The progress thread: turn the stack, wake waiters, sleep in poll(2) when idle.
+fn progress(s: Arc<Shared>) {
+    while !s.stop.load(Ordering::Relaxed) {
+        let (moved, next) = {
+            let mut host = s.lock();
+            let moved = host.poll(256).unwrap_or(false);
+            let mut orphans = s.orphans.lock().unwrap_or_else(|p| p.into_inner());
+            orphans.retain(|&h| match host.stack.tcb(h).map(|t| t.state()) {
+                Some(State::Closed) | None => {
+                    host.stack.remove(h);
+                    false
+                }
+                _ => true,
+            });
+            drop(orphans);
+            (moved, host.stack.poll_timeout())
+        };
+        s.moved.notify_all();
+        if moved {
+            continue;
+        }
+        let mut t = Duration::from_millis(10);
+        if let Some(d) = next {
+            t = t.min(d.saturating_duration_since(Instant::now()));
+        }
+        let mut p = libc::pollfd { fd: s.fd, events: libc::POLLIN, revents: 0 };
+        let ms = t.as_micros().div_ceil(1000) as i32;
+        // SAFETY: one valid pollfd for the duration of the call; the fd belongs to the host,
+        // which outlives this thread (joined before the host is dropped).
+        unsafe { libc::poll(&mut p, 1, ms) };
+    }
+}
+
+/// One connection; `Read`/`Write` block (up to the timeout, if set) like a TCP socket's.
+pub struct RawStream {
+    shared: Arc<Shared>,
+    h: Handle,
+    timeout: Option<Duration>,
+}
+
+impl RawStream {
+    /// Bound every blocking `read`/`write` (None: wait for ever).
+    pub fn set_timeout(&mut self, t: Option<Duration>) {
+        self.timeout = t;
+    }
+
+    /// Payload bytes per segment toward the peer (for FPDU sizing).
+    pub fn mss(&self) -> usize {
+        self.shared.lock().stack.tcb(self.h).map_or(536, |t| t.mss())
+    }
+
+    fn end(&self) -> Instant {
+        Instant::now() + self.timeout.unwrap_or(Duration::from_secs(86_400 * 365))
+    }
+
+    /// Close the sending direction (FIN after the queued bytes).
+    pub fn shutdown_write(&self) {
+        if let Some(t) = self.shared.lock().stack.tcb(self.h) {
+            t.close();
+        }
+    }
+}
+
+fn gone() -> io::Error {
+    io::Error::new(io::ErrorKind::ConnectionReset, "connection reset")
+}
+
+impl Read for RawStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let end = self.end();
+        let mut host = self.shared.lock();
+        loop {
+            host.poll(64)?;
+            let t = host.stack.tcb(self.h).ok_or_else(gone)?;
+            let n = t.recv(buf);
+            if n > 0 || buf.is_empty() || t.at_eof() {
+                return Ok(n);
+            }
+            if t.state() == State::Closed {
+                return Err(gone());
+            }
+            host = wait(&self.shared, host, end)?;
+        }
+    }
+}
+
+impl Write for RawStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let end = self.end();
+        let mut host = self.shared.lock();
+        loop {
+            let t = host.stack.tcb(self.h).ok_or_else(gone)?;
+            let n = t.send(buf).map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "connection closed for sending"))?;
+            if n > 0 || buf.is_empty() {
+                host.poll(64)?;
+                return Ok(n);
+            }
+            host.poll(64)?;
+            host = wait(&self.shared, host, end)?;
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.shared.lock().poll(64).map(|_| ())
+    }
+}
+
+impl Drop for RawStream {
+    fn drop(&mut self) {
+        let mut host = self.shared.lock();
+        if let Some(t) = host.stack.tcb(self.h) {
+            t.close();
+        }
+        self.shared.orphans.lock().unwrap_or_else(|p| p.into_inner()).push(self.h);
+    }
+}
