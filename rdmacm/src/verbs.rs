@@ -167,12 +167,19 @@ impl Qp {
 }
 
 /// The INIT attributes of an rdma_cm iWARP QP (rdma_init_qp_attr reports the same).
+///
+/// The kernel's iw_cm grants remote Write and Read (`iw_cm_init_qp_init_attr`): no kernel
+/// iWARP device has atomics. uiw serves RFC 7306 atomics, so its QPs also get
+/// `REMOTE_ATOMIC`, as the InfiniBand CM grants it with Read (`cm_init_qp_init_attr`);
+/// without it qperf's `rc_*_mr`/`ver_rc_*` tests over rdma_cm draw a Terminate. Each
+/// region still needs `IBV_ACCESS_REMOTE_ATOMIC` of its own.
 pub fn init_attr(port: u8) -> abi::ibv_qp_attr {
     abi::ibv_qp_attr {
         qp_state: abi::ibv_qp_state::IBV_QPS_INIT,
         qp_access_flags: abi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
             | abi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
-            | abi::ibv_access_flags::IBV_ACCESS_REMOTE_READ,
+            | abi::ibv_access_flags::IBV_ACCESS_REMOTE_READ
+            | abi::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC,
         pkey_index: 0,
         port_num: port,
         ..Default::default()

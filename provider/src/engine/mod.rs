@@ -14,6 +14,7 @@ pub mod cm;
 pub mod context;
 pub mod cq;
 pub mod datapath;
+pub mod debug;
 pub mod device;
 pub mod error;
 pub mod events;

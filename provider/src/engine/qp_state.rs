@@ -943,8 +943,6 @@ pub enum CreateError {
     UnsupportedQpType { qp_type: u32 },
     /// `create_flags` ≠ 0 (`EOPNOTSUPP`, siw).
     UnsupportedCreateFlags { flags: u32 },
-    /// `max_send_wr` = 0: siw rejects a zero-sized SQ (`EINVAL`).
-    ZeroSendQueue,
     /// WR count past `max_qp_wr` (`EINVAL`).
     TooManyWr {
         queue: &'static str,
@@ -985,9 +983,6 @@ impl CreateError {
             CreateError::UnsupportedCreateFlags { flags } => {
                 format!("create_flags = {flags:#x}: no QP creation flags are supported")
             }
-            CreateError::ZeroSendQueue => {
-                "max_send_wr = 0: an RC QP needs a send queue of at least one entry".to_string()
-            }
             CreateError::TooManyWr {
                 queue,
                 requested,
@@ -1025,7 +1020,11 @@ impl std::error::Error for CreateError {}
 /// the verbs contract allows).
 ///
 /// * `qp_type` ≠ `IBV_QPT_RC` → `EOPNOTSUPP` (siw; rxe for unknown types).
-/// * `max_send_wr` = 0 → `EINVAL` (siw: "Zero sized SQ is not supported").
+/// * `max_send_wr` = 0 is accepted: a receive-only QP, as InfiniBand providers (mlx5, rxe)
+///   allow and qperf's servers create (siw refuses it with "Zero sized SQ is not
+///   supported"). Such a QP still answers RDMA Reads, atomics and Terminates — those travel
+///   on the responder's own queue (RFC 5040 §5.3, the inbound RDMA Read Request queue),
+///   not the SQ — but every `ibv_post_send` on it fails with `ENOMEM` (queue full).
 /// * WRs past `max_qp_wr`, SGEs past `max_sge`, inline past
 ///   `max_inline_data` → `EINVAL` (siw and rxe both).
 /// * With an SRQ (`has_srq`) the receive caps are ignored (IB Verbs §6.3.7,
@@ -1042,9 +1041,6 @@ pub fn validate_create(
 ) -> Result<QpCap, CreateError> {
     if qp_type != qp_type::RC {
         return Err(CreateError::UnsupportedQpType { qp_type });
-    }
-    if cap.max_send_wr == 0 {
-        return Err(CreateError::ZeroSendQueue);
     }
     if cap.max_send_wr > limits.max_qp_wr {
         return Err(CreateError::TooManyWr {
@@ -2175,6 +2171,13 @@ mod tests {
     }
 
     #[test]
+    fn create_receive_only_qp() {
+        // qperf's servers: max_send_wr = 0 (InfiniBand providers accept it).
+        let got = validate_create(&cap(0, 64, 0, 1, 0), qp_type::RC, false, &L).unwrap();
+        assert_eq!(got, cap(0, 64, 0, 1, 0));
+    }
+
+    #[test]
     fn create_non_rc_is_eopnotsupp() {
         for t in [
             0,
@@ -2196,7 +2199,6 @@ mod tests {
     #[test]
     fn create_limits_are_einval() {
         let over = [
-            (cap(0, 1, 1, 1, 0), CreateError::ZeroSendQueue),
             (
                 cap(L.max_qp_wr + 1, 1, 1, 1, 0),
                 CreateError::TooManyWr {

@@ -464,9 +464,15 @@ impl DataPath {
                     }
                 }
                 Event::Completion(c) => self.complete(env, c),
-                Event::Terminated { .. } => fatal = fatal.or(Some(Fatal::Terminated)),
+                Event::Terminated { sent, term } => {
+                    crate::engine::debug::why(format_args!("Terminate {}: {term:?}", if sent { "sent" } else { "received" }));
+                    fatal = fatal.or(Some(Fatal::Terminated))
+                }
                 Event::Failed(Failure::PeerClosed) => fatal = fatal.or(Some(Fatal::Lost)),
-                Event::Failed(_) => fatal = fatal.or(Some(Fatal::Lost)),
+                Event::Failed(f) => {
+                    crate::engine::debug::why(format_args!("connection failed: {f:?}"));
+                    fatal = fatal.or(Some(Fatal::Lost))
+                }
                 Event::Rejected { private_data, .. } => {
                     self.notices.push(Notice::Rejected(private_data));
                     fatal = fatal.or(Some(Fatal::Rejected));

@@ -141,7 +141,8 @@ impl DataPath {
                 Ok(n) => budget = budget.saturating_sub(n),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return (false, self.drain_events(env)),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => {
+                Err(e) => {
+                    crate::engine::debug::why(format_args!("stream read failed: {e}"));
                     l.conn.handle_eof();
                     let f = self.drain_events(env);
                     return (false, f.or(Some(Fatal::Lost)));

@@ -154,7 +154,8 @@ impl DataPath {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => {
+                Err(e) => {
+                    crate::engine::debug::why(format_args!("stream write failed: {e}"));
                     l.conn.handle_eof();
                     return self.drain_events(env).or(Some(Fatal::Lost));
                 }
