@@ -17,9 +17,14 @@ use uiw_examples::{device_lock, Published};
 /// Every RC test of Debian 12's qperf 0.4.11 (`qperf --help tests`), with the word its
 /// result line starts with. qperf's servers for the one-sided and atomic tests create their
 /// QP with `max_send_wr = 0` (a receive-only QP); the atomic tests need REMOTE_ATOMIC on
-/// the rdma_cm QP; `ver_rc_*` check every returned value.
+/// the rdma_cm QP; `ver_rc_*` check every returned value. `rc_bw`, `rc_bi_bw` and
+/// `rc_rdma_write_bw` (Write with Immediate) send without credits: a receiver that
+/// reposts late makes a Send wait for its buffer (wire `rnr_wait_ms`) instead of failing.
 const QPERF_RC_TESTS: &[(&str, &str)] = &[
+    ("rc_bw", "bw"),
+    ("rc_bi_bw", "bw"),
     ("rc_lat", "latency"),
+    ("rc_rdma_write_bw", "bw"),
     ("rc_rdma_write_lat", "latency"),
     ("rc_rdma_write_poll_lat", "latency"),
     ("rc_rdma_read_bw", "bw"),

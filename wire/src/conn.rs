@@ -153,6 +153,12 @@ pub struct Config {
     /// stream with a Terminate (DDP, local catastrophic) before its payload
     /// is read.
     pub max_rx_ulpdu: usize,
+    /// How long a Send (or Immediate Data) that finds no receive posted waits for one,
+    /// milliseconds; 0: Terminate at once (DDP untagged "no buffer", RFC 5041 §7.2, what
+    /// the kernel's siw does). While it waits the connection reads nothing more, so TCP's
+    /// own flow control holds the peer back — the local counterpart of InfiniBand's RNR
+    /// retry, which iWARP lacks on the wire. Past the wait: the same Terminate.
+    pub rnr_wait_ms: u64,
 }
 
 impl Config {
@@ -175,6 +181,7 @@ impl Config {
             mpa_timeout_ms: 10_000,
             manual_accept: false,
             max_rx_ulpdu: mpa::MAX_ULPDU,
+            rnr_wait_ms: 0,
         }
     }
 }
@@ -578,6 +585,10 @@ pub struct Connection {
     // receive
     deframer: Deframer,
     rx_cur: Option<RxCur>,
+    /// A Send or Immediate Data waiting for a receive (see [`Config::rnr_wait_ms`]), and
+    /// when that wait ends (set on the first `handle_timeout` after it began).
+    rx_stalled: Option<RxSegment>,
+    stall_deadline: Option<u64>,
     rx_msn: [u32; 5],
     recvq: VecDeque<RecvWr>,
     recv_cur: Option<RecvWr>,
@@ -634,6 +645,8 @@ impl Connection {
             irq_busy: 0,
             deframer: Deframer::new(false),
             rx_cur: None,
+            rx_stalled: None,
+            stall_deadline: None,
             rx_msn: [1; 5],
             recvq: VecDeque::new(),
             recv_cur: None,
@@ -710,10 +723,28 @@ impl Connection {
 
     /// Next deadline (ms on the caller's clock), if any.
     pub fn poll_timeout(&self) -> Option<u64> {
+        if self.rx_stalled.is_some() {
+            // 0 until the first handle_timeout starts the wait's clock.
+            let s = self.stall_deadline.unwrap_or(0);
+            return Some(self.deadline.map_or(s, |d| d.min(s)));
+        }
         self.deadline
     }
 
     pub fn handle_timeout(&mut self, now_ms: u64) {
+        if let Some(seg) = self.rx_stalled {
+            match self.stall_deadline {
+                None => self.stall_deadline = Some(now_ms.saturating_add(self.cfg.rnr_wait_ms)),
+                Some(d) if now_ms >= d => {
+                    self.rx_stalled = None;
+                    self.stall_deadline = None;
+                    let f = Fault::echo(TermCode::DDP_U_NO_BUFFER);
+                    let st = self.fault_status(&f, &seg);
+                    self.terminate(f, Some(&seg), st);
+                }
+                Some(_) => {}
+            }
+        }
         if let Some(d) = self.deadline {
             if now_ms >= d
                 && matches!(
@@ -767,7 +798,67 @@ impl Connection {
             len,
             done: 0,
         });
+        self.resume_stalled();
         Ok(())
+    }
+
+    /// Whether a Send waits for a receive (nothing more is read until one is posted).
+    pub fn rx_stalled(&self) -> bool {
+        self.rx_stalled.is_some()
+    }
+
+    /// A receive was posted: the Send that waited for one goes on.
+    fn resume_stalled(&mut self) {
+        let Some(seg) = self.rx_stalled.take() else {
+            return;
+        };
+        self.stall_deadline = None;
+        // A stalled segment is an untagged Send or Immediate Data (`starved`): taking a
+        // receive for it touches no registered memory.
+        if let Err(f) = self.on_segment(seg, &mut NoMemory) {
+            let st = self.fault_status(&f, &seg);
+            self.terminate(f, Some(&seg), st);
+        }
+    }
+
+    /// A Send or Immediate Data message that needs a receive while none is posted, and
+    /// that passes every check `on_segment` makes before it would take one: it may wait
+    /// ([`Config::rnr_wait_ms`]) instead of drawing a Terminate.
+    fn starved(&self, seg: &RxSegment) -> bool {
+        if self.cfg.rnr_wait_ms == 0
+            || self.state != State::Established
+            || self.recv_cur.is_some()
+            || !self.recvq.is_empty()
+        {
+            return false;
+        }
+        let d = &seg.ddp;
+        let BufferModel::Untagged { qn: q, msn, mo, .. } = d.model else {
+            return false;
+        };
+        let Some(op) = d.rdmap.op() else {
+            return false;
+        };
+        if q != qn::SEND
+            || msn != self.rx_msn[q as usize]
+            || mo != 0
+            || d.dv != crate::ddp::DDP_VERSION
+            || d.rdmap.rv != crate::rdmap::RDMAP_VERSION
+            || (op.is_extension() && !self.neg.as_ref().is_some_and(|n| n.extensions))
+        {
+            return false;
+        }
+        match op {
+            op if op.is_send() => true,
+            // Immediate Data consumes a receive unless it announces a Send with Immediate.
+            Opcode::ImmediateData | Opcode::ImmediateDataSe => {
+                let b = seg.control.as_slice();
+                d.last
+                    && b.len() >= 8
+                    && u64::from_be_bytes(b[..8].try_into().unwrap()) >> 32 != u64::from(SEND_IMM_TAG)
+            }
+            _ => false,
+        }
     }
 
     /// Receives posted and not yet used.
@@ -1290,6 +1381,7 @@ impl Connection {
             }
             State::Error | State::Closed | State::Rejected => RxWant::Discard,
             State::WaitAccept => RxWant::Wait,
+            State::Established | State::WaitRtr if self.rx_stalled.is_some() => RxWant::Wait,
             State::Established | State::WaitRtr => match self.deframer.want() {
                 segment::Want::Header(n) | segment::Want::Trailer(n) => RxWant::Bytes(n),
                 segment::Want::Payload(n) => match &self.rx_cur {
@@ -1396,6 +1488,10 @@ impl Connection {
         };
         match ev {
             None => {}
+            Some(RxEvent::Segment(seg)) if self.starved(&seg) => {
+                self.rx_stalled = Some(seg);
+                self.stall_deadline = None;
+            }
             Some(RxEvent::Segment(seg)) => {
                 if let Err(f) = self.on_segment(seg, mem) {
                     let st = self.fault_status(&f, &seg);
@@ -2183,6 +2279,8 @@ impl Connection {
     /// outstanding Read/Atomic (the operation the peer is most likely
     /// answering) gets that status.
     fn flush_all(&mut self, first_status: Option<WcStatus>) {
+        self.rx_stalled = None;
+        self.stall_deadline = None;
         // Completions held behind an unfinished Read/Atomic come after the error in posting
         // order: once a WR completes in error, every later one is flushed (IBTA 10.7.3.1;
         // the data of these did leave, but the application learns nothing of it).
@@ -2252,5 +2350,15 @@ impl Connection {
                 0,
             )));
         }
+    }
+}
+
+/// The memory of a segment that needs none (a stalled Send resuming, see
+/// `Connection::resume_stalled`): every check fails, so a mistake could only ever refuse.
+struct NoMemory;
+
+impl Memory for NoMemory {
+    fn check_tagged(&self, _: u32, _: u64, _: u32, _: Access) -> Result<(), crate::error::TaggedError> {
+        Err(crate::error::TaggedError::InvalidStag)
     }
 }

@@ -1147,3 +1147,49 @@ fn counters_count_messages_fpdus_bytes_and_terminates() {
     assert_eq!((tb.tx_terminates, ta.rx_terminates), (1, 1), "{ta:?} {tb:?}");
     assert_eq!((ta.tx_terminates, tb.rx_terminates), (0, 0), "{ta:?} {tb:?}");
 }
+
+/// With `rnr_wait_ms`, a Send that finds no receive waits for one, reading nothing more
+/// (TCP holds the sender back), goes on when one is posted, and draws the "no buffer"
+/// Terminate only when the wait runs out.
+#[test]
+fn send_waits_for_a_receive_within_rnr_wait() {
+    let mut cb = Config::new(Role::Responder);
+    cb.rnr_wait_ms = 1000;
+    let (mut a, mut b) = pair(Config::new(Role::Initiator), cb);
+    a.post_send(1, b"early", SendFlags::default());
+    a.post_send(2, b"second", SendFlags::default());
+    let mut buf = Vec::new();
+    while a.c.poll_transmit(&mut buf, &a.m) {}
+    let mut off = 0;
+    let feed = |b: &mut Peer, off: &mut usize| loop {
+        let k = b.c.handle_bytes(&buf[*off..], &mut b.m);
+        *off += k;
+        if k == 0 || *off == buf.len() {
+            break;
+        }
+    };
+    feed(&mut b, &mut off);
+    assert!(b.c.rx_stalled() && off < buf.len(), "the first Send's payload is left unread");
+    assert!(b.terminate().is_none());
+    // The wait's clock starts at the first timer call after the stall.
+    assert_eq!(b.c.poll_timeout(), Some(0));
+    b.c.handle_timeout(100);
+    assert_eq!(b.c.poll_timeout(), Some(1100));
+    b.post_recv(7, 16);
+    assert!(!b.c.rx_stalled());
+    feed(&mut b, &mut off);
+    let c = b.completions();
+    assert_eq!(c.len(), 1, "{c:?}");
+    assert_eq!((c[0].wr_id, c[0].status, c[0].byte_len), (7, WcStatus::Success, 5));
+    assert_eq!(&b.m.recvs[&7][..5], b"early");
+    // The second Send waits in turn, then runs out of time.
+    assert!(b.c.rx_stalled() && off < buf.len());
+    b.c.handle_timeout(200);
+    b.c.handle_timeout(1199);
+    assert!(b.terminate().is_none());
+    b.c.handle_timeout(1200);
+    assert!(!b.c.rx_stalled());
+    assert_eq!(b.c.poll_timeout(), None);
+    pump(&mut a, &mut b);
+    assert_term(&mut b, &mut a, TermCode::DDP_U_NO_BUFFER);
+}

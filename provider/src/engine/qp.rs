@@ -653,8 +653,17 @@ impl Qp {
             return Err(PostError::QueueFull);
         }
         let env = self.env(inner.attrs.qp_access_flags);
+        let stalled = inner.dp.link.as_ref().is_some_and(|l| l.conn.rx_stalled());
         if let Some(f) = inner.dp.post_recv(&env, wqe, false) {
             self.fail_locked(inner, f);
+            return Ok(());
+        }
+        // A Send was waiting for this receive (wire `rnr_wait_ms`): read on now, not at the
+        // next sweep.
+        if stalled {
+            if let Some((_, Some(f))) = self.pump_locked(&mut inner) {
+                self.fail_locked(inner, f);
+            }
         }
         Ok(())
     }

@@ -157,8 +157,15 @@ pub fn config(role: Role, ird: u16, ord: u16, private_data: Vec<u8>, mss: usize)
     c.mss = mss.max(536);
     c.manual_accept = role == Role::Responder;
     c.mpa_timeout_ms = mpa_timeout_ms();
+    c.rnr_wait_ms = RNR_WAIT_MS;
     c
 }
+
+/// How long a Send that finds no receive posted waits for the application to post one
+/// before the "no buffer" Terminate (`Config::rnr_wait_ms`): iWARP has no RNR NAK, and a
+/// sender that runs ahead of a receiver reposting its buffers (qperf's rc_bw, any
+/// credit-less Send stream) would otherwise lose the connection to a scheduling hiccup.
+pub const RNR_WAIT_MS: u64 = 5_000;
 
 /// Sets up a stream socket as the data path wants it: non-blocking, no Nagle, dead-peer
 /// detection ([`peer_timeout_ms`]). Returns the MSS.

@@ -47,8 +47,15 @@ impl DataPath {
                 Some(l) if l.peer_closed.is_none() => l.conn.rx_want(),
                 _ => return (false, None),
             };
-            if matches!(want, RxWant::Bytes(_)) && env.srq.is_some() {
+            // A Send waiting for a receive (RxWant::Wait) takes one from the SRQ too, and goes
+            // on at once if it got one.
+            if matches!(want, RxWant::Bytes(_) | RxWant::Wait) && env.srq.is_some() {
+                let stalled = |l: &Option<Link>| l.as_ref().is_some_and(|l| l.conn.rx_stalled());
+                let before = stalled(&self.link);
                 self.top_up_srq(env);
+                if before && !stalled(&self.link) {
+                    continue;
+                }
             }
             let DataPath { sq, rq, sinks, link, .. } = self;
             let l = link.as_mut().unwrap();
