@@ -802,6 +802,21 @@ impl Connection {
         Ok(())
     }
 
+    /// The engine could not place the current Send's bytes into its receive (the receive's
+    /// memory did not check out): Terminate (DDP catastrophic, RFC 5041 §7.2, as siw), the
+    /// receive completes with `LocProtErr`, everything else is flushed.
+    pub fn fail_placement(&mut self) {
+        if let Some(cur) = self.rx_cur {
+            if matches!(cur.place, Placement::Recv { .. }) {
+                self.terminate(
+                    Fault::echo(TermCode::DDP_LOCAL_CATASTROPHIC),
+                    Some(&cur.seg),
+                    WcStatus::LocProtErr,
+                );
+            }
+        }
+    }
+
     /// Whether a Send waits for a receive (nothing more is read until one is posted).
     pub fn rx_stalled(&self) -> bool {
         self.rx_stalled.is_some()

@@ -1193,3 +1193,29 @@ fn send_waits_for_a_receive_within_rnr_wait() {
     pump(&mut a, &mut b);
     assert_term(&mut b, &mut a, TermCode::DDP_U_NO_BUFFER);
 }
+
+/// A receive whose memory the engine cannot place into (absent or invalid buffer, checked
+/// only when bytes arrive, as siw does): `fail_placement` ends the stream with the DDP
+/// catastrophic Terminate siw sends, and that receive completes with LocProtErr.
+#[test]
+fn placement_failure_terminates_like_siw() {
+    let (mut a, mut b) = default_pair();
+    b.post_recv(5, 16);
+    b.post_recv(6, 16);
+    a.post_send(1, b"hello", SendFlags::default());
+    let mut buf = Vec::new();
+    while a.c.poll_transmit(&mut buf, &a.m) {}
+    let mut off = 0;
+    // Framing bytes up to the payload, which the engine would place.
+    while !matches!(b.c.rx_want(), RxWant::Place { .. }) {
+        off += b.c.rx_bytes(&buf[off..], &mut b.m);
+    }
+    assert!(matches!(b.c.rx_want(), RxWant::Place { place: Placement::Recv { wr_id: 5, offset: 0 }, .. }));
+    b.c.fail_placement();
+    pump(&mut a, &mut b);
+    let t = assert_term(&mut b, &mut a, TermCode::DDP_LOCAL_CATASTROPHIC);
+    assert!(t.m && t.d);
+    let c = b.completions();
+    assert_eq!((c[0].wr_id, c[0].status), (5, WcStatus::LocProtErr), "{c:?}");
+    assert_eq!((c[1].wr_id, c[1].status), (6, WcStatus::WrFlushErr), "{c:?}");
+}

@@ -60,7 +60,13 @@ pub struct SendEntry {
 #[derive(Debug)]
 pub struct RecvEntry {
     pub wqe: RecvWqe,
+    /// Where its bytes go; empty when the scatter list did not check out at post time.
     pub runs: Vec<Span>,
+    /// Bytes the scatter list declares (what the core may place into it).
+    pub len: u32,
+    /// Its memory did not check out (unknown lkey, another PD, out of bounds, no local
+    /// write): a Send that places bytes into it fails then (see `post_recv`).
+    pub bad: bool,
     pub fed: bool,
     /// Taken from the QP's SRQ (given back, not flushed, if the QP fails before using it).
     pub from_srq: bool,
@@ -288,7 +294,7 @@ fn place_at(
             }
             mrs.lookup(stag)?.span_from(to)
         }
-        Placement::Recv { wr_id, offset } => run_at(&rq.get(&wr_id)?.runs, u64::from(offset)),
+        Placement::Recv { wr_id, offset } => run_at(&rq.get(&wr_id).filter(|e| !e.bad)?.runs, u64::from(offset)),
         Placement::Discard => None,
     }
 }
@@ -356,25 +362,25 @@ impl DataPath {
         Ok(if idle { self.pump_tx(env) } else { None })
     }
 
-    /// Queues a receive WR. Bad local memory: `IBV_WC_LOC_PROT_ERR` when it would be used; here,
-    /// at once (the QP fails).
+    /// Queues a receive WR. Its memory is checked when bytes are placed, as siw does
+    /// (`siw_proc_send` checks each SGE as data arrives): a receive whose buffer is absent or
+    /// not valid — libfabric posts `lkey` 0 buffers it never means to fill — is accepted here;
+    /// only a Send that places bytes into it fails, with a Terminate (DDP catastrophic, as
+    /// siw) and `IBV_WC_LOC_PROT_ERR`. A zero-length Send into it completes normally.
     pub fn post_recv(&mut self, env: &Env, wqe: RecvWqe, from_srq: bool) -> Option<Fatal> {
         let id = self.next_id();
-        let runs = match resolve(env.mrs, env.pd, &wqe.sges, access::LOCAL_WRITE) {
-            Ok(r) => r,
-            Err(_) => {
-                env.recv_cq.push(Completion {
-                    wr_id: wqe.wr_id,
-                    status: wc_status::LOC_PROT_ERR,
-                    opcode: wc_opcode::RECV,
-                    qp_num: env.qpn,
-                    ..Default::default()
-                });
-                return Some(Fatal::LocalError);
+        let len = wqe.sges.iter().map(|s| u64::from(s.length)).sum::<u64>().min(u64::from(u32::MAX)) as u32;
+        let (runs, bad) = match resolve(env.mrs, env.pd, &wqe.sges, access::LOCAL_WRITE) {
+            Ok(r) => (r, false),
+            Err(e) => {
+                crate::engine::debug::why(format_args!(
+                    "QP 0x{:06x}: receive wr_id {:#x}: {e:?}; accepted, fails if a Send places bytes into it",
+                    env.qpn, wqe.wr_id
+                ));
+                (Vec::new(), true)
             }
         };
-        let len = total(&runs).min(u64::from(u32::MAX)) as u32;
-        let mut e = RecvEntry { wqe, runs, fed: false, from_srq };
+        let mut e = RecvEntry { wqe, runs, len, bad, fed: false, from_srq };
         if let Some(l) = self.link.as_mut().filter(|l| l.established) {
             e.fed = l.conn.post_recv(id, len).is_ok();
         }
@@ -386,7 +392,7 @@ impl DataPath {
     fn feed_all(&mut self, env: &Env) -> Option<Fatal> {
         let l = self.link.as_mut()?;
         for (id, e) in self.rq.iter_mut().filter(|(_, e)| !e.fed) {
-            e.fed = l.conn.post_recv(*id, total(&e.runs).min(u64::from(u32::MAX)) as u32).is_ok();
+            e.fed = l.conn.post_recv(*id, e.len).is_ok();
         }
         let ids: Vec<u64> = self.sq.iter().filter(|(_, e)| !e.fed).map(|(id, _)| *id).collect();
         for id in ids {

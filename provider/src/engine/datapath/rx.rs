@@ -115,6 +115,12 @@ impl DataPath {
                                 refill(l)
                             }
                         }
+                        // A receive whose memory did not check out: the Send fails here,
+                        // where its bytes would be placed (siw's `siw_proc_send`).
+                        None if matches!(place, Placement::Recv { .. }) => {
+                            l.conn.fail_placement();
+                            return (false, self.drain_events(env));
+                        }
                         // Checked placement that no longer resolves (region deregistered
                         // meanwhile): the bytes are dropped, never written elsewhere.
                         None => {
