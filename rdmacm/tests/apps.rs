@@ -1,8 +1,9 @@
 //! Real applications over uiw through the librdmacm drop-in, unmodified, under `uiw run`:
-//! qperf's RC tests with `-cm 1` (connection setup by rdma_cm).
+//! qperf's RC tests with `-cm 1` (connection setup by rdma_cm), and two Open MPI ranks over
+//! libfabric's `verbs;ofi_rxm` running perftest/mpi/mpi_check.c.
 //!
 //! Needs `cargo build --workspace` first and root (a published device); a missing program
-//! (`apt-get install qperf`) skips, and under UIW_TEST_REQUIRE_ALL=1 fails.
+//! (`apt-get install qperf openmpi-bin libopenmpi-dev`) skips, and under UIW_TEST_REQUIRE_ALL=1 fails.
 
 mod support;
 
@@ -77,4 +78,101 @@ fn qperf_rc_tests_with_rdma_cm() {
     stop.store(true, Ordering::SeqCst);
     let (so, _) = server.join().expect("qperf server waiter");
     assert!(failed.is_empty(), "{TEST}: {} of {} qperf RC tests failed:\n{}\n=== server ===\n{}", failed.len(), QPERF_RC_TESTS.len(), failed.join("\n"), text(&so));
+}
+
+/// A network namespace of this test's own with a veth pair (`v0` 10.77.0.1/24, `v1`):
+/// libfabric 1.17's verbs provider skips loopback netdevs, so MPI needs uiw on a
+/// non-loopback one, and a namespace keeps it and its address off the host's network.
+struct Netns(String);
+
+impl Netns {
+    fn new(name: String) -> Netns {
+        // A namespace left by an earlier run that was killed.
+        let _ = std::process::Command::new("ip").args(["netns", "del", &name]).output();
+        let ns = Netns(name);
+        for args in [
+            vec!["netns", "add", &ns.0],
+            vec!["-n", &ns.0, "link", "set", "lo", "up"],
+            vec!["-n", &ns.0, "link", "add", "v0", "type", "veth", "peer", "name", "v1"],
+            vec!["-n", &ns.0, "addr", "add", "10.77.0.1/24", "dev", "v0"],
+            vec!["-n", &ns.0, "link", "set", "v0", "up"],
+            vec!["-n", &ns.0, "link", "set", "v1", "up"],
+        ] {
+            let o = std::process::Command::new("ip").args(&args).output().expect("run ip (iproute2)");
+            assert!(o.status.success(), "ip {args:?}: {}", text(&o));
+        }
+        ns
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+/// Open MPI (Debian 12's 4.1: `--mca pml cm --mca mtl ofi`, `FI_PROVIDER="verbs;ofi_rxm"`)
+/// runs two ranks of perftest/mpi/mpi_check.c over uiw: ping-pong and streaming with every
+/// byte checked, allreduce results exact. The traffic went through uiw: uiw's librdmacm
+/// (UIW_RDMACM_DEBUG) reports the ranks' connections accepted and established by the uiw
+/// provider, and the namespace has no other RDMA device.
+#[test]
+fn open_mpi_two_ranks_over_verbs_ofi_rxm() {
+    const TEST: &str = "open_mpi_two_ranks_over_verbs_ofi_rxm";
+    let a = artifacts(TEST);
+    if !can_publish(TEST)
+        || !need_program(TEST, "mpicc")
+        || !need_program(TEST, "mpirun")
+        || !need_program(TEST, "ip")
+        || !need_uiw_cm(TEST, &a)
+    {
+        return;
+    }
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../perftest/mpi/mpi_check.c");
+    std::fs::create_dir_all(out_dir()).expect("create the output directory");
+    let exe = out_dir().join("mpi_check");
+    let o = std::process::Command::new("mpicc")
+        .args(["-O2", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("run mpicc");
+    assert!(o.status.success(), "mpicc {}: {}", src.display(), text(&o));
+    let _l = device_lock();
+    let dev = Published::up(&a, &out_dir()).unwrap_or_else(|e| panic!("{TEST}: {e}"));
+    let ns = Netns::new(format!("apps-mpi-{}", std::process::id()));
+    let in_ns = |args: &[&str]| {
+        let mut c = std::process::Command::new("ip");
+        c.args(["netns", "exec", &ns.0]).arg(&a.uiw).args(args);
+        c.env("UIW_STATE_DIR", &dev.state_dir).env("UIW_LIBDIR", &a.dir).stdin(std::process::Stdio::null());
+        c
+    };
+    for args in [["up", "--netdev", "v0"], ["down", "--netdev", "lo"]] {
+        let o = in_ns(&args).output().expect("run uiw in the namespace");
+        assert!(o.status.success(), "uiw {args:?}: {}", text(&o));
+    }
+    let exe = exe.display().to_string();
+    let mut c = in_ns(&[
+        "run", "--", "mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
+        "--mca", "pml", "cm", "--mca", "mtl", "ofi", "--mca", "btl", "self",
+        "--mca", "oob_tcp_if_include", "v0",
+        "-x", "FI_PROVIDER=verbs;ofi_rxm", "-x", "UIW_RDMACM_DEBUG=1", &exe,
+    ]);
+    c.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let (o, timed_out) = finish(c.spawn().expect("start mpirun"), Duration::from_secs(300));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    println!("{out}");
+    let summary = uiw_examples::parse_summary(&out);
+    assert!(
+        !timed_out && o.status.success() && summary.is_some_and(|s| s.failed == 0 && s.passed >= 40),
+        "{TEST}: mpirun failed (timed out: {timed_out}, summary {summary:?})\n{}",
+        text(&o)
+    );
+    // Proof of path: uiw's librdmacm accepted the ranks' connections and the uiw provider
+    // reported their MPA exchanges (UIW_RDMACM_DEBUG, rdmacm/src/cm.rs).
+    let accepted = err.lines().filter(|l| l.starts_with("uiw-rdmacm[") && l.contains(": accepted ")).count();
+    let provider = err.lines().filter(|l| l.starts_with("uiw-rdmacm[") && l.contains("provider event")).count();
+    println!("uiw-rdmacm: {accepted} connection(s) accepted, {provider} provider event(s)");
+    assert!(accepted >= 1 && provider >= 2, "{TEST}: no trace of uiw carrying the ranks' connections\n{}", text(&o));
 }
