@@ -197,17 +197,25 @@ fn netdev_ipv4(nd: &str) -> Option<String> {
 
 #[test]
 fn private_data_round_trip() {
-    cm_check("private_data_round_trip", "pdata", 20884, true, &[]);
+    cm_check("private_data_round_trip", "pdata", uiw_examples::pair::free_port(), true, &[]);
+}
+
+/// IRD/ORD 0 offered and accepted stay 0 on both sides (not floored at 1: SPDK's
+/// NVMe-oF target warns "responder_resources must be 0 but set to 1" otherwise).
+#[test]
+fn ird_ord_zero_honoured() {
+    let port = uiw_examples::pair::free_port();
+    cm_check("ird_ord_zero_honoured", "depth0", port, true, &[]);
 }
 
 #[test]
 fn reject_with_private_data() {
-    cm_check("reject_with_private_data", "reject", 20885, true, &[]);
+    cm_check("reject_with_private_data", "reject", uiw_examples::pair::free_port(), true, &[]);
 }
 
 #[test]
 fn sixty_four_simultaneous_connects() {
-    cm_check("sixty_four_simultaneous_connects", "many", 20886, true, &[]);
+    cm_check("sixty_four_simultaneous_connects", "many", uiw_examples::pair::free_port(), true, &[]);
 }
 
 /// The unmodified rdma_cm tools of rdmacm-utils and perftest, client and server under
@@ -240,6 +248,7 @@ fn tools(test: &str, prog: &str, server: &[&str], client: &[&str], check: impl F
 
 #[test]
 fn rping_1000_verified() {
+    let port = uiw_examples::pair::free_port().to_string();
     tools(
         "rping_1000_verified",
         "rping",
@@ -249,7 +258,7 @@ fn rping_1000_verified() {
             "-a",
             "127.0.0.1",
             "-p",
-            "20890",
+            &port,
             "-C",
             "1000",
             "-v",
@@ -260,7 +269,7 @@ fn rping_1000_verified() {
             "-a",
             "127.0.0.1",
             "-p",
-            "20890",
+            &port,
             "-C",
             "1000",
             "-v",
@@ -277,11 +286,12 @@ fn rping_1000_verified() {
 
 #[test]
 fn ucmatose_one_connection() {
+    let port = uiw_examples::pair::free_port().to_string();
     tools(
         "ucmatose_one_connection",
         "ucmatose",
-        &["ucmatose", "-p", "20891"],
-        &["ucmatose", "-s", "127.0.0.1", "-p", "20891"],
+        &["ucmatose", "-p", &port],
+        &["ucmatose", "-s", "127.0.0.1", "-p", &port],
         |s, c| {
             assert!(
                 s.contains("test complete") && c.contains("test complete"),
@@ -293,11 +303,12 @@ fn ucmatose_one_connection() {
 
 #[test]
 fn ucmatose_ten_connections() {
+    let port = uiw_examples::pair::free_port().to_string();
     tools(
         "ucmatose_ten_connections",
         "ucmatose",
-        &["ucmatose", "-p", "20892", "-c", "10"],
-        &["ucmatose", "-s", "127.0.0.1", "-p", "20892", "-c", "10"],
+        &["ucmatose", "-p", &port, "-c", "10"],
+        &["ucmatose", "-s", "127.0.0.1", "-p", &port, "-c", "10"],
         |s, c| {
             assert!(
                 s.contains("test complete") && c.contains("test complete"),
@@ -309,11 +320,12 @@ fn ucmatose_ten_connections() {
 
 #[test]
 fn rdma_server_and_client() {
+    let port = uiw_examples::pair::free_port().to_string();
     tools(
         "rdma_server_and_client",
         "rdma_server",
-        &["rdma_server", "-p", "20893"],
-        &["rdma_client", "-s", "127.0.0.1", "-p", "20893"],
+        &["rdma_server", "-p", &port],
+        &["rdma_client", "-s", "127.0.0.1", "-p", &port],
         |s, c| {
             assert!(
                 s.contains("rdma_server: end 0") && c.contains("rdma_client: end 0"),
@@ -345,22 +357,22 @@ fn perftest(test: &str, prog: &str, port: &str) {
 
 #[test]
 fn ib_write_bw_rdma_cm() {
-    perftest("ib_write_bw_rdma_cm", "ib_write_bw", "20894");
+    perftest("ib_write_bw_rdma_cm", "ib_write_bw", &uiw_examples::pair::free_port().to_string());
 }
 
 #[test]
 fn ib_read_bw_rdma_cm() {
-    perftest("ib_read_bw_rdma_cm", "ib_read_bw", "20895");
+    perftest("ib_read_bw_rdma_cm", "ib_read_bw", &uiw_examples::pair::free_port().to_string());
 }
 
 #[test]
 fn ib_send_bw_rdma_cm() {
-    perftest("ib_send_bw_rdma_cm", "ib_send_bw", "20896");
+    perftest("ib_send_bw_rdma_cm", "ib_send_bw", &uiw_examples::pair::free_port().to_string());
 }
 
 #[test]
 fn ib_write_lat_rdma_cm() {
-    perftest("ib_write_lat_rdma_cm", "ib_write_lat", "20897");
+    perftest("ib_write_lat_rdma_cm", "ib_write_lat", &uiw_examples::pair::free_port().to_string());
 }
 
 /// The traffic of rping and perftest -R decodes in Wireshark's iwarp_mpa and
