@@ -358,6 +358,7 @@ struct server {
 	int mode;  /* 0 accept, 1 reject */
 	int expect_conns;
 	int established, disconnected, requests, pd_ok, depth_ok;
+	int zero_depth; /* depth0 mode: IRD/ORD 0 offered by the client and accepted as 0 */
 	struct rdma_cm_id *conns[128];
 	int nconns;
 	struct ibv_mr *mr;
@@ -379,7 +380,8 @@ static void *server_thread(void *arg)
 			if (e->listen_id == s->listen && e->param.conn.private_data_len >= sizeof cli_pd &&
 			    memcmp(e->param.conn.private_data, cli_pd, sizeof cli_pd) == 0)
 				s->pd_ok++;
-			if (e->param.conn.initiator_depth >= 1 && e->param.conn.responder_resources >= 1)
+			if (s->zero_depth ? e->param.conn.initiator_depth == 0 && e->param.conn.responder_resources == 0
+					  : e->param.conn.initiator_depth >= 1 && e->param.conn.responder_resources >= 1)
 				s->depth_ok++;
 			if (s->mode == 1) {
 				rdma_reject(id, rej_pd, sizeof rej_pd);
@@ -390,7 +392,8 @@ static void *server_thread(void *arg)
 			} else {
 				struct ibv_qp_init_attr a = qp_attr();
 				struct rdma_conn_param cp = { .private_data = srv_pd, .private_data_len = sizeof srv_pd,
-							      .responder_resources = 1, .initiator_depth = 1 };
+							      .responder_resources = !s->zero_depth,
+							      .initiator_depth = !s->zero_depth };
 				if (rdma_create_qp(id, NULL, &a) == 0) {
 					if (s->expect_conns == 1) {
 						s->mr = ibv_reg_mr(id->pd, s->buf, sizeof s->buf, IBV_ACCESS_LOCAL_WRITE);
@@ -492,6 +495,63 @@ static void mode_pdata(void)
 		usleep(200 * 1000);
 		check(s.pd_ok == 1, "server saw the client's private data in CONNECT_REQUEST");
 		check(s.depth_ok == 1, "CONNECT_REQUEST carries IRD/ORD");
+		check(s.established == 1, "server ESTABLISHED");
+		check(memcmp(s.buf, msg, sizeof msg) == 0, "server received the Send's bytes");
+		check(rdma_disconnect(id) == 0, "rdma_disconnect");
+		expect(ch, RDMA_CM_EVENT_DISCONNECTED, NULL, "client");
+	}
+	ibv_dereg_mr(mr);
+	pthread_join(t, NULL);
+	check(s.disconnected == 1, "server DISCONNECTED");
+	rdma_destroy_qp(id);
+	rdma_destroy_id(id);
+out:
+	stop_server(&s);
+	rdma_destroy_event_channel(ch);
+}
+
+/* IRD/ORD 0 (RFC 6581 allows it; SPDK's NVMe-oF target expects responder_resources 0 back):
+ * both sides offer 0, both see 0, Sends still work. */
+static void mode_depth0(void)
+{
+	struct server s;
+	pthread_t t;
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct rdma_cm_id *id;
+	struct rdma_cm_event *e = NULL;
+	struct rdma_conn_param cp = { .private_data = cli_pd, .private_data_len = sizeof cli_pd,
+				      .responder_resources = 0, .initiator_depth = 0, .retry_count = 7 };
+	char msg[64] = "a Send over a connection without Reads";
+	struct ibv_mr *mr;
+
+	check(start_server(&s, 0, 1) == 0, "listener on 127.0.0.1:%d", port);
+	s.zero_depth = 1;
+	pthread_create(&t, NULL, server_thread, &s);
+	id = client_id(ch, port, NULL);
+	check(id != NULL, "client id");
+	if (!id)
+		goto out;
+	mr = ibv_reg_mr(id->pd, msg, sizeof msg, 0);
+	check(rdma_connect(id, &cp) == 0, "rdma_connect with responder_resources 0, initiator_depth 0");
+	if (expect(ch, RDMA_CM_EVENT_ESTABLISHED, &e, "client")) {
+		check(e->param.conn.responder_resources == 0 && e->param.conn.initiator_depth == 0,
+		      "ESTABLISHED reports the server's IRD/ORD as 0/0 (got %u/%u)", e->param.conn.initiator_depth,
+		      e->param.conn.responder_resources);
+		rdma_ack_cm_event(e);
+		struct ibv_sge sge = { .addr = (uintptr_t)msg, .length = sizeof msg, .lkey = mr->lkey };
+		struct ibv_send_wr wr = { .wr_id = 7, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
+					  .send_flags = IBV_SEND_SIGNALED }, *bad;
+		struct ibv_wc wc;
+		int n = 0;
+		check(ibv_post_send(id->qp, &wr, &bad) == 0, "post a Send");
+		for (int i = 0; i < 5000 && n == 0; i++) {
+			n = ibv_poll_cq(id->send_cq, 1, &wc);
+			if (!n)
+				usleep(1000);
+		}
+		check(n == 1 && wc.status == IBV_WC_SUCCESS, "Send completed");
+		usleep(200 * 1000);
+		check(s.depth_ok == 1, "CONNECT_REQUEST carries IRD/ORD 0/0, not floored at 1");
 		check(s.established == 1, "server ESTABLISHED");
 		check(memcmp(s.buf, msg, sizeof msg) == 0, "server received the Send's bytes");
 		check(rdma_disconnect(id) == 0, "rdma_disconnect");
@@ -659,7 +719,7 @@ int main(int argc, char **argv)
 			other_ip = optarg;
 	}
 	if (optind >= argc) {
-		fprintf(stderr, "usage: %s [-p PORT] [-a OTHER_IP] channel|nolistener|pdata|reject|many|forward\n",
+		fprintf(stderr, "usage: %s [-p PORT] [-a OTHER_IP] channel|nolistener|pdata|depth0|reject|many|forward\n",
 			argv[0]);
 		return 2;
 	}
@@ -671,6 +731,8 @@ int main(int argc, char **argv)
 		mode_pdata();
 	else if (!strcmp(argv[optind], "reject"))
 		mode_reject();
+	else if (!strcmp(argv[optind], "depth0"))
+		mode_depth0();
 	else if (!strcmp(argv[optind], "many"))
 		mode_many();
 	else if (!strcmp(argv[optind], "forward"))

@@ -233,6 +233,8 @@ pub enum WcOpcode {
     RdmaRead = 2,
     CompSwap = 3,
     FetchAdd = 4,
+    /// `IBV_WC_LOCAL_INV`: a work request that sends nothing (see [`Connection::post_local`]).
+    LocalInv = 6,
     Recv = 128,
     RecvRdmaWithImm = 129,
 }
@@ -427,6 +429,9 @@ enum SqWr {
     },
     /// IBV_SEND_FENCE: what follows waits for outstanding Reads/Atomics.
     Fence,
+    /// A work request with no message (Local Invalidate): completes, in order, when it
+    /// reaches the head of the send queue.
+    Local { wr_id: u64 },
 }
 
 impl SqWr {
@@ -436,13 +441,15 @@ impl SqWr {
             | SqWr::Write { wr_id, .. }
             | SqWr::Read { wr_id, .. }
             | SqWr::Atomic { wr_id, .. }
-            | SqWr::Imm { wr_id, .. } => wr_id,
+            | SqWr::Imm { wr_id, .. }
+            | SqWr::Local { wr_id } => wr_id,
             SqWr::Fence => u64::MAX,
         }
     }
     fn wc_opcode(&self) -> WcOpcode {
         match self {
             SqWr::Send { .. } | SqWr::Imm { .. } | SqWr::Fence => WcOpcode::Send,
+            SqWr::Local { .. } => WcOpcode::LocalInv,
             SqWr::Write { .. } => WcOpcode::RdmaWrite,
             SqWr::Read { .. } => WcOpcode::RdmaRead,
             SqWr::Atomic {
@@ -1019,6 +1026,15 @@ impl Connection {
         Ok(())
     }
 
+    /// Post a work request that puts nothing on the wire (`IBV_WR_LOCAL_INV`): its
+    /// completion comes in posting order, once every work request posted before it has
+    /// started; the engine does the work when it sees that completion.
+    pub fn post_local(&mut self, wr_id: u64) -> Result<(), PostError> {
+        self.can_post()?;
+        self.push_sq(SqWr::Local { wr_id });
+        Ok(())
+    }
+
     fn push_sq(&mut self, wr: SqWr) {
         let seq = self.sq_head + self.sq_slots.len() as u64;
         self.sq_slots.push_back(None);
@@ -1328,6 +1344,9 @@ impl Connection {
                 self.tx_follow.push_back(bytes);
             }
             SqWr::Fence => {}
+            SqWr::Local { wr_id } => {
+                self.sq_complete(seq, Completion::new(wr_id, wc, WcStatus::Success, 0));
+            }
             SqWr::Imm {
                 wr_id,
                 imm,

@@ -1219,3 +1219,25 @@ fn placement_failure_terminates_like_siw() {
     assert_eq!((c[0].wr_id, c[0].status), (5, WcStatus::LocProtErr), "{c:?}");
     assert_eq!((c[1].wr_id, c[1].status), (6, WcStatus::WrFlushErr), "{c:?}");
 }
+
+/// A Local Invalidate puts nothing on the wire and completes in posting order: after the
+/// Read posted before it.
+#[test]
+fn local_work_request_completes_in_order() {
+    let (mut a, mut b) = default_pair();
+    b.m.region(0x700, 0x2000, 64, ALL);
+    a.m.region(0x800, 0x3000, 64, ALL);
+    a.c.post_read(1, 0x800, 0x3000, 0x700, 0x2000, 64).unwrap();
+    a.c.post_local(2).unwrap();
+    let mut buf = Vec::new();
+    while a.c.poll_transmit(&mut buf, &a.m) {}
+    assert!(a.completions().is_empty(), "the Local waits behind the outstanding Read");
+    let mut off = 0;
+    while off < buf.len() {
+        off += b.c.handle_bytes(&buf[off..], &mut b.m);
+    }
+    pump(&mut a, &mut b);
+    let c = a.completions();
+    let got: Vec<_> = c.iter().map(|c| (c.wr_id, c.opcode, c.status)).collect();
+    assert_eq!(got, [(1, WcOpcode::RdmaRead, WcStatus::Success), (2, WcOpcode::LocalInv, WcStatus::Success)]);
+}

@@ -183,11 +183,20 @@ pub const MAX_MW: u32 = 0;
 /// WR completes locally with `IBV_WC_LOC_QP_OP_ERR`.
 pub const ATOMIC_CAP: u32 = IBV_ATOMIC_HCA;
 
-/// `device_cap_flags`: none of the optional IB device capabilities
-/// (`IBV_DEVICE_RESIZE_MAX_WR`, `_SRQ_RESIZE`, `_MEM_WINDOW`, APM, port
-/// change, ...) are implemented, so the honest value is 0.  Applications that
-/// test these bits then avoid the corresponding verbs.
-pub const DEVICE_CAP_FLAGS: u32 = 0;
+/// `IBV_DEVICE_MEM_MGT_EXTENSIONS` (`enum ibv_device_cap_flags`, 1 << 21).
+pub const IBV_DEVICE_MEM_MGT_EXTENSIONS: u32 = 1 << 21;
+
+/// `device_cap_flags`: what siw reports (`siw_query_device`:
+/// `IB_DEVICE_MEM_MGT_EXTENSIONS`, the only flag of its own), and each promise
+/// kept. For a user-space provider the memory management extensions are Send
+/// with Invalidate (sent, and served: RFC 5040 §5.2, the peer's STag stops
+/// working remotely) and `IBV_WR_LOCAL_INV` (executed in send-queue order,
+/// completes as `IBV_WC_LOCAL_INV`). Fast registration (`IB_WR_REG_MR`) is a
+/// kernel verb with no libibverbs counterpart. SPDK's NVMe-oF target tests this
+/// bit before it answers with Send with Invalidate. Every other optional
+/// capability (`_RESIZE_MAX_WR`, `_SRQ_RESIZE`, `_MEM_WINDOW`, APM, port
+/// change, ...) is not implemented and not claimed.
+pub const DEVICE_CAP_FLAGS: u32 = IBV_DEVICE_MEM_MGT_EXTENSIONS;
 
 /// IEEE vendor id (24-bit OUI) reported in `vendor_id`.
 ///

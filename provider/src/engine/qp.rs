@@ -528,7 +528,10 @@ impl Qp {
     fn cm_accept_unsettled(self: &Arc<Self>, cm: &Arc<CmConn>, private_data: &[u8], ird: u16, ord: u16) -> Result<()> {
         let mut inner = self.cm_ready(ird, ord)?;
         let mut p = cm.pending.lock().take().ok_or(Error::Invalid)?;
-        if p.conn.accept(ird.max(1), ord.max(1), private_data, now_ms()).is_err() {
+        // IRD/ORD as the application gave them, 0 included (RFC 6581 allows 0; SPDK's
+        // NVMe-oF target accepts with responder_resources 0 and checks it is seen as 0). The
+        // wire core raises IRD to 1 only where a Read RTR needs it.
+        if p.conn.accept(ird, ord, private_data, now_ms()).is_err() {
             return Err(Error::Invalid);
         }
         self.cm_attach(&mut inner, cm, Link::new(p.conn, p.sock))?;
@@ -547,7 +550,7 @@ impl Qp {
     fn cm_connect_unsettled(self: &Arc<Self>, cm: &Arc<CmConn>, sock: TcpStream, private_data: &[u8], ird: u16, ord: u16) -> Result<()> {
         let mut inner = self.cm_ready(ird, ord)?;
         let mss = prepare(&sock)?;
-        let cfg = config(Role::Initiator, ird.max(1), ord.max(1), private_data.to_vec(), mss);
+        let cfg = config(Role::Initiator, ird, ord, private_data.to_vec(), mss);
         self.cm_attach(&mut inner, cm, Link::new(Connection::new(cfg, now_ms()), sock))?;
         self.serve_locked(inner);
         Ok(())
@@ -679,7 +682,7 @@ impl Qp {
 
     fn post_send_unsettled(&self, wqe: SendWqe) -> std::result::Result<(), PostError> {
         use super::wr::{opcode, Payload};
-        if wqe.opcode > opcode::SEND_WITH_INV || matches!(wqe.opcode, opcode::LOCAL_INV | opcode::BIND_MW) {
+        if wqe.opcode > opcode::SEND_WITH_INV || wqe.opcode == opcode::BIND_MW {
             return Err(if wqe.opcode > opcode::SEND_WITH_INV { PostError::BadOpcode } else { PostError::Unsupported });
         }
         match &wqe.payload {

@@ -333,6 +333,14 @@ impl DataPath {
         if wqe.payload.len() > u64::from(u32::MAX) {
             return Err(PostError::TooManySges);
         }
+        // Local Invalidate (IBV_DEVICE_MEM_MGT_EXTENSIONS): the STag must name a region of this
+        // QP's PD, else the WR fails as a bad local access would.
+        let runs = match runs {
+            Ok(r) if wqe.opcode == opcode::LOCAL_INV => {
+                env.mrs.lookup(wqe.imm_or_inv).filter(|m| m.pd == env.pd).map(|_| r).ok_or(AccessError::InvalidStag)
+            }
+            r => r,
+        };
         let id = self.next_id();
         let Ok(runs) = runs else {
             env.send_cq.push(Completion {
@@ -416,6 +424,7 @@ impl DataPath {
         let imm = u32::from_be(w.imm_or_inv);
         let r = match w.opcode {
             opcode::SEND => c.post_send(id, SendFlags { solicited, invalidate: None }, len),
+            opcode::LOCAL_INV => c.post_local(id),
             opcode::SEND_WITH_INV => c.post_send(id, SendFlags { solicited, invalidate: Some(w.imm_or_inv) }, len),
             opcode::SEND_WITH_IMM => c.post_send_imm(id, SendFlags { solicited, invalidate: None }, len, imm),
             opcode::RDMA_WRITE => c.post_write(id, w.rkey, w.remote_addr, len, None),
@@ -523,6 +532,12 @@ impl DataPath {
             if c.status == WcStatus::Success {
                 env.user_mem.write(&p, &v.to_ne_bytes());
             }
+        }
+        // Local Invalidate takes effect in posting order: peers can no longer address the
+        // region with that STag (as after a peer's Send with Invalidate, RFC 5040 §5.2); the
+        // application may still use it locally, until it deregisters it.
+        if e.wqe.opcode == opcode::LOCAL_INV && c.status == WcStatus::Success {
+            env.mrs.invalidate(e.wqe.imm_or_inv, env.pd);
         }
         let signaled = env.sq_sig_all || e.wqe.flags & send_flags::SIGNALED != 0;
         if c.status == WcStatus::Success && !signaled {
