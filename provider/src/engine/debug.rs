@@ -1,61 +1,17 @@
-//! `UIW_DEBUG=1`: one line on stderr for every refused verb and every QP error, saying what
-//! was wrong and, where a limit was crossed, the limit. Off by default: a provider is silent.
+//! Explanations of what went wrong, through the provider's log (`engine::log`: `UIW_DEBUG=1`,
+//! or rdma-core's `VERBS_LOG_LEVEL`/`VERBS_LOG_FILE`): one line each, saying what was wrong
+//! and, where a limit was crossed, the limit.
 
 use std::fmt;
-use std::sync::OnceLock;
 
-/// Whether `UIW_DEBUG` is set (to anything but `0`), read once per process.
-pub fn enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("UIW_DEBUG").is_some_and(|v| v != "0"))
+/// A refused verb, in the engine's words (`VERBS_LOG_LEVEL` 3, information): `uiw:
+/// ibv_create_cq refused: cqe = 0 is outside 1..=65536 (max_cqe)`. The errno it returns is
+/// the FFI edge's business (`ffi::errno`).
+pub fn refused(verb: &str, why: fmt::Arguments<'_>) {
+    crate::uiw_log!(Info, "{verb} refused: {why}");
 }
 
-/// A verb refused with `errno`: `uiw: ibv_create_qp: EINVAL: max_send_wr = 99999 exceeds …`.
-pub fn refused(verb: &str, errno: i32, why: fmt::Arguments<'_>) {
-    if enabled() {
-        eprintln!("uiw: {verb}: {}: {why}", errno_name(errno));
-    }
-}
-
-/// Any other explanation (QP errors, lost streams).
+/// Any other explanation: why a stream or QP failed (level 4, debug).
 pub fn why(what: fmt::Arguments<'_>) {
-    if enabled() {
-        eprintln!("uiw: {what}");
-    }
-}
-
-/// The symbolic name of the errnos the verbs return.
-pub fn errno_name(e: i32) -> &'static str {
-    match e {
-        libc::EINVAL => "EINVAL",
-        libc::ENOMEM => "ENOMEM",
-        libc::EOPNOTSUPP => "EOPNOTSUPP",
-        libc::EBUSY => "EBUSY",
-        libc::EFAULT => "EFAULT",
-        libc::EACCES => "EACCES",
-        libc::EPERM => "EPERM",
-        libc::ENOENT => "ENOENT",
-        libc::EAGAIN => "EAGAIN",
-        libc::EBADF => "EBADF",
-        libc::EIO => "EIO",
-        libc::ENOSYS => "ENOSYS",
-        libc::EEXIST => "EEXIST",
-        libc::EADDRINUSE => "EADDRINUSE",
-        libc::ECONNREFUSED => "ECONNREFUSED",
-        libc::ECONNRESET => "ECONNRESET",
-        libc::ENODEV => "ENODEV",
-        _ => "error",
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_the_verbs_errnos() {
-        assert_eq!(errno_name(libc::EINVAL), "EINVAL");
-        assert_eq!(errno_name(libc::EOPNOTSUPP), "EOPNOTSUPP");
-        assert_eq!(errno_name(-12345), "error");
-    }
+    crate::uiw_log!(Debug, "{what}");
 }

@@ -393,11 +393,15 @@ impl Qp {
         }
         let env = self.env(inner.attrs.qp_access_flags);
         let closed = inner.dp.link.as_ref().is_some_and(|l| l.peer_closed.is_some());
+        let stalled = inner.dp.link.as_ref().is_some_and(|l| l.conn.rx_stalled());
         let r = inner.dp.pump(&env);
         self.sync_stats(inner);
         self.after(inner);
-        if !closed && inner.dp.link.as_ref().is_some_and(|l| l.peer_closed.is_some()) {
-            // The peer closed: the progress thread takes the new deadline.
+        if (!closed && inner.dp.link.as_ref().is_some_and(|l| l.peer_closed.is_some()))
+            || (!stalled && inner.dp.link.as_ref().is_some_and(|l| l.conn.rx_stalled()))
+        {
+            // The peer closed, or a Send now waits for a receive (wire `rnr_wait_ms`): the
+            // progress thread takes the new deadline.
             self.net.wake();
         }
         Some(r)
