@@ -163,10 +163,9 @@ for t in write read send; do
 	echo "ib_${t}_bw: $line" >&2
 done
 
-# Known issue (rdma-core v57+ rping with uiw's drop-in, seen only under heavy machine load): the
-# client's CM thread polls the event channel, and if rdma_destroy_id purges the DISCONNECTED
-# event it saw before it calls rdma_get_cm_event, that call blocks and rping's final
-# pthread_join never returns (the 60 s timeout then fails this step).
+# rdma-core v57+'s rping polls its CM channel in a thread and joins it after rdma_destroy_id:
+# the drop-in must not purge an event that thread already saw (a hang here; see
+# rdmacm/src/cm.rs, destroy).
 pair rping 18517 rping -s -a 127.0.0.1 -p 18517 -V -C 20 -- rping -c -a 127.0.0.1 -p 18517 -V -C 20
 
 # Installed system-wide instead: libibverbs finds the provider in its own directory under the

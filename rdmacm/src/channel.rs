@@ -22,6 +22,9 @@ pub struct Channel<T> {
     /// Ours: one byte per queued event.
     wfd: OwnedFd,
     q: Mutex<VecDeque<T>>,
+    /// The thread that last called `pop`: whether another thread than the one removing events
+    /// may be about to read (see [`Channel::read_by_another_thread`]).
+    reader: Mutex<Option<std::thread::ThreadId>>,
 }
 
 impl<T> Channel<T> {
@@ -31,6 +34,7 @@ impl<T> Channel<T> {
             rfd,
             wfd,
             q: Mutex::new(VecDeque::new()),
+            reader: Mutex::new(None),
         })
     }
 
@@ -55,6 +59,7 @@ impl<T> Channel<T> {
     /// The next event: blocks while none is queued, unless the application made the fd
     /// non-blocking (then `EAGAIN`). A signal interrupting the wait gives `EINTR`.
     pub fn pop(&self) -> io::Result<T> {
+        *self.reader.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::thread::current().id());
         loop {
             let mut b = [0u8; 1];
             match sys::read(self.rfd.as_raw_fd(), &mut b) {
@@ -66,6 +71,19 @@ impl<T> Channel<T> {
                 return Ok(ev);
             }
         }
+    }
+
+    /// Whether some queued event matches `pred`.
+    pub fn any(&self, pred: impl FnMut(&T) -> bool) -> bool {
+        self.lock().iter().any(pred)
+    }
+
+    /// Whether the last reader of this channel was a thread other than the caller: an
+    /// application with a thread of its own for events, which may have seen the fd readable
+    /// and be on its way to `pop`.
+    pub fn read_by_another_thread(&self) -> bool {
+        let r = *self.reader.lock().unwrap_or_else(|e| e.into_inner());
+        r.is_some_and(|t| t != std::thread::current().id())
     }
 
     /// Remove (and return) every queued event `pred` selects, taking their tokens back.
@@ -122,6 +140,21 @@ mod tests {
         c.push(7);
         assert_eq!(c.pop().unwrap(), 7);
         assert_eq!(c.pop().unwrap_err().raw_os_error(), Some(libc::EAGAIN));
+    }
+
+    #[test]
+    fn knows_whether_another_thread_reads() {
+        let c: Arc<Channel<u32>> = Arc::new(Channel::new().unwrap());
+        assert!(!c.read_by_another_thread(), "nobody read yet");
+        c.push(1);
+        assert_eq!(c.pop().unwrap(), 1);
+        assert!(!c.read_by_another_thread(), "this thread is the reader");
+        c.push(2);
+        let r = c.clone();
+        std::thread::spawn(move || r.pop().unwrap()).join().unwrap();
+        assert!(c.read_by_another_thread());
+        c.push(3);
+        assert!(c.any(|&v| v == 3) && !c.any(|&v| v == 2));
     }
 
     #[test]

@@ -795,9 +795,19 @@ impl Id {
         }
         drop(pending);
         let me = Arc::as_ptr(self);
-        let purged = chan.q.remove_where(|e| {
-            Arc::as_ptr(&e.id) == me || e.listen.as_ref().map(Arc::as_ptr) == Some(me)
-        });
+        let mine = |e: &Event| Arc::as_ptr(&e.id) == me || e.listen.as_ref().map(Arc::as_ptr) == Some(me);
+        // An event thread may have seen the channel readable for one of these events and be
+        // on its way to rdma_get_cm_event: taking the token back now would leave that call
+        // blocked for good (rping since rdma-core v57 polls its channel in a thread and joins
+        // that thread after rdma_destroy_id). When another thread reads this channel, give it
+        // a bounded moment to take them; what it takes, wait_acks below waits for.
+        if chan.q.read_by_another_thread() {
+            let until = std::time::Instant::now() + Duration::from_millis(200);
+            while chan.q.any(mine) && std::time::Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        let purged = chan.q.remove_where(mine);
         for e in purged {
             if e.kind == ev::RDMA_CM_EVENT_CONNECT_REQUEST && !Arc::ptr_eq(&e.id, self) {
                 e.id.destroy(); // the application never saw it
