@@ -122,9 +122,9 @@ DESCRIPTION
     Creating /dev/infiniband needs root once, like `rdma link add`.
 
 ROOTLESS MODE
-    A user who cannot create /dev/infiniband nodes (not root, no CAP_MKNOD, a
-    container without /dev/infiniband), or `--rootless`, publishes without a
-    node: the state directory defaults to $XDG_RUNTIME_DIR/uiw, else
+    Whoever cannot write /dev/infiniband (a user; root where /dev is
+    read-only, as in many containers), or `--rootless`, publishes without a
+    node. A user's state directory defaults to $XDG_RUNTIME_DIR/uiw, else
     ~/.local/state/uiw; `uverbsN/dev` says 1:3 and N is an index that no
     kernel device and no existing file uses. Programs started with `uiw run`
     (or with `uiw env`'s LD_PRELOAD) find the device anyway: the shim answers

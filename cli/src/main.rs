@@ -334,11 +334,9 @@ fn io_fail(what: &str, p: &Path, e: std::io::Error) -> Fail {
     Fail(1, format!("{what} {}: {e}", p.display()))
 }
 
-/// Can `up` create nodes in `dev`: root, or a writable (nearest existing) directory there?
+/// Can `up` create nodes in `dev`: is the (nearest existing) directory there writable? Not
+/// for users, nor for root in a container whose /dev is read-only.
 fn can_make_nodes(dev: &Path) -> bool {
-    if uiw_kabi::sys::geteuid() == 0 {
-        return true;
-    }
     let mut d = Some(dev);
     while let Some(p) = d {
         if p.exists() {
@@ -349,7 +347,7 @@ fn can_make_nodes(dev: &Path) -> bool {
     false
 }
 
-const ROOTLESS_NOTE: &str = "rootless mode (not root): no /dev/infiniband/uverbsN node was created and none is needed; \
+const ROOTLESS_NOTE: &str = "rootless mode (/dev/infiniband cannot be written here): no /dev/infiniband/uverbsN node was created and none is needed; \
 programs see the devices when started with `uiw run` (or with `eval \"$(uiw env)\"`), whose shim answers libibverbs' \
 opens of /dev/infiniband and /sys/class/infiniband from this state directory. Other users' programs do not see them.";
 

@@ -494,7 +494,7 @@ fn non_root_up_is_rootless() {
     let o = as_nobody(&["up"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
-    assert!(err.contains("rootless mode (not root)") && err.contains("uiw run"), "{err}");
+    assert!(err.contains("rootless mode (/dev/infiniband cannot be written here)") && err.contains("uiw run"), "{err}");
     assert!(!e.t.p("rootonly/infiniband").exists());
     assert!(!e.t.p("registry").exists());
     assert_eq!(fs::read_to_string(e.state().join("sysfs/class/infiniband_verbs/uverbs0/dev")).unwrap(), "1:3\n");
