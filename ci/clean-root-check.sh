@@ -2,7 +2,7 @@
 # ci/clean-root-check.sh — check the README's two commands, verbatim, on a clean
 # Debian 12 root that has only git and a Rust toolchain added.
 #
-#   sudo ci/clean-root-check.sh [--keep] [--only-setup]
+#   sudo ci/clean-root-check.sh [--keep] [--only-setup] [--sudo-user]
 #
 # 1. mmdebstrap --variant=minbase --include=git,ca-certificates bookworm ROOT
 # 2. a Rust toolchain: this host's rustup toolchains bind-mounted read-only at
@@ -18,6 +18,11 @@
 #        ./ci/test.sh               # the README's second command
 # 5. unmounts everything and removes ROOT (--keep leaves it for a look)
 #
+# --sudo-user: the form the issue reported broken — a user `dev` with the
+# toolchain in ~dev/.rustup and ~dev/.cargo (and sudo, password-less, added to
+# the root) runs `sudo ./ci/setup-and-run.sh` from a login shell, then
+# `./ci/test.sh` (which runs the device tests through `sudo -n`).
+#
 # Needs root and mmdebstrap (apt-get install mmdebstrap). Takes about 15-25
 # minutes on 2 cores (the chroot builds the workspace from scratch), so CI does
 # not run it on every submission. --only-setup stops after the first command.
@@ -27,13 +32,21 @@ set -euo pipefail
 
 keep=0
 only_setup=0
+sudo_user=0
 for a in "$@"; do
 	case $a in
 	--keep) keep=1 ;;
 	--only-setup) only_setup=1 ;;
-	*) echo "usage: $0 [--keep] [--only-setup]" >&2; exit 2 ;;
+	--sudo-user) sudo_user=1 ;;
+	*) echo "usage: $0 [--keep] [--only-setup] [--sudo-user]" >&2; exit 2 ;;
 	esac
 done
+include=git,ca-certificates
+home=/root
+if [[ $sudo_user == 1 ]]; then
+	include=$include,sudo
+	home=/home/dev
+fi
 
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 if [[ $(id -u) -ne 0 ]]; then
@@ -79,23 +92,32 @@ mnt() { # mnt ARGS... TARGET
 start=$(date +%s)
 step() { printf '\n==> [%4ss] %s\n' "$(($(date +%s) - start))" "$*" >&2; }
 
-step "mmdebstrap bookworm (minbase + git, ca-certificates) -> $root"
-mmdebstrap --variant=minbase --include=git,ca-certificates bookworm "$root" \
+step "mmdebstrap bookworm (minbase + $include) -> $root"
+mmdebstrap --variant=minbase --include=$include bookworm "$root" \
 	"deb $mirror bookworm main" "deb $mirror bookworm-updates main" \
 	"deb $sec bookworm-security main"
 
-step "a Rust toolchain: $rustup_home (read-only) and $cargo_home/bin"
-mkdir -p "$root/root/.rustup" "$root/root/.cargo"
-mnt --bind "$rustup_home" "$root/root/.rustup"
-mount -o remount,bind,ro "$root/root/.rustup"
-cp -a "$cargo_home/bin" "$root/root/.cargo/"
-printf '#!/bin/sh\ncase ":${PATH}:" in *:"$HOME/.cargo/bin":*) ;; *) export PATH="$HOME/.cargo/bin:$PATH" ;; esac\n' \
-	>"$root/root/.cargo/env"
-echo '. "$HOME/.cargo/env"' >>"$root/root/.profile"
-echo '. "$HOME/.cargo/env"' >>"$root/root/.bashrc"
+if [[ $sudo_user == 1 ]]; then
+	chroot "$root" useradd -m -s /bin/bash dev
+	echo 'dev ALL=(ALL) NOPASSWD:ALL' >"$root/etc/sudoers.d/dev"
+	chmod 0440 "$root/etc/sudoers.d/dev"
+fi
 
-step "git clone $src (HEAD $(git -C "$src" rev-parse --short HEAD)) -> /root/uiw"
-git clone -q --no-hardlinks "$src" "$root/root/uiw"
+step "a Rust toolchain: $rustup_home (read-only) and $cargo_home/bin -> $home"
+mkdir -p "$root$home/.rustup" "$root$home/.cargo"
+mnt --bind "$rustup_home" "$root$home/.rustup"
+mount -o remount,bind,ro "$root$home/.rustup"
+cp -a "$cargo_home/bin" "$root$home/.cargo/"
+printf '#!/bin/sh\ncase ":${PATH}:" in *:"$HOME/.cargo/bin":*) ;; *) export PATH="$HOME/.cargo/bin:$PATH" ;; esac\n' \
+	>"$root$home/.cargo/env"
+echo '. "$HOME/.cargo/env"' >>"$root$home/.profile"
+echo '. "$HOME/.cargo/env"' >>"$root$home/.bashrc"
+
+step "git clone $src (HEAD $(git -C "$src" rev-parse --short HEAD)) -> $home/uiw"
+git clone -q --no-hardlinks "$src" "$root$home/uiw"
+if [[ $sudo_user == 1 ]]; then
+	chroot "$root" chown -R dev:dev /home/dev/uiw /home/dev/.cargo /home/dev/.profile /home/dev/.bashrc
+fi
 
 mnt -t proc proc "$root/proc"
 mnt -t sysfs sysfs "$root/sys"
@@ -118,14 +140,21 @@ if [[ -s /etc/ssl/certs/ca-certificates.crt ]]; then
 fi
 
 in_root() { chroot "$root" /usr/bin/env -i HOME=/root TERM=dumb PATH=/usr/sbin:/usr/bin:/sbin:/bin bash -lc "$1"; }
+if [[ $sudo_user == 1 ]]; then
+	# A login shell of dev: ~/.profile puts ~/.cargo/bin on PATH, as rustup's installer does.
+	in_root() { chroot "$root" /usr/bin/env -i TERM=dumb PATH=/usr/sbin:/usr/bin:/sbin:/bin runuser -l dev -c "$1"; }
+	first='sudo ./ci/setup-and-run.sh'
+else
+	first='./ci/setup-and-run.sh'
+fi
 
-step "the README's first command: ./ci/setup-and-run.sh"
-in_root 'cd /root/uiw && echo "+ ./ci/setup-and-run.sh" && ./ci/setup-and-run.sh'
+step "the README's first command: $first"
+in_root "cd $home/uiw && echo '+ $first' && $first"
 
 if [[ $only_setup == 0 ]]; then
 	step "the README's second command: ./ci/test.sh"
-	in_root 'cd /root/uiw && echo "+ ./ci/test.sh" && ./ci/test.sh'
+	in_root "cd $home/uiw && echo '+ ./ci/test.sh' && ./ci/test.sh"
 fi
 
-in_root 'cd /root/uiw && target/debug/uiw down' || true
-step "clean-root-check: PASSED (both commands succeeded on a clean Debian 12 root)"
+chroot "$root" "$home/uiw/target/debug/uiw" down || true
+step "clean-root-check: PASSED (the README's command(s) succeeded on a clean Debian 12 root)"
