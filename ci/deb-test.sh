@@ -10,7 +10,8 @@
 #    /dev/shm and a tmpfs /run mounted; the host's network (free ports only)
 # 3. records every path of the chroot (and the checksum of every file in /etc
 #    and of the system librdmacm) — the "before" list
-# 4. apt install ./uiw_*.deb; man uiw; uiw up --config /etc/uiw/devices (what
+# 4. apt install ./uiw_*.deb; man uiw; as an unprivileged user, rootless uiw up
+#    and uiw run on the installed pieces; uiw up --config /etc/uiw/devices (what
 #    uiw.service runs); uiw env uses the installed pieces; `uiw run -- ib_write_bw`
 #    pair and `uiw run -- rping -V` pair, each process checked to have mapped the
 #    installed provider (and rping the private librdmacm drop-in)
@@ -74,18 +75,20 @@ in_root() { chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/sbin:/usr/bin:/s
 
 # Every path (type, mode, owner; symlink targets) and the checksums of /etc and
 # of the system's librdmacm: what "the system as it was" means here. apt's and
-# dpkg's own bookkeeping, logs and caches are not the system's state.
+# dpkg's own bookkeeping, logs and caches, and users' homes (a user's rootless
+# state directory is the user's) are not the system's state.
 snapshot() {
 	in_root '
 		cd / && find / /run /dev -xdev \
 			\( -path /proc -o -path /sys -o -path /dev/pts -o -path /dev/shm -o -path /tmp \
 			   -o -path /var/lib/apt -o -path /var/cache -o -path /var/log \
-			   -o -path /var/lib/dpkg -o -path /root \) -prune \
+			   -o -path /var/lib/dpkg -o -path /root -o -path /home \) -prune \
 			-o -printf "%p %y %m %u:%g %l\n" | sort -u
 		find /etc /usr/lib/x86_64-linux-gnu -xdev -type f \( -path "/etc/*" -o -name "librdmacm*" \) \
 			-exec md5sum {} + | sort -k2'
 }
 
+in_root 'useradd -m uiwtest'
 step "the system before: $(snapshot | tee "$root.before" | wc -l) entries"
 
 step "apt install ./$(basename "$deb")"
@@ -122,6 +125,10 @@ pass_count() { grep -c '^ok - ' "$root.results" || true; }
 	check "the system librdmacm is still the system's" \
 		in_root 'test "$(readlink -f /usr/lib/x86_64-linux-gnu/librdmacm.so.1)" != /usr/lib/x86_64-linux-gnu/uiw/rdmacm/librdmacm.so.1 && dpkg -S /usr/lib/x86_64-linux-gnu/librdmacm.so.1 | grep -q "^librdmacm1"'
 	check "uiw run -- ibv_devinfo -d uiw_lo" in_root 'uiw run -- ibv_devinfo -d uiw_lo | grep -q "transport:.*iWARP"'
+	# An unprivileged user with the package: rootless uiw up into ~/.local/state/uiw,
+	# and uiw run finds the installed provider and shim too.
+	check "as a user: uiw up (rootless) and uiw run -- ibv_devinfo on the installed pieces" \
+		in_root 'runuser -u uiwtest -- env HOME=/home/uiwtest sh -c "cd && uiw up >/dev/null && uiw run -- ibv_devinfo -d uiw_lo | grep -q \"transport:.*iWARP\" && uiw env | grep -q libuiw_preload.so && ! uiw env | grep -q RDMAV_DRIVERS; s=\$?; uiw down >/dev/null; exit \$s"'
 } >>"$root.results" 2>&1
 
 free_port() {
