@@ -108,6 +108,9 @@ check() { # check NAME COMMAND...
 pass_count() { grep -c '^ok - ' "$root.results" || true; }
 
 {
+	# man -l renders it; groff -ww names any undefined macro, bad escape or character.
+	check "man -l packaging/debian/uiw.8 renders, groff -ww finds nothing" \
+		bash -c "man -l '$src/packaging/debian/uiw.8' 2>/dev/null | grep -q 'publish, inspect and use uiw' && out=\$(groff -k -man -Tutf8 -ww -z '$src/packaging/debian/uiw.8' 2>&1); echo \"\$out\"; test -z \"\$out\""
 	check "the unit is enabled (multi-user.target.wants)" \
 		test -L "$root/etc/systemd/system/multi-user.target.wants/uiw.service"
 	check "man uiw renders uiw(8)" in_root 'man -P cat uiw 2>/dev/null | grep -q "publish, inspect and use uiw"'
