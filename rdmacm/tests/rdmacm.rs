@@ -138,7 +138,7 @@ fn channel_ids_addresses_and_bad_input() {
     cm_check(
         "channel_ids_addresses_and_bad_input",
         "channel",
-        20881,
+        uiw_examples::pair::free_port(),
         false,
         &[],
     );
@@ -149,7 +149,7 @@ fn connect_without_listener_is_rejected_econnrefused() {
     cm_check(
         "connect_without_listener_is_rejected_econnrefused",
         "nolistener",
-        20882,
+        uiw_examples::pair::free_port(),
         false,
         &[],
     );
@@ -171,7 +171,7 @@ fn other_devices_are_forwarded_to_the_system_library() {
     cm_check_args(
         TEST,
         "forward",
-        20883,
+        uiw_examples::pair::free_port(),
         false,
         &[("UIW_SYSTEM_RDMACM", fake.to_str().unwrap())],
         &["-a", &ip],
@@ -394,16 +394,19 @@ fn traffic_decodes_in_tshark() {
     let pair = |srv: &str, cli: &str| {
         format!("( timeout 60 {uiw} run -- {srv} >/dev/null 2>&1 & sleep 1.5; timeout 60 {uiw} run -- {cli} >/dev/null 2>&1 || exit 1; wait $! ) && ")
     };
+    // Free ports, never fixed ones (other test runs share the machine); the capture
+    // filter names them.
+    let ports: Vec<u16> = (0..4).map(|_| uiw_examples::pair::free_port()).collect();
     let mut script = String::new();
     script += &pair(
-        "rping -s -a 127.0.0.1 -p 20898 -C 20 -V",
-        "rping -c -a 127.0.0.1 -p 20898 -C 20 -V",
+        &format!("rping -s -a 127.0.0.1 -p {} -C 20 -V", ports[0]),
+        &format!("rping -c -a 127.0.0.1 -p {} -C 20 -V", ports[0]),
     );
     for (i, t) in ["ib_write_bw", "ib_read_bw", "ib_send_bw"]
         .iter()
         .enumerate()
     {
-        let p = 20899 + i;
+        let p = ports[i + 1];
         script += &pair(
             &format!("{t} -R -d uiw_lo -p {p} -n 50"),
             &format!("{t} -R -d uiw_lo -p {p} -n 50 127.0.0.1"),
@@ -413,7 +416,9 @@ fn traffic_decodes_in_tshark() {
     let pcap = out_dir().join("rdmacm-traffic.pcap");
     let check = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../ci/tshark-check.sh");
     let o = Command::new(check)
-        .args(["-f", "tcp portrange 20898-20901", "-w"])
+        .arg("-f")
+        .arg(ports.iter().map(|p| format!("tcp port {p}")).collect::<Vec<_>>().join(" or "))
+        .arg("-w")
         .arg(&pcap)
         .args(["--", "sh", "-c", &script])
         .env("UIW_STATE_DIR", &dev.state_dir)
@@ -463,10 +468,12 @@ fn libfabric_verbs_fi_pingpong() {
     let ip = netdev_ipv4(&nd).unwrap_or_default();
     assert!(!ip.is_empty(), "{TEST}: no IPv4 address on {nd}");
     for (prov, ep) in [("verbs", "msg"), ("verbs;ofi_rxm", "rdm")] {
+        // The control port: a free one, not fi_pingpong's fixed 47592 (the machine is shared).
+        let ctl = uiw_examples::pair::free_port().to_string();
         let (_, co) = pair(
             &dev,
-            &["fi_pingpong", "-p", prov, "-e", ep, "-I", "100"],
-            &["fi_pingpong", "-p", prov, "-e", ep, "-I", "100", &ip],
+            &["fi_pingpong", "-p", prov, "-e", ep, "-I", "100", "-B", &ctl],
+            &["fi_pingpong", "-p", prov, "-e", ep, "-I", "100", "-P", &ctl, &ip],
             Duration::from_millis(1500),
             Duration::from_secs(60),
         );
