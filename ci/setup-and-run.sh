@@ -7,6 +7,11 @@
 #                                  only for apt-get and `uiw up`; it builds as you)
 #   sudo ./ci/setup-and-run.sh     also works: it builds as $SUDO_USER, with that
 #                                  user's ~/.cargo/bin toolchain (sudo resets PATH)
+#   UIW_ROOTLESS=1 ./ci/setup-and-run.sh
+#                                  as a user, without root at all (also chosen
+#                                  when there is no sudo): the packages must be
+#                                  installed already; uiw up publishes in
+#                                  rootless mode (no /dev/infiniband node)
 #
 # What it does:
 #   1. installs the Debian packages of ci/packages.txt that are missing
@@ -87,12 +92,13 @@ if [[ ! -x "$uiw" ]]; then
 	exit 1
 fi
 
-if [[ $(id -u) -ne 0 ]]; then
-	if ! command -v sudo >/dev/null; then
-		echo "setup-and-run: publishing a device needs root once (it creates" \
-			"/dev/infiniband/uverbsN); run this script as root" >&2
-		exit 1
-	fi
+if [[ $(id -u) -ne 0 && "${UIW_ROOTLESS:-0}" != 1 ]] && ! command -v sudo >/dev/null; then
+	# No way to root: publish in rootless mode (uiw up as this user: no
+	# /dev/infiniband node; the shim that uiw run preloads stands in for it).
+	step "not root and no sudo: publishing in rootless mode"
+	export UIW_ROOTLESS=1
+fi
+if [[ $(id -u) -ne 0 && "${UIW_ROOTLESS:-0}" != 1 ]]; then
 	step "re-running as root with sudo (the build is done)"
 	exec sudo env "PATH=$PATH" UIW_SKIP_BUILD=1 UIW_SKIP_APT=1 \
 		"CARGO_PROFILE=${CARGO_PROFILE:-dev}" "CARGO_TARGET_DIR=$target_dir" \
