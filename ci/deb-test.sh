@@ -154,9 +154,14 @@ pair() {
 		ss -Htln "sport = :$port" | grep -q . && break
 		sleep 0.1
 	done
-	# The newest process of the server command inside the chroot.
-	local cpid
-	cpid=$(pgrep -n -f -- "${scmd#uiw run -- }" || true)
+	# The server program itself (uiw run execs it with these arguments; the
+	# `timeout` around it has them too, after its own). /proc directly: a clean
+	# root has no procps.
+	local cpid="" want=${scmd#uiw run -- } d cmd
+	for d in /proc/[0-9]*; do
+		cmd=$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null) || continue
+		[[ "$cmd" == "$want "* ]] && cpid=${d#/proc/}
+	done
 	for lib in $need; do
 		if [[ -n "$cpid" ]] && grep -q "$lib" "/proc/$cpid/maps" 2>/dev/null; then
 			maps="$maps ok:$(basename "$lib")"
