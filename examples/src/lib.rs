@@ -143,35 +143,44 @@ pub fn build_c_example(name: &str, out_dir: &Path) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("c")
         .join(format!("{name}.c"));
-    fs::create_dir_all(out_dir).expect("create the output directory");
-    let exe = out_dir.join(name);
-    // Tests of one binary build the same program in parallel: each compiles to a file of its
-    // own and renames it into place, so no test ever runs a half-written executable.
+    compile_c(&src, &out_dir.join(name), &["-libverbs"], "libibverbs-dev")
+}
+
+/// Compiles the C file `src` into `out` (`cc -O1 -g -Wall -Werror`, then `args`), or panics
+/// saying what failed and which Debian package (`dev_package`) is the likely cause.
+///
+/// Tests of one binary build the same program in parallel: each compiles to a file of its own
+/// and renames it into place, so no test ever runs (or loads) a half-written file.
+pub fn compile_c(src: &Path, out: &Path, args: &[&str], dev_package: &str) -> PathBuf {
+    let dir = out.parent().expect("an output path with a directory");
+    fs::create_dir_all(dir).expect("create the output directory");
     static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let tmp = out_dir.join(format!(
+    let name = out.file_name().expect("an output file name").to_string_lossy();
+    let tmp = dir.join(format!(
         ".{name}.{}.{}",
         std::process::id(),
         SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
     let cc = env::var("CC").unwrap_or_else(|_| "cc".into());
-    let out = Command::new(&cc)
+    let o = Command::new(&cc)
         .args(["-O1", "-g", "-Wall", "-Werror", "-o"])
         .arg(&tmp)
-        .arg(&src)
-        .arg("-libverbs")
+        .arg(src)
+        .args(args)
         .output()
         .unwrap_or_else(|e| panic!("cannot run the C compiler `{cc}`: {e}"));
-    if !out.status.success() {
+    if !o.status.success() {
+        let _ = fs::remove_file(&tmp);
         panic!(
-            "building {} failed ({}); is libibverbs-dev installed?\n{}{}",
+            "building {} failed ({}); is {dev_package} installed?\n{}{}",
             src.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+            o.status,
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
         );
     }
-    fs::rename(&tmp, &exe).expect("move the built program into place");
-    exe
+    fs::rename(&tmp, out).expect("move the built file into place");
+    out.to_path_buf()
 }
 
 /// Where device tests build programs and keep state directories: `UIW_EXAMPLES_OUT_DIR`

@@ -28,34 +28,17 @@ pub fn build_c(name: &str, shared: bool) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("c")
         .join(format!("{name}.c"));
-    let dir = out_dir();
-    std::fs::create_dir_all(&dir).expect("create the output directory");
-    let out = dir.join(if shared {
+    let out = out_dir().join(if shared {
         format!("lib{name}.so")
     } else {
         name.to_string()
     });
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let mut c = Command::new(&cc);
-    c.args(["-O1", "-g", "-Wall", "-Werror"]);
-    if shared {
-        c.args(["-shared", "-fPIC"]);
-    }
-    c.arg("-o").arg(&out).arg(&src);
-    if !shared {
-        c.args(["-lrdmacm", "-libverbs", "-lpthread"]);
-    }
-    let o = c
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run the C compiler `{cc}`: {e}"));
-    assert!(
-        o.status.success(),
-        "building {} failed; is librdmacm-dev installed?\n{}{}",
-        src.display(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    out
+    let args: &[&str] = if shared {
+        &["-shared", "-fPIC"]
+    } else {
+        &["-lrdmacm", "-libverbs", "-lpthread"]
+    };
+    uiw_examples::compile_c(&src, &out, args, "librdmacm-dev")
 }
 
 /// The built artifacts including the drop-in, or a panic saying what to build.
