@@ -3,12 +3,18 @@
 # veth pair, a uiw device published in each (own UIW_STATE_DIR), optional random frame loss.
 #
 #   ci/testbed.sh [-p PREFIX] up [--mtu 1500|9000] [--loss PCT] [--net A.B.C] [--ifname NAME]
-#                                [--uiw PATH]
+#                                [--uiw PATH] [--transport tcp|packet|xdp]
 #       create namespaces PREFIX-a and PREFIX-b, a veth pair (NAME in each, default veth0),
 #       addresses A.B.C.1/24 on host A and A.B.C.2/24 on host B (default 198.51.100, the
 #       RFC 5737 TEST-NET-2 range: it exists only inside these two namespaces), bring
 #       everything up and run `uiw up --netdev NAME` in each with UIW_STATE_DIR=STATE/{a,b}.
 #       The uiw device is uiw_NAME on both hosts. --loss as for `loss both PCT`.
+#       --transport is passed to `uiw up` (default tcp); for packet and xdp the veths'
+#       offloads (tx checksum, TSO, GSO, GRO) are turned off first, as uiw's userspace TCP
+#       needs (needs ethtool). uiw does not carry QPs over packet/xdp yet: `uiw up` refuses
+#       them (EOPNOTSUPP) and so does `up` here. The raw transports' own tests build their
+#       namespaces in Rust (rawnet/src/testbed.rs). Note: nftables loss applies to what a
+#       host's kernel sends; raw-socket frames pass no netfilter hook.
 #   ci/testbed.sh [-p PREFIX] run a|b [--] CMD [ARGS...]
 #       run CMD on host A/B under `uiw run` (exec: the PID you get is CMD's)
 #   ci/testbed.sh [-p PREFIX] exec a|b [--] CMD [ARGS...]
@@ -115,7 +121,7 @@ teardown() {
 
 case $cmd in
 up)
-	mtu=1500 loss=0 net=198.51.100 ifname=veth0
+	mtu=1500 loss=0 net=198.51.100 ifname=veth0 transport=tcp
 	uiw=${UIW:-}
 	while [[ $# -gt 0 ]]; do
 		case $1 in
@@ -124,6 +130,7 @@ up)
 		--net) net=$2; shift 2 ;;
 		--ifname) ifname=$2; shift 2 ;;
 		--uiw) uiw=$2; shift 2 ;;
+		--transport) transport=$2; shift 2 ;;
 		*) die "up: unknown option $1" ;;
 		esac
 	done
@@ -131,6 +138,8 @@ up)
 	[[ $mtu =~ ^[0-9]+$ && $mtu -ge 1280 && $mtu -le 65535 ]] || die "--mtu $mtu: give 1280..65535 (1500, 9000)"
 	[[ $net =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "--net $net: give three octets, e.g. 198.51.100"
 	[[ ${#ifname} -le 15 ]] || die "--ifname: at most 15 characters"
+	[[ $transport =~ ^(tcp|packet|xdp)$ ]] || die "--transport $transport: say tcp, packet or xdp"
+	[[ $transport == tcp ]] || command -v ethtool >/dev/null || die "--transport $transport needs ethtool (apt-get install ethtool)"
 	command -v nft >/dev/null || die "nftables is not installed (apt-get install nftables)"
 	if [[ -z $uiw ]]; then
 		for p in "$repo/target/${CARGO_PROFILE:-debug}/uiw" "$repo/target/debug/uiw" "$repo/target/release/uiw"; do
@@ -174,9 +183,15 @@ EOF
 			ip -n "$ns_b" -o link show "$ifname" | grep -q 'state UP'; then break; fi
 		sleep 0.1
 	done
+	if [[ $transport != tcp ]]; then
+		# uiw's userspace TCP computes every checksum and needs frames no larger than the MTU.
+		for h in a b; do
+			ip netns exec "$(ns_of $h)" ethtool -K "$ifname" tx off tso off gso off gro off >/dev/null
+		done
+	fi
 	for h in a b; do
 		st=$([[ $h == a ]] && echo "$TB_STATE_A" || echo "$TB_STATE_B")
-		ip netns exec "$(ns_of $h)" env UIW_STATE_DIR="$st" "$uiw" up --netdev "$ifname" >/dev/null
+		ip netns exec "$(ns_of $h)" env UIW_STATE_DIR="$st" "$uiw" up --netdev "$ifname" --transport "$transport" >/dev/null
 	done
 	[[ $loss == 0 ]] || { set_loss "$ns_a" "$loss"; set_loss "$ns_b" "$loss"; }
 	trap - ERR
