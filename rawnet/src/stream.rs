@@ -218,6 +218,27 @@ impl RawStream {
             t.close();
         }
     }
+
+    /// Close the sending direction and wait (up to `timeout`) until the peer has
+    /// acknowledged every byte and the FIN — what SO_LINGER does for a kernel socket. The
+    /// transport must outlive this for the bytes to get there.
+    pub fn linger(&self, timeout: Duration) -> io::Result<()> {
+        let end = Instant::now() + timeout;
+        let mut host = self.shared.lock();
+        if let Some(t) = host.stack.tcb(self.h) {
+            t.close();
+        }
+        loop {
+            host.poll(64)?;
+            let t = host.stack.tcb(self.h).ok_or_else(gone)?;
+            match t.state() {
+                State::FinWait2 | State::TimeWait | State::Closed if t.send_queued() == 0 => return Ok(()),
+                State::Closed => return Err(gone()),
+                _ => {}
+            }
+            host = wait(&self.shared, host, end)?;
+        }
+    }
 }
 
 fn gone() -> io::Error {

@@ -72,9 +72,8 @@ fn passive(kind: Kind) {
         let mut got = Vec::new();
         s.read_to_end(&mut got).unwrap();
         s.write_all(&got).unwrap();
-        s.shutdown_write();
-        // Stay until the kernel has read everything (its read ends at our FIN).
-        std::thread::sleep(Duration::from_millis(500));
+        // Every byte and the FIN acknowledged before the transport goes away.
+        s.linger(Duration::from_secs(60)).unwrap();
         got.len()
     });
     rx.recv().unwrap();
