@@ -159,6 +159,9 @@ pub struct Config {
     /// own flow control holds the peer back — the local counterpart of InfiniBand's RNR
     /// retry, which iWARP lacks on the wire. Past the wait: the same Terminate.
     pub rnr_wait_ms: u64,
+    /// Split messages into near-equal FPDUs within MULPDU ([`Segmenter::even`]) instead of
+    /// full ones and a short tail (siw's way, the default: its captures match byte for byte).
+    pub even_segments: bool,
 }
 
 impl Config {
@@ -182,6 +185,7 @@ impl Config {
             manual_accept: false,
             max_rx_ulpdu: mpa::MAX_ULPDU,
             rnr_wait_ms: 0,
+            even_segments: false,
         }
     }
 }
@@ -573,6 +577,7 @@ pub struct Connection {
     rtr_kind: Option<RtrKind>,
     // transmit
     mulpdu: usize,
+    even_segments: bool,
     crc: bool,
     sq: VecDeque<Posted>,
     /// Send-queue completions in posting order: slot i is sequence
@@ -638,6 +643,7 @@ impl Connection {
             mpa_out: Vec::new(),
             rtr_kind: None,
             mulpdu: mpa::mulpdu(cfg.mss),
+            even_segments: cfg.even_segments,
             crc: false,
             sq: VecDeque::new(),
             sq_slots: VecDeque::new(),
@@ -1220,6 +1226,15 @@ impl Connection {
         self.counters.tx_msgs += 1;
     }
 
+    /// The segmenter of one outgoing message (see [`Config::even_segments`]).
+    fn segmenter(&self, op: Opcode, target: Target, len: u32, mulpdu: usize) -> Segmenter {
+        if self.even_segments {
+            Segmenter::even(op, target, len, mulpdu)
+        } else {
+            Segmenter::new(op, target, len, mulpdu)
+        }
+    }
+
     fn control_fpdu(&self, ddp: &DdpHeader, body: &[u8], payload: &[u8]) -> Vec<u8> {
         let mut v = Vec::new();
         segment::encode_fpdu(ddp, body, payload, self.crc, &mut v);
@@ -1267,7 +1282,7 @@ impl Connection {
                     rsvd_ulp: flags.invalidate.unwrap_or(0),
                 };
                 self.cur_tx = Some(OutMsg {
-                    seg: Segmenter::new(op, target, len, self.mulpdu),
+                    seg: self.segmenter(op, target, len, self.mulpdu),
                     source: Source::Wr { wr_id, offset: 0 },
                     on_done: Some((seq, Completion::new(wr_id, wc, WcStatus::Success, len))),
                     pre,
@@ -1286,7 +1301,7 @@ impl Connection {
                     self.control_message(qn::SEND, Opcode::ImmediateData, &[], &v.to_be_bytes())
                 });
                 self.cur_tx = Some(OutMsg {
-                    seg: Segmenter::new(
+                    seg: self.segmenter(
                         Opcode::Write,
                         Target::Tagged { stag, to },
                         len,
@@ -2057,7 +2072,7 @@ impl Connection {
                 self.rx_msn[qn::READ_REQUEST as usize] += 1;
                 self.irq_busy += 1;
                 self.rsp.push_back(TxItem::Msg(OutMsg {
-                    seg: Segmenter::new(
+                    seg: self.segmenter(
                         Opcode::ReadResponse,
                         Target::Tagged {
                             stag: rr.sink_stag,

@@ -288,6 +288,20 @@ impl Segmenter {
         }
     }
 
+    /// Like [`Segmenter::new`], but a message that needs k segments is split into k of nearly
+    /// the same size (rounded up to 4 bytes: no pad) instead of k-1 full ones and a tail that
+    /// may be a few bytes long (a 64 KiB message over loopback's MSS: 65460 + 76 bytes), which
+    /// costs the receiver a segment, and often a system call, for those few bytes. The count
+    /// of segments is the same; RFC 5044 leaves FPDU sizes within MULPDU to the sender.
+    pub fn even(op: Opcode, target: Target, len: u32, mulpdu: usize) -> Segmenter {
+        let mut s = Segmenter::new(op, target, len, mulpdu);
+        if len > s.max_payload {
+            let k = len.div_ceil(s.max_payload);
+            s.max_payload = len.div_ceil(k).next_multiple_of(4).min(s.max_payload);
+        }
+        s
+    }
+
     pub fn remaining(&self) -> u32 {
         self.total - self.offset
     }
@@ -582,6 +596,28 @@ mod tests {
         assert_eq!(out, RTR);
         for i in 0..RTR.len() {
             assert!(parse_fpdu(&RTR[..i]).is_err());
+        }
+    }
+
+    #[test]
+    fn even_segments_have_no_tiny_tail() {
+        let m = mulpdu(1460);
+        let t = Target::Tagged { stag: 1, to: 0 };
+        let sizes = |len| Segmenter::even(Opcode::Write, t, len, m).map(|p| p.payload_len).collect::<Vec<u32>>();
+        assert_eq!(sizes(4000), [1336, 1336, 1328]);
+        assert_eq!(sizes(1437), [720, 717]);
+        assert_eq!(sizes(1436), [1436]);
+        assert_eq!(sizes(0), [0]);
+        // Loopback's MSS: 64 KiB in two halves, not 65460 + 76.
+        let big = |len| Segmenter::even(Opcode::Write, t, len, mulpdu(65483)).map(|p| p.payload_len).collect::<Vec<u32>>();
+        assert_eq!(big(65536), [32768, 32768]);
+        for len in [1u32, 1435, 1436, 1437, 2872, 2873, 65536, 1 << 20] {
+            let p = sizes(len);
+            assert_eq!(p.iter().sum::<u32>(), len);
+            assert_eq!(p.len() as u32, len.div_ceil(1436), "{len}: as many segments as full ones");
+            assert!(p.iter().all(|&n| n <= 1436));
+            let (lo, hi) = (*p.iter().min().unwrap(), *p.iter().max().unwrap());
+            assert!(hi - lo <= 4 * p.len() as u32, "{len}: {p:?}");
         }
     }
 

@@ -118,7 +118,7 @@ impl Qp {
     fn settle(&self) {
         std::sync::atomic::fence(Ordering::SeqCst);
         if self.kick.load(Ordering::SeqCst) {
-            self.serve();
+            self.serve(false);
         }
     }
 
@@ -127,7 +127,11 @@ impl Qp {
     /// holds the QP: that thread serves the stream again before it lets go (`kick`, then
     /// `settle`), so no arrival waits for a timer. Returns `More` when the receive budget ran
     /// out with input left (the progress thread comes back to it after the other QPs).
-    pub fn serve(&self) -> Progress {
+    ///
+    /// `rotate`: the progress thread, which comes back to a QP whose receive budget ran out
+    /// after the other QPs; an application thread serves on (letting go of the QP between
+    /// budgets, so that a thread posting to it gets in).
+    pub fn serve(&self, rotate: bool) -> Progress {
         self.kick.store(true, Ordering::SeqCst);
         std::sync::atomic::fence(Ordering::SeqCst);
         loop {
@@ -147,7 +151,11 @@ impl Qp {
             }
             drop(inner);
             if more {
-                return Progress::More;
+                if rotate {
+                    return Progress::More;
+                }
+                self.kick.store(true, Ordering::SeqCst);
+                continue;
             }
             std::sync::atomic::fence(Ordering::SeqCst);
             if !self.kick.load(Ordering::SeqCst) {
@@ -379,7 +387,7 @@ impl Qp {
 
     /// `ibv_poll_cq` found nothing: serve the stream here unless another thread is at it.
     pub fn try_progress(&self) {
-        self.serve();
+        self.serve(false);
     }
 
     fn pump_locked(&self, inner: &mut QpInner) -> Option<(bool, Option<Fatal>)> {
@@ -679,12 +687,38 @@ impl Qp {
     /// ERROR the WR completes at once, flushed; before RTR it is refused (EINVAL). Posted before
     /// the stream is up, it waits.
     pub fn post_send(&self, wqe: SendWqe) -> std::result::Result<(), PostError> {
-        let r = self.post_send_unsettled(wqe);
+        let r = self.post_send_unsettled(wqe, true);
         self.settle();
         r
     }
 
-    fn post_send_unsettled(&self, wqe: SendWqe) -> std::result::Result<(), PostError> {
+    /// One WR of a posted chain: queued, sent by [`Qp::doorbell`] at the end of the chain
+    /// (one `sendmsg` for many WRs' FPDUs).
+    pub fn post_send_deferred(&self, wqe: SendWqe) -> std::result::Result<(), PostError> {
+        let r = self.post_send_unsettled(wqe, false);
+        self.settle();
+        r
+    }
+
+    /// The end of a posted chain: sends what it queued.
+    pub fn doorbell(&self) {
+        let mut inner = self.inner.lock();
+        if matches!(inner.attrs.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            let env = self.env(inner.attrs.qp_access_flags);
+            let f = inner.dp.doorbell(&env);
+            self.sync_stats(&mut inner);
+            if let Some(f) = f {
+                self.fail_locked(inner, f);
+                self.settle();
+                return;
+            }
+        }
+        // Let go of the QP before settling: news that came meanwhile is served here.
+        drop(inner);
+        self.settle();
+    }
+
+    fn post_send_unsettled(&self, wqe: SendWqe, ring: bool) -> std::result::Result<(), PostError> {
         use super::wr::{opcode, Payload};
         if wqe.opcode > opcode::SEND_WITH_INV || wqe.opcode == opcode::BIND_MW {
             return Err(if wqe.opcode > opcode::SEND_WITH_INV { PostError::BadOpcode } else { PostError::Unsupported });
@@ -708,7 +742,7 @@ impl Qp {
             // RTR and posts credit Writes.
             QpState::Rtr | QpState::Rts | QpState::Sqd => {
                 let env = self.env(inner.attrs.qp_access_flags);
-                let r = inner.dp.post_send(&env, wqe, self.cap.max_send_wr);
+                let r = inner.dp.post_send(&env, wqe, self.cap.max_send_wr, ring);
                 // An idle stream sends at once, from here.
                 self.sync_stats(&mut inner);
                 if let Some(f) = r? {
@@ -746,7 +780,7 @@ impl Endpoint for Qp {
         if hup {
             self.hup.store(true, Ordering::Release);
         }
-        self.serve()
+        self.serve(true)
     }
     fn offer(&self, net: &Net, hello: QpHello, p: Pending) -> std::result::Result<(), Pending> {
         Qp::offer(self, net, hello, p)

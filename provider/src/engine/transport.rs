@@ -158,6 +158,7 @@ pub fn config(role: Role, ird: u16, ord: u16, private_data: Vec<u8>, mss: usize)
     c.manual_accept = role == Role::Responder;
     c.mpa_timeout_ms = mpa_timeout_ms();
     c.rnr_wait_ms = RNR_WAIT_MS;
+    c.even_segments = true;
     c
 }
 

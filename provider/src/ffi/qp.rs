@@ -442,13 +442,17 @@ pub(super) unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr,
     guard(libc::EFAULT, || {
         // SAFETY: qp is ours.
         let obj = &unsafe { uiw_qp(qp) }.obj;
-        post_chain(wr, bad, |w| {
-            let r = send_wqe(w, obj.cap.max_inline_data).and_then(|s| obj.post_send(s));
+        // One doorbell for the chain: its WRs' FPDUs leave in as few sendmsg calls as the
+        // socket takes (also when the chain stops at a bad WR: those before it are posted).
+        let r = post_chain(wr, bad, |w| {
+            let r = send_wqe(w, obj.cap.max_inline_data).and_then(|s| obj.post_send_deferred(s));
             if let Err(e) = r {
                 crate::uiw_log!(Info, "ibv_post_send(qp 0x{:06x}, opcode {}): {e:?} in {:?}", obj.qpn, w.opcode, obj.state());
             }
             r
-        })
+        });
+        obj.doorbell();
+        r
     })
 }
 
@@ -495,12 +499,16 @@ unsafe extern "C" fn wr_complete(qx: *mut ibv_qp_ex) -> c_int {
     guard(libc::EFAULT, || {
         let u = unsafe { uiw_qp(qx as *mut ibv_qp) };
         let list = std::mem::take(&mut *u.building.lock());
+        let mut r = 0;
         for w in list {
-            if let Err(e) = u.obj.post_send(w) {
-                return e.errno();
+            if let Err(e) = u.obj.post_send_deferred(w) {
+                r = e.errno();
+                break;
             }
         }
-        0
+        // One doorbell for the batch, as for an ibv_post_send chain.
+        u.obj.doorbell();
+        r
     })
 }
 unsafe extern "C" fn wr_abort(qx: *mut ibv_qp_ex) {
