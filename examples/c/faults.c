@@ -60,6 +60,8 @@
  *   -t SEC    survivor: seconds to wait for the flush after the first error,
  *             and for the async event (default 8)
  *   -T SEC    give up if nothing goes wrong for this long (default 30)
+ *   -L        survivor: listen on every address, not only 127.0.0.1 (for a peer on
+ *             another host, e.g. in another network namespace)
  *
  * Build: cc -O1 -g -Wall -Wextra -Werror -o faults faults.c -libverbs
  */
@@ -176,6 +178,7 @@ struct config {
 	int use_events;
 	int flush_timeout_s;
 	int give_up_s;
+	int listen_any;
 };
 
 /* Buffer layout (both sides): RDMA Writes land in (and RDMA Reads fetch
@@ -298,7 +301,7 @@ static void recv_dest(int fd, struct dest *d)
 	d->pid = pid;
 }
 
-static int listen_on(int port)
+static int listen_on(int port, int any)
 {
 	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
 	int one = 1, fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -306,9 +309,9 @@ static int listen_on(int port)
 	if (fd < 0)
 		die("socket: %s", strerror(errno));
 	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	a.sin_addr.s_addr = htonl(any ? INADDR_ANY : INADDR_LOOPBACK);
 	if (bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 1))
-		die("listen on 127.0.0.1:%d: %s", port, strerror(errno));
+		die("listen on port %d: %s", port, strerror(errno));
 	say("LISTENING %d", port);
 	return fd;
 }
@@ -1061,7 +1064,7 @@ static void usage(void)
 	fprintf(stderr,
 		"usage: faults -r survivor -m stream|sink -p PORT [options]\n"
 		"       faults -r peer -m stream|sink -p PORT -a kill|error|exit [options] HOST\n"
-		"options: -d DEV -g GIDX -s N -k N -e required|optional -w -R -t SEC -T SEC\n");
+		"options: -d DEV -g GIDX -s N -k N -e required|optional -w -R -t SEC -T SEC -L\n");
 	exit(2);
 }
 
@@ -1111,7 +1114,7 @@ int main(int argc, char **argv)
 	int opt, sock, have_mode = 0, have_role = 0;
 
 	memset(&c, 0, sizeof c);
-	while ((opt = getopt(argc, argv, "r:m:a:d:p:g:s:k:e:wRt:T:")) != -1) {
+	while ((opt = getopt(argc, argv, "r:m:a:d:p:g:s:k:e:wRt:T:L")) != -1) {
 		switch (opt) {
 		case 'r':
 			have_role = 1;
@@ -1176,6 +1179,9 @@ int main(int argc, char **argv)
 		case 'T':
 			cfg.give_up_s = atoi(optarg);
 			break;
+		case 'L':
+			cfg.listen_any = 1;
+			break;
 		default:
 			usage();
 		}
@@ -1197,7 +1203,7 @@ int main(int argc, char **argv)
 	 * test must see that. Our own socket writes use MSG_NOSIGNAL. */
 
 	if (cfg.role == SURVIVOR) {
-		int lfd = listen_on(cfg.port);
+		int lfd = listen_on(cfg.port, cfg.listen_any);
 
 		open_device(&c, &cfg);
 		sock = accept(lfd, NULL, NULL);

@@ -481,3 +481,93 @@ fn hijack_is_refused_and_the_real_peer_connects() {
     victim.quit();
     real.quit();
 }
+
+#[test]
+fn unreachable_peer_fails_the_qp_with_an_async_event() {
+    let Some((_l, dev)) = setup("unreachable_peer_fails_the_qp_with_an_async_event") else { return };
+    let mut t = Target::start(&dev, "unreachable", port_base(), &[]);
+    // A peer QP number above ours, so this QP opens the stream — to a slot nobody listens on.
+    // ibv_modify_qp returns at once (no connect under the QP lock); the failure comes later.
+    assert_eq!(t.ask("PEER 127.0.0.1 0xfff001 5", "RTS").last().unwrap(), "RTS");
+    let lines = t.ask("WAIT 2000", "WAITED");
+    assert!(lines.iter().any(|l| l == &format!("EVENT type={QP_FATAL}")), "no QP_FATAL: {lines:?}");
+    let recvs: Vec<(u64, u32)> = Target::wcs(&lines).into_iter().filter(|(id, _)| *id > 1000).collect();
+    assert_eq!(recvs, (1001..=1004).map(|id| (id, WC_FLUSH)).collect::<Vec<_>>(), "{lines:?}");
+    assert_eq!(t.ask("STATE", "STATE"), vec![format!("STATE {IBV_QPS_ERR}")]);
+    t.quit();
+}
+
+/// The Terminates of the hostile cases, captured on the wire: Wireshark's iWARP dissectors
+/// decode every frame (ci/tshark-check.sh) and read each Terminate's layer/type/code as sent.
+#[test]
+fn terminates_decode_in_tshark() {
+    const TEST: &str = "terminates_decode_in_tshark";
+    let Some((_l, dev)) = setup(TEST) else { return };
+    if !uiw_examples::have_program("tshark") {
+        uiw_examples::skip(TEST, "tshark is not installed (apt-get install tshark)");
+        return;
+    }
+    let base = port_base();
+    let pcap = out_dir(env!("CARGO_TARGET_TMPDIR")).join("hostile-terminates.pcap");
+    let _ = std::fs::remove_file(&pcap);
+    let mut cap = std::process::Command::new("tshark");
+    cap.args(["-q", "-i", "lo", "-B", "64", "-f"]).arg(format!("tcp portrange {base}-{}", base + 3)).arg("-w").arg(&pcap);
+    let mut cap = Running::spawn("tshark", cap);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cap.lines().iter().any(|l| l.text.contains("Capturing on")) {
+        assert!(Instant::now() < deadline && cap.try_status().is_none(), "tshark did not start: {:?}", cap.lines());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // (case, expected (layer, etype, code))
+    let mut want = Vec::new();
+    let mut run = |name: &str, args: &[&str], act: &dyn Fn(&Target, &mut Peer), code: TermCode| {
+        let mut t = Target::start(&dev, name, base, args);
+        assert!(t.port <= base + 3, "{name}: target took port {}", t.port);
+        assert_eq!(t.ask(&format!("PEER 127.0.0.1 1 {}", 0x77), "RTS").last().unwrap(), "RTS");
+        let (mut p, ok) = Peer::connect(Ipv4Addr::LOCALHOST, t.port, &hello(t.qpn, 1, t.psn, Some(0x77)));
+        assert!(ok, "{name}: refused");
+        act(&t, &mut p);
+        let (body, _) = p.expect_terminate(name);
+        assert_eq!(term_code(&body).0, code, "{name}");
+        want.push((code.layer, code.etype, code.ecode));
+        t.quit();
+    };
+    run("write bad stag", &[], &|t, p| p.write(t.rkey ^ 0xff, t.addr, &[1; 16]), TermCode::DDP_T_INVALID_STAG);
+    run("write out of bounds", &[], &|t, p| p.write(t.rkey, t.addr + 4090, &[1; 16]), TermCode::DDP_T_BASE_BOUNDS);
+    run("send without receive", &["-n", "0"], &|_, p| p.send(b"hello"), TermCode::DDP_U_NO_BUFFER);
+    run("read bad stag", &[], &|t, p| p.read_request(t.rkey ^ 0xff, t.addr, 64), TermCode::RDMAP_INVALID_STAG);
+    std::thread::sleep(Duration::from_millis(500));
+    let _ = std::process::Command::new("kill").args(["-INT", &cap.pid().to_string()]).status();
+    cap.wait_until(Instant::now() + Duration::from_secs(20)).expect("tshark did not stop");
+    let check = uiw_examples::workspace_root().join("ci/tshark-check.sh");
+    let o = std::process::Command::new(check).arg("-r").arg(&pcap).output().expect("run ci/tshark-check.sh");
+    let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    println!("{text}");
+    assert!(o.status.success(), "tshark-check failed:\n{text}");
+    let o = std::process::Command::new("tshark")
+        .arg("-r")
+        .arg(&pcap)
+        .args(["--disable-heuristic", "rpcrdma_iwarp", "--disable-heuristic", "smb_direct_iwarp", "-Y", "iwarp_rdma.opcode == 7", "-T", "fields"])
+        // The dissector names the type and code fields by layer: the first non-empty of each
+        // group is the one that applies.
+        .args(["-e", "iwarp_rdma.term_layer"])
+        .args(["-e", "iwarp_rdma.term_etype_rdma", "-e", "iwarp_rdma.term_etype_ddp", "-e", "iwarp_rdma.term_etype_llp"])
+        .args(["-e", "iwarp_rdma.term_errcode_rdma", "-e", "iwarp_rdma.term_errcode_ddp_tagged"])
+        .args(["-e", "iwarp_rdma.term_errcode_ddp_untagged", "-e", "iwarp_rdma.term_errcode_llp"])
+        .output()
+        .expect("run tshark");
+    let num = |s: &str| -> u8 {
+        let s = s.trim();
+        s.strip_prefix("0x").map(|h| u8::from_str_radix(h, 16).unwrap()).unwrap_or_else(|| s.parse().unwrap())
+    };
+    let got: Vec<(u8, u8, u8)> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let f: Vec<&str> = l.split('\t').collect();
+            let first = |r: std::ops::Range<usize>| f.get(r).and_then(|g| g.iter().find(|x| !x.trim().is_empty()).copied()).unwrap_or_else(|| panic!("{l:?}"));
+            (num(f[0]), num(first(1..4)), num(first(4..8)))
+        })
+        .collect();
+    assert_eq!(got, want, "Terminates as tshark decodes them");
+}

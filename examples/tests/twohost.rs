@@ -107,3 +107,31 @@ fn perftest_across_a_lossy_veth() {
         );
     }
 }
+
+/// A peer whose address disappears in the middle of a transfer: no FIN, no RST, nothing. The
+/// survivor (streaming Writes and Sends) must see its QP fail — every WR completed in error,
+/// QP_FATAL — after about UIW_PEER_TIMEOUT (3 s here), not after TCP's 15 minutes; faults
+/// gives up (and fails) if nothing goes wrong for 20 s.
+#[test]
+fn a_vanished_peer_is_detected() {
+    let Some((_l, tb)) = testbed("a_vanished_peer_is_detected", &[]) else { return };
+    let exe = build_c_example("faults", &out_dir(env!("CARGO_TARGET_TMPDIR")));
+    let exe = exe.to_str().unwrap();
+    let mut cmd = tb.run_cmd(Host::B, &[exe, "-r", "survivor", "-m", "stream", "-p", "7473", "-d", &tb.dev, "-T", "20", "-t", "20", "-L"]);
+    cmd.env("UIW_PEER_TIMEOUT", "3");
+    let mut s = Running::spawn("survivor", cmd);
+    wait_listening(&tb, 7473, &s);
+    let mut cmd = tb.run_cmd(Host::A, &[exe, "-r", "peer", "-m", "sink", "-p", "7473", "-a", "kill", "-d", &tb.dev, &tb.addr_b]);
+    cmd.env("UIW_PEER_TIMEOUT", "3");
+    let _peer = Running::spawn("peer", cmd);
+    s.wait_for_line("STREAMING", Duration::from_secs(60)).unwrap_or_else(|e| panic!("{e}: {:?}", s.lines()));
+    let cut = Instant::now();
+    let o = tb.ctl(&["cut", "a"]);
+    assert!(o.status.success(), "cut: {}", uiw_examples::show(&o));
+    let st = s.wait_until(Instant::now() + Duration::from_secs(60));
+    let out = stdout(&s);
+    let first = s.lines().into_iter().find(|l| l.text.starts_with("FIRST_ERROR")).map(|l| l.at.saturating_duration_since(cut));
+    println!("survivor: first error {first:?} after the cut");
+    assert!(st.is_some_and(|st| st.success()), "survivor failed: {:?}\n{out}", failures(&out));
+    assert!(first.is_some(), "no FIRST_ERROR: {out}");
+}
