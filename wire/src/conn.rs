@@ -504,6 +504,8 @@ enum TxItem {
     Control {
         bytes: Vec<u8>,
         on_done: Option<(u64, Completion)>,
+        /// An Atomic Response: counted against IRD (`irq_busy`) until it goes out.
+        resp: bool,
     },
 }
 
@@ -1176,7 +1178,10 @@ impl Connection {
         }
         if let Some(item) = self.rsp.pop_front() {
             match item {
-                TxItem::Control { bytes, on_done } => {
+                TxItem::Control { bytes, on_done, resp } => {
+                    if resp {
+                        self.irq_busy = self.irq_busy.saturating_sub(1);
+                    }
                     if let Some((seq, c)) = on_done {
                         self.sq_complete(seq, c);
                     }
@@ -1210,8 +1215,16 @@ impl Connection {
                 );
                 return self.next_tx();
             }
-            if self.orq.iter().filter(|r| !r.rtr).count() >= ord {
-                return None; // wait for a Read Response (ORD)
+            if self.orq.iter().filter(|r| !r.rtr).count() + self.atomics.len() >= ord {
+                return None; // wait for a Read/Atomic Response (ORD)
+            }
+        }
+        if let SqWr::Atomic { .. } = front.wr {
+            // RFC 7306 §5: Atomic Requests count against the peer's IRD (our ORD) with the
+            // Reads; the responder Terminates a requester that overruns it.
+            let ord = self.neg.as_ref().map(|n| n.ord).unwrap_or(0) as usize;
+            if ord > 0 && self.orq.iter().filter(|r| !r.rtr).count() + self.atomics.len() >= ord {
+                return None;
             }
         }
         let wr = self.sq.pop_front().unwrap();
@@ -2032,6 +2045,7 @@ impl Connection {
                 self.rsp.push_back(TxItem::Control {
                     bytes: b,
                     on_done: None,
+                    resp: false,
                 });
             }
             _ => {}
@@ -2142,6 +2156,11 @@ impl Connection {
             Opcode::AtomicRequest => {
                 let a = AtomicRequest::parse(body)
                     .map_err(|_| Fault::echo(TermCode::DDP_LOCAL_CATASTROPHIC))?;
+                // RFC 7306 §5: Atomic Requests share the responder's IRD with Read Requests.
+                let ird = self.neg.as_ref().map(|n| n.ird).unwrap_or(0) as u32;
+                if self.irq_busy >= ird {
+                    return Err(Fault::echo(TermCode::RDMAP_CATASTROPHIC_STREAM));
+                }
                 let aop = a
                     .op()
                     .ok_or(Fault::echo(TermCode::RDMAP_UNEXPECTED_OPCODE))?;
@@ -2159,9 +2178,11 @@ impl Connection {
                 resp.encode(&mut b);
                 let bytes =
                     self.control_message(qn::ATOMIC_RESPONSE, Opcode::AtomicResponse, &b, &[]);
+                self.irq_busy += 1;
                 self.rsp.push_back(TxItem::Control {
                     bytes,
                     on_done: None,
+                    resp: true,
                 });
             }
             Opcode::AtomicResponse => {
@@ -2278,6 +2299,7 @@ impl Connection {
         self.rsp.push_back(TxItem::Control {
             bytes,
             on_done: None,
+            resp: false,
         });
         self.terminate_sent = true;
         // The work request in progress gets `local_status`.

@@ -1241,3 +1241,36 @@ fn local_work_request_completes_in_order() {
     let got: Vec<_> = c.iter().map(|c| (c.wr_id, c.opcode, c.status)).collect();
     assert_eq!(got, [(1, WcOpcode::RdmaRead, WcStatus::Success), (2, WcOpcode::LocalInv, WcStatus::Success)]);
 }
+
+#[test]
+fn inbound_atomics_count_against_ird() {
+    // RFC 7306 §5: Atomic Requests use the responder's IRD like Read Requests. A peer that
+    // sends a Read and an Atomic back to back against IRD 1 gets a Terminate.
+    let mut ca = Config::new(Role::Initiator);
+    ca.extensions = true;
+    let mut cb = Config::new(Role::Responder);
+    cb.extensions = true;
+    cb.ird = 1;
+    let (_a, mut b) = pair(ca, cb);
+    b.m.region(0xb00, 0, 4096, ALL);
+    let mut raw = Vec::new();
+    let rr = ReadRequest { sink_stag: 0xa00, sink_to: 0, size: 8, src_stag: 0xb00, src_to: 0 };
+    let mut body = [0u8; 28];
+    rr.encode(&mut body);
+    let d = DdpHeader::untagged(qn::READ_REQUEST, 1, 0, 0, true, RdmapCtrl::new(Opcode::ReadRequest));
+    encode_fpdu(&d, &body, &[], false, &mut raw);
+    let ar = uiw_wire::rdmap::AtomicRequest { op_word: 1, req_id: 7, stag: 0xb00, to: 8, add_swap: 1, ..Default::default() };
+    let mut body = [0u8; 52];
+    ar.encode(&mut body);
+    let d = DdpHeader::untagged(qn::ATOMIC_REQUEST, 1, 0, 0, true, RdmapCtrl::new(Opcode::AtomicRequest));
+    encode_fpdu(&d, &body, &[], false, &mut raw);
+    let mut off = 0;
+    while off < raw.len() {
+        off += b.c.handle_bytes(&raw[off..], &mut b.m);
+    }
+    let (sent, t) = b.terminate().expect("no Terminate for an atomic over IRD");
+    assert!(sent);
+    assert_eq!(t.code, TermCode::RDMAP_CATASTROPHIC_STREAM);
+    // The atomic was not performed.
+    assert_eq!(&b.m.bytes(0xb00)[8..16], &[0u8; 8]);
+}
