@@ -73,7 +73,8 @@ impl Context {
         if let Some(net) = n.as_ref() {
             return Ok(net.clone());
         }
-        let net = Net::acquire(self.user_mem).map_err(|e| {
+        let addrs: Vec<std::net::Ipv4Addr> = self.device.gids.iter().filter_map(super::device::gid_ipv4).collect();
+        let net = Net::acquire(self.user_mem, &addrs).map_err(|e| {
             eprintln!("uiw: cannot create a QP: {e}");
             Error::NoTransport
         })?;

@@ -55,13 +55,13 @@ pub const IBV_LINK_LAYER_ETHERNET: u8 = 2;
 // Device attributes (struct ibv_device_attr)
 // ---------------------------------------------------------------------------
 
-/// Maximum number of QPs per device.
+/// Maximum number of QPs per device: what one process can really create.
 ///
-/// siw allows 100 Ki; uiw keeps a per-process QP table and every RC QP owns a
-/// TCP connection (a file descriptor), so 32 Ki — already above the default
-/// `RLIMIT_NOFILE` hard limit on most distributions — is the most that can
-/// ever be used in practice.  A power of two keeps QP-number bookkeeping simple.
-pub const MAX_QP: u32 = 32_768;
+/// A QP number is `slot << 12 | index` (the slot names the process's listening port, see
+/// `transport.rs`), index 0 unused: 4095 QPs per process, and `ibv_create_qp` fails with
+/// ENOMEM at the 4096th. Every RC QP also owns a TCP connection (a file descriptor), so
+/// `RLIMIT_NOFILE` may bind first (the default soft limit, 1024).
+pub const MAX_QP: u32 = 4095;
 
 /// Maximum work requests per send or receive queue.
 ///

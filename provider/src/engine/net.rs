@@ -43,6 +43,12 @@ pub trait Endpoint: Send + Sync {
     fn next_timeout(&self) -> Option<u64>;
 }
 
+/// Accepted streams that may wait for their MPA Request at once (see [`Net::make_room`]).
+const MAX_PENDING: usize = 64;
+
+/// How long the listeners rest after `accept` ran out of file descriptors.
+const ACCEPT_PAUSE_MS: u64 = 100;
+
 /// How long a closing stream may take to deliver its last bytes and see the peer's FIN.
 const LINGER_MS: u64 = 2_000;
 
@@ -71,7 +77,12 @@ const KIND_MASK: u64 = 0xffff_ffff << 32;
 /// The process-wide transport.
 pub struct Net {
     epoll: Epoll,
-    listener: TcpListener,
+    /// One listening socket per address of the published devices (all on the port of our
+    /// slot), or one on 0.0.0.0 when no device has an IPv4 address.
+    listeners: Mutex<Vec<(Ipv4Addr, TcpListener)>>,
+    /// `accept` ran out of file descriptors: the listeners are out of the epoll set until
+    /// then (engine ms; 0: not paused), so that a readable listener cannot spin the thread.
+    accept_paused_until: AtomicU64,
     pub port_base: u16,
     pub slot: u32,
     qps: RwLock<HashMap<u32, Weak<dyn Endpoint>>>,
@@ -99,13 +110,17 @@ static NET: Mutex<Option<Running>> = Mutex::new(None);
 impl Net {
     /// The transport, started by its first user (listener bound, progress thread running).
     /// Each [`Net::acquire`] is paired with a [`Net::release`]; the last release stops it.
-    pub fn acquire(user_mem: &'static dyn UserMemory) -> Result<Arc<Net>, String> {
+    /// `addrs`: the IPv4 addresses of the user's device, which the listener binds (never
+    /// 0.0.0.0 while a device has an address: only a peer that can reach the published
+    /// address can reach a QP).
+    pub fn acquire(user_mem: &'static dyn UserMemory, addrs: &[Ipv4Addr]) -> Result<Arc<Net>, String> {
         let mut g = NET.lock();
         if let Some(r) = g.as_mut() {
             r.users += 1;
+            r.net.listen_on(addrs);
             return Ok(r.net.clone());
         }
-        let net = Arc::new(Net::start(user_mem)?);
+        let net = Arc::new(Net::start(user_mem, addrs)?);
         let n = net.clone();
         let thread = std::thread::Builder::new().name("uiw-progress".into()).spawn(move || n.run()).map_err(|e| e.to_string())?;
         *g = Some(Running { net: net.clone(), users: 1, thread: Some(thread) });
@@ -129,28 +144,43 @@ impl Net {
         }
     }
 
-    fn start(user_mem: &'static dyn UserMemory) -> Result<Net, String> {
+    fn start(user_mem: &'static dyn UserMemory, addrs: &[Ipv4Addr]) -> Result<Net, String> {
         let base = std::env::var("UIW_PORT_BASE").ok().and_then(|v| v.parse::<u16>().ok()).unwrap_or(DEFAULT_PORT_BASE);
+        let mut want: Vec<Ipv4Addr> = Vec::new();
+        for a in addrs {
+            if !want.contains(a) {
+                want.push(*a);
+            }
+        }
+        if want.is_empty() {
+            want.push(Ipv4Addr::UNSPECIFIED);
+        }
         let mut bound = None;
         for slot in 0..SLOTS {
             let Some(port) = u16::try_from(u32::from(base) + slot).ok() else {
                 break;
             };
-            if let Ok(l) = TcpListener::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port)) {
-                bound = Some((l, slot));
+            // The slot is ours if its port is free on every address.
+            let ls: Result<Vec<(Ipv4Addr, TcpListener)>, _> =
+                want.iter().map(|a| TcpListener::bind(SocketAddrV4::new(*a, port)).map(|l| (*a, l))).collect();
+            if let Ok(ls) = ls {
+                bound = Some((ls, slot));
                 break;
             }
         }
-        let (listener, slot) =
+        let (listeners, slot) =
             bound.ok_or_else(|| format!("no free TCP port in {base}..{} for QP numbers (set UIW_PORT_BASE)", u32::from(base) + SLOTS))?;
-        listener.set_nonblocking(true).map_err(|e| e.to_string())?;
         let epoll = Epoll::new().map_err(|e| e.to_string())?;
-        epoll.add(listener.as_raw_fd(), TOKEN_LISTENER, EPOLL_IN).map_err(|e| e.to_string())?;
+        for (_, l) in &listeners {
+            l.set_nonblocking(true).map_err(|e| e.to_string())?;
+            epoll.add(l.as_raw_fd(), TOKEN_LISTENER, EPOLL_IN).map_err(|e| e.to_string())?;
+        }
         let waker = UnixStream::pair().map_err(|e| e.to_string())?;
         epoll.add(waker.1.as_raw_fd(), TOKEN_WAKE, EPOLL_IN).map_err(|e| e.to_string())?;
         Ok(Net {
             epoll,
-            listener,
+            listeners: Mutex::new(listeners),
+            accept_paused_until: AtomicU64::new(0),
             port_base: base,
             slot,
             qps: RwLock::new(HashMap::new()),
@@ -274,16 +304,96 @@ impl Net {
         let _ = (&self.waker.0).write(b"w");
     }
 
+    /// Another device's addresses: listen there too, on the same port (a QP number names the
+    /// port, whatever the address).
+    fn listen_on(&self, addrs: &[Ipv4Addr]) {
+        let mut ls = self.listeners.lock();
+        if ls.iter().any(|(a, _)| a.is_unspecified()) {
+            return;
+        }
+        let port = self.port_base + self.slot as u16;
+        for a in addrs {
+            if ls.iter().any(|(b, _)| b == a) {
+                continue;
+            }
+            match TcpListener::bind(SocketAddrV4::new(*a, port)) {
+                Ok(l) => {
+                    let _ = l.set_nonblocking(true);
+                    if self.accept_paused_until.load(Ordering::Acquire) == 0 {
+                        let _ = self.epoll.add(l.as_raw_fd(), TOKEN_LISTENER, EPOLL_IN);
+                    }
+                    ls.push((*a, l));
+                }
+                Err(e) => crate::uiw_log!(Warn, "cannot listen on {a}:{port} for QPs: {e}"),
+            }
+        }
+    }
+
     fn accept_all(&self) {
-        while let Ok((sock, _)) = self.listener.accept() {
+        let mut accepted = Vec::new();
+        let mut exhausted = false;
+        for (_, l) in self.listeners.lock().iter() {
+            loop {
+                match l.accept() {
+                    Ok((sock, _)) => accepted.push(sock),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    // Out of descriptors (or memory): the connection stays in the backlog and
+                    // the listener readable; looking again at once would spin.
+                    Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)) => {
+                        exhausted = true;
+                        break;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    // ECONNABORTED and the like: that connection is gone, the next may be fine.
+                    Err(_) => {}
+                }
+            }
+        }
+        if exhausted {
+            self.pause_accepting();
+        }
+        for sock in accepted {
             let Ok(mss) = prepare(&sock) else { continue };
             let conn = Connection::new(config(Role::Responder, 0, 0, Vec::new(), mss), now_ms());
             let id = self.next_pending.fetch_add(1, Ordering::Relaxed);
             if self.epoll.add(sock.as_raw_fd(), KIND_PENDING | id, EPOLL_SOCKET_EDGE).is_err() {
                 continue;
             }
+            self.make_room();
             self.pending.lock().insert(id, (Pending::new(conn, sock), None));
             self.serve_pending(id);
+        }
+    }
+
+    /// Takes the listeners out of the epoll set for [`ACCEPT_PAUSE_MS`] (the sweep puts them
+    /// back) and drops the oldest stream still waiting for its MPA Request, freeing a
+    /// descriptor.
+    fn pause_accepting(&self) {
+        crate::uiw_log!(Warn, "out of file descriptors: not accepting QP connections for {ACCEPT_PAUSE_MS} ms");
+        for (_, l) in self.listeners.lock().iter() {
+            let _ = self.epoll.delete(l.as_raw_fd());
+        }
+        self.accept_paused_until.store(now_ms() + ACCEPT_PAUSE_MS, Ordering::Release);
+        self.drop_oldest_pending();
+        self.wake();
+    }
+
+    fn drop_oldest_pending(&self) {
+        let mut pending = self.pending.lock();
+        let oldest = pending.iter().filter(|(_, (_, cm))| cm.is_none()).map(|(id, _)| *id).min();
+        if let Some(id) = oldest {
+            if let Some((p, _)) = pending.remove(&id) {
+                self.unwatch(&p.sock);
+            }
+        }
+    }
+
+    /// At most [`MAX_PENDING`] accepted streams wait for their MPA Request: the oldest goes
+    /// (a flood of stalled connections cannot take every descriptor).
+    fn make_room(&self) {
+        let n = self.pending.lock().values().filter(|(_, cm)| cm.is_none()).count();
+        if n >= MAX_PENDING {
+            self.drop_oldest_pending();
         }
     }
 
@@ -398,6 +508,17 @@ impl Net {
                 next = Some(next.map_or(t, |n| n.min(t)));
             }
         };
+        let paused = self.accept_paused_until.load(Ordering::Acquire);
+        if paused != 0 {
+            if now >= paused {
+                self.accept_paused_until.store(0, Ordering::Release);
+                for (_, l) in self.listeners.lock().iter() {
+                    let _ = self.epoll.add(l.as_raw_fd(), TOKEN_LISTENER, EPOLL_IN);
+                }
+            } else {
+                due(Some(paused));
+            }
+        }
         let ids: Vec<u64> = self.closing.lock().iter().filter(|(_, l)| now >= l.deadline).map(|(id, _)| *id).collect();
         for id in ids {
             self.serve_closing(id, now);

@@ -2286,7 +2286,7 @@ mod tests {
             }
         );
         assert_eq!(e.errno(), errno::ENOMEM);
-        assert!(format!("{e}").contains("32768"));
+        assert!(format!("{e}").contains("4095"));
     }
 
     #[test]

@@ -317,6 +317,11 @@ mod tests {
     }
 
     #[test]
+    fn max_qp_is_what_the_qp_number_space_holds() {
+        assert_eq!(crate::engine::limits::MAX_QP, INDEXES - 1);
+    }
+
+    #[test]
     fn qpn_names_the_port() {
         assert_eq!(qp_address(Ipv4Addr::LOCALHOST, 0x003005, 20000), Some(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 20003)));
         assert_eq!(qp_address(Ipv4Addr::LOCALHOST, 0xfff001, 65000), None);

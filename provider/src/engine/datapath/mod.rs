@@ -397,7 +397,13 @@ impl DataPath {
     pub fn post_recv(&mut self, env: &Env, wqe: RecvWqe, from_srq: bool) -> Option<Fatal> {
         let id = self.next_id();
         let len = wqe.sges.iter().map(|s| u64::from(s.length)).sum::<u64>().min(u64::from(u32::MAX)) as u32;
-        let (runs, bad) = match resolve(env.mrs, env.pd, &wqe.sges, access::LOCAL_WRITE) {
+        // A receive from an SRQ was posted with the SRQ's protection domain, which may differ
+        // from the QP's: its lkeys are checked against the SRQ's (as the kernel does).
+        let pd = match (from_srq, env.srq) {
+            (true, Some(srq)) => srq.pd,
+            _ => env.pd,
+        };
+        let (runs, bad) = match resolve(env.mrs, pd, &wqe.sges, access::LOCAL_WRITE) {
             Ok(r) => (r, false),
             Err(e) => {
                 crate::engine::debug::why(format_args!(
