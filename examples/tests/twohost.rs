@@ -7,7 +7,7 @@
 use std::ffi::OsString;
 use std::time::{Duration, Instant};
 
-use uiw_examples::pair::Running;
+use uiw_examples::pair::{Finished, Running};
 use uiw_examples::testbed::{Host, Testbed};
 use uiw_examples::{build_c_example, device_lock, device_test_artifacts, failures, have_program, out_dir, parse_summary, skip};
 
@@ -38,21 +38,16 @@ fn wait_listening(tb: &Testbed, port: u16, s: &Running) {
 }
 
 /// Runs a server on B and, once it listens on `port`, its client on A, both to completion
-/// within `limit`.
-fn pair(tb: &Testbed, server: &[OsString], client: &[OsString], port: u16, limit: Duration) -> (Running, Running) {
+/// within `limit` (all of their output read).
+fn pair(tb: &Testbed, server: &[OsString], client: &[OsString], port: u16, limit: Duration) -> (Finished, Finished) {
     let s = Running::spawn("server", tb.run_cmd(Host::B, server));
     wait_listening(tb, port, &s);
-    let mut s = s;
-    let mut c = Running::spawn("client", tb.run_cmd(Host::A, client));
+    let c = Running::spawn("client", tb.run_cmd(Host::A, client));
     let deadline = Instant::now() + limit;
-    let cs = c.wait_until(deadline);
-    let ss = s.wait_until(deadline);
-    assert!(cs.is_some() && ss.is_some(), "did not finish within {limit:?}\nserver: {:?}\nclient: {:?}", s.lines(), c.lines());
+    let c = c.finish(deadline);
+    let s = s.finish(deadline);
+    assert!(!c.timed_out && !s.timed_out, "did not finish within {limit:?}\nserver: {}\nclient: {}", s.stdout, c.stdout);
     (s, c)
-}
-
-fn stdout(r: &Running) -> String {
-    r.lines().into_iter().filter(|l| l.stream == uiw_examples::pair::Stream::Stdout).map(|l| l.text + "\n").collect()
 }
 
 fn os(v: &[&str]) -> Vec<OsString> {
@@ -64,17 +59,16 @@ fn integrity_across_a_lossy_veth() {
     let Some((_l, tb)) = testbed("integrity_across_a_lossy_veth", &["--loss", "1"]) else { return };
     let exe = build_c_example("integrity", &out_dir(env!("CARGO_TARGET_TMPDIR")));
     let exe = exe.to_str().unwrap();
-    let (mut s, mut c) = pair(
+    let (s, c) = pair(
         &tb,
         &os(&[exe, "-s", "-p", "7471", "-d", &tb.dev]),
         &os(&[exe, "-c", &tb.addr_b, "-p", "7471", "-d", &tb.dev]),
         7471,
         Duration::from_secs(300),
     );
-    for (side, r) in [("server", &mut s), ("client", &mut c)] {
-        let out = stdout(r);
-        let sum = parse_summary(&out).unwrap_or_else(|| panic!("{side}: no summary\n{:?}", r.lines()));
-        assert!(sum.failed == 0 && sum.passed > 2000, "{side}: {sum:?}: {:?}", failures(&out));
+    for (side, r) in [("server", &s), ("client", &c)] {
+        let sum = parse_summary(&r.stdout).unwrap_or_else(|| panic!("{side}: no summary\n{}\n{}", r.stdout, r.stderr));
+        assert!(sum.failed == 0 && sum.passed > 2000, "{side}: {sum:?}: {:?}", failures(&r.stdout));
     }
     // The loss really happened.
     let rules = tb.ctl(&["exec", "a", "nft", "list", "ruleset"]);
@@ -98,12 +92,13 @@ fn perftest_across_a_lossy_veth() {
         let mut cv = sv.clone();
         cv.push(&tb.addr_b);
         let (s, c) = pair(&tb, &os(&sv), &os(&cv), 7472, Duration::from_secs(120));
-        let out = stdout(&c);
         assert!(
-            out.lines().any(|l| l.split_whitespace().next() == Some("65536") && l.split_whitespace().nth(1) == Some("1000")),
-            "{prog}: no result line\nclient: {:?}\nserver: {:?}",
-            c.lines(),
-            s.lines()
+            c.stdout.lines().any(|l| l.split_whitespace().next() == Some("65536") && l.split_whitespace().nth(1) == Some("1000")),
+            "{prog}: no result line\nclient: {}{}\nserver: {}{}",
+            c.stdout,
+            c.stderr,
+            s.stdout,
+            s.stderr
         );
     }
 }
@@ -128,10 +123,9 @@ fn a_vanished_peer_is_detected() {
     let cut = Instant::now();
     let o = tb.ctl(&["cut", "a"]);
     assert!(o.status.success(), "cut: {}", uiw_examples::show(&o));
-    let st = s.wait_until(Instant::now() + Duration::from_secs(60));
-    let out = stdout(&s);
-    let first = s.lines().into_iter().find(|l| l.text.starts_with("FIRST_ERROR")).map(|l| l.at.saturating_duration_since(cut));
+    let s = s.finish(Instant::now() + Duration::from_secs(60));
+    let first = s.lines.iter().find(|l| l.text.starts_with("FIRST_ERROR")).map(|l| l.at.saturating_duration_since(cut));
     println!("survivor: first error {first:?} after the cut");
-    assert!(st.is_some_and(|st| st.success()), "survivor failed: {:?}\n{out}", failures(&out));
-    assert!(first.is_some(), "no FIRST_ERROR: {out}");
+    assert!(s.status.is_some_and(|st| st.success()), "survivor failed: {:?}\n{}", failures(&s.stdout), s.stdout);
+    assert!(first.is_some(), "no FIRST_ERROR: {}", s.stdout);
 }
