@@ -41,6 +41,10 @@ pub trait Endpoint: Send + Sync {
     fn handle_timeout(&self, now: u64);
     /// When the QP next needs [`Endpoint::handle_timeout`] (engine ms), if ever.
     fn next_timeout(&self) -> Option<u64>;
+    /// In a forked child: let go of the parent's stream (close this process's descriptor
+    /// only — no shutdown, which would end the parent's connection) without waiting for a
+    /// lock another thread of the parent held when it forked.
+    fn abandon(&self);
 }
 
 /// Accepted streams that may wait for their MPA Request at once (see [`Net::make_room`]).
@@ -106,6 +110,44 @@ struct Running {
 }
 
 static NET: Mutex<Option<Running>> = Mutex::new(None);
+
+thread_local! {
+    /// The transport's lock, held by the forking thread across `fork` (see [`fork_prepare`]).
+    static FORK_HELD: std::cell::RefCell<Option<parking_lot::MutexGuard<'static, Option<Running>>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// `pthread_atfork` prepare: the forking thread takes the transport's lock, so that no other
+/// thread holds it (half-way through starting or stopping the transport) when the process is
+/// copied.
+pub fn fork_prepare() {
+    let g = NET.lock();
+    FORK_HELD.with(|h| *h.borrow_mut() = Some(g));
+}
+
+/// `pthread_atfork` parent: nothing changes for the parent.
+pub fn fork_parent() {
+    FORK_HELD.with(|h| drop(h.borrow_mut().take()));
+}
+
+/// `pthread_atfork` child (rdma-core's fork rules: the child may not use the parent's verbs
+/// objects, and gets a library it can open devices with anew). The parent's transport has no
+/// progress thread here and its listener and streams are the parent's connections: the
+/// child closes its copies of their descriptors (never shutting them down) and forgets it,
+/// so the child's first device context starts a transport of its own (a new slot, a new
+/// progress thread).
+pub fn fork_child() {
+    FORK_HELD.with(|h| {
+        let mut held = h.borrow_mut().take();
+        if let Some(r) = held.as_mut().and_then(|g| g.take()) {
+            let Running { net, thread, .. } = r;
+            // The thread does not exist in the child: neither join nor detach it.
+            std::mem::forget(thread);
+            net.abandon();
+        }
+        drop(held);
+    });
+}
 
 impl Net {
     /// The transport, started by its first user (listener bound, progress thread running).
@@ -302,6 +344,29 @@ impl Net {
     /// Wakes the progress thread so that it looks at the streams' deadlines again.
     pub fn wake(&self) {
         let _ = (&self.waker.0).write(b"w");
+    }
+
+    /// The child's side of [`fork_child`]: closes this process's copies of every descriptor
+    /// of the parent's transport that safe code owns, skipping what a parent thread held
+    /// locked at the fork.
+    fn abandon(&self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(mut l) = self.listeners.try_lock() {
+            l.clear();
+        }
+        if let Some(mut p) = self.pending.try_lock() {
+            p.clear();
+        }
+        if let Some(mut c) = self.closing.try_lock() {
+            c.clear();
+        }
+        let qps: Vec<Arc<dyn Endpoint>> = match self.qps.try_read() {
+            Some(q) => q.values().filter_map(Weak::upgrade).collect(),
+            None => Vec::new(),
+        };
+        for qp in qps {
+            qp.abandon();
+        }
     }
 
     /// Another device's addresses: listen there too, on the same port (a QP number names the

@@ -791,6 +791,16 @@ impl Endpoint for Qp {
     fn next_timeout(&self) -> Option<u64> {
         Qp::next_timeout(self)
     }
+    fn abandon(&self) {
+        // The child must not use the parent's QPs (rdma-core's fork rules): it only drops its
+        // copies of the stream descriptors. Dropping a TcpStream closes; it never shuts down.
+        if let Some(mut inner) = self.inner.try_lock() {
+            inner.dp.link = None;
+            inner.parked.clear();
+            inner.open_at = None;
+            inner.attrs.qp_state = QpState::Err;
+        }
+    }
 }
 
 impl PolledQp for Qp {

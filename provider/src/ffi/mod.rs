@@ -84,7 +84,22 @@ static DEVICE_OPS: VerbsDeviceOps = VerbsDeviceOps {
 #[link_section = ".init_array"]
 static REGISTER: extern "C" fn() = register;
 
+extern "C" fn fork_prepare() {
+    crate::engine::net::fork_prepare();
+}
+
+extern "C" fn fork_parent() {
+    crate::engine::net::fork_parent();
+}
+
+extern "C" fn fork_child() {
+    crate::engine::net::fork_child();
+}
+
 extern "C" fn register() {
+    // SAFETY: plain registration of three handlers that live as long as the process (the
+    // provider is never unloaded while libibverbs is loaded).
+    unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
     let found = version::detect().map_err(|e| e.to_string()).and_then(|(v, path)| {
         let pabi = v.pabi().expect("detect() returns supported releases only");
         PrivateFns::resolve(&path, pabi)
