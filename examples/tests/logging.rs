@@ -14,7 +14,7 @@ use std::fs;
 
 use uiw_examples::{build_c_example, device_lock, device_test_artifacts, out_dir, show, Published};
 
-const REFUSED: &str = "uiw: ibv_modify_qp(qp 0x";
+const REFUSED: &str = "uiw: ibv_modify_qp refused: QP 0x";
 
 #[test]
 fn verbs_log_level_and_file_select_diagnostics() {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use super::debug;
 use super::cm::CmConn;
 use super::cq::{Cq, CqObj, PolledQp};
 use super::datapath::DataPath;
@@ -94,6 +95,7 @@ impl Context {
     pub fn alloc_pd(&self) -> Result<u32> {
         let mut c = self.counts.lock();
         if c.pds.len() >= self.limits.max_pd as usize {
+            debug::refused("ibv_alloc_pd", format_args!("the device limit max_pd = {} is reached", self.limits.max_pd));
             return Err(Error::Exhausted);
         }
         let h = self.next_handle.fetch_add(1, Ordering::Relaxed);
@@ -108,9 +110,12 @@ impl Context {
     /// those regions any more.
     pub fn dealloc_pd(&self, pd: u32) -> Result<()> {
         let mut c = self.counts.lock();
-        let users = c.pds.get(&pd).copied().ok_or(Error::Invalid)?;
+        let Some(users) = c.pds.get(&pd).copied() else {
+            debug::refused("ibv_dealloc_pd", format_args!("not a protection domain of this context"));
+            return Err(Error::Invalid);
+        };
         if users > 0 {
-            crate::uiw_log!(Info, "{}: ibv_dealloc_pd: EBUSY, still used by {users} QP/SRQ(s)", self.device.name);
+            debug::refused("ibv_dealloc_pd", format_args!("still used by {users} QP/SRQ(s)"));
             return Err(Error::Busy);
         }
         let orphans = self.mrs.deregister_pd(pd);
@@ -141,10 +146,12 @@ impl Context {
 
     pub fn create_cq(&self, cqe: i32, channel: Option<Arc<ChannelSink>>) -> Result<Arc<CqObj>> {
         if cqe < 1 || cqe as u32 > self.limits.max_cqe {
+            debug::refused("ibv_create_cq", format_args!("cqe = {cqe} is outside 1..={} (max_cqe)", self.limits.max_cqe));
             return Err(Error::Invalid);
         }
         let mut c = self.counts.lock();
         if c.cqs >= self.limits.max_cq as usize {
+            debug::refused("ibv_create_cq", format_args!("the device limit max_cq = {} is reached", self.limits.max_cq));
             return Err(Error::Exhausted);
         }
         c.cqs += 1;
@@ -161,7 +168,9 @@ impl Context {
     }
 
     pub fn destroy_cq(&self, cq: &CqObj) -> Result<()> {
-        if cq.users.load(Ordering::Acquire) > 0 {
+        let users = cq.users.load(Ordering::Acquire);
+        if users > 0 {
+            debug::refused("ibv_destroy_cq", format_args!("still the send or receive CQ of {users} QP queue(s)"));
             return Err(Error::Busy);
         }
         self.counts.lock().cqs -= 1;
@@ -171,11 +180,22 @@ impl Context {
     // ---- SRQs ----
 
     pub fn create_srq(&self, pd: u32, max_wr: u32, max_sge: u32, limit: u32) -> Result<Arc<SrqObj>> {
-        if max_wr == 0 || max_wr > self.limits.max_srq_wr || max_sge > self.limits.max_srq_sge || limit > max_wr {
+        let l = &self.limits;
+        if max_wr == 0 || max_wr > l.max_srq_wr {
+            debug::refused("ibv_create_srq", format_args!("max_wr = {max_wr} is outside 1..={} (max_srq_wr)", l.max_srq_wr));
+            return Err(Error::Invalid);
+        }
+        if max_sge > l.max_srq_sge {
+            debug::refused("ibv_create_srq", format_args!("max_sge = {max_sge} exceeds max_srq_sge = {}", l.max_srq_sge));
+            return Err(Error::Invalid);
+        }
+        if limit > max_wr {
+            debug::refused("ibv_create_srq", format_args!("srq_limit = {limit} exceeds max_wr = {max_wr}"));
             return Err(Error::Invalid);
         }
         let mut c = self.counts.lock();
         if c.srqs >= self.limits.max_srq as usize {
+            debug::refused("ibv_create_srq", format_args!("the device limit max_srq = {} is reached", self.limits.max_srq));
             return Err(Error::Exhausted);
         }
         c.srqs += 1;
@@ -194,7 +214,9 @@ impl Context {
     }
 
     pub fn destroy_srq(&self, srq: &SrqObj) -> Result<()> {
-        if srq.users.load(Ordering::Acquire) > 0 {
+        let users = srq.users.load(Ordering::Acquire);
+        if users > 0 {
+            debug::refused("ibv_destroy_srq", format_args!("still the SRQ of {users} QP(s)"));
             return Err(Error::Busy);
         }
         self.counts.lock().srqs -= 1;
@@ -205,13 +227,20 @@ impl Context {
     // ---- QPs ----
 
     pub fn create_qp(&self, spec: QpSpec) -> Result<Arc<Qp>> {
-        let cap = qp_state::validate_create(&spec.cap, spec.qp_type, spec.srq.is_some(), &self.limits).map_err(Error::Create)?;
+        let cap = qp_state::validate_create(&spec.cap, spec.qp_type, spec.srq.is_some(), &self.limits).map_err(|e| {
+            debug::refused("ibv_create_qp", format_args!("{}", e.describe()));
+            Error::Create(e)
+        })?;
         let net = self.net()?;
         let mut c = self.counts.lock();
         if c.qps >= self.limits.max_qp as usize {
+            debug::refused("ibv_create_qp", format_args!("the device limit max_qp = {} is reached", self.limits.max_qp));
             return Err(Error::Exhausted);
         }
-        let qpn = net.alloc_qpn().ok_or(Error::Exhausted)?;
+        let Some(qpn) = net.alloc_qpn() else {
+            debug::refused("ibv_create_qp", format_args!("this process has no QP number left (4096 per process)"));
+            return Err(Error::Exhausted);
+        };
         c.qps += 1;
         drop(c);
         self.pd_ref(spec.pd, 1);

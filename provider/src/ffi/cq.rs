@@ -11,7 +11,7 @@ use uiw_kabi::private::VerbsCq;
 use uiw_kabi::verbs::*;
 
 use super::qp::wait_for_acks;
-use super::{engine, guard, set_errno};
+use super::{engine, guard, refuse, set_errno};
 use super::errno::Errno;
 use crate::engine::cq::CqObj;
 use crate::engine::cq::Completion;
@@ -53,8 +53,9 @@ fn new_cq(ctx: *mut ibv_context, cqe: c_int, channel: *mut ibv_comp_channel, com
     // SAFETY: ctx is one of our contexts.
     let e = unsafe { engine(ctx) };
     // SAFETY: ctx is valid; num_comp_vectors was set at alloc_context.
-    if comp_vector < 0 || comp_vector >= unsafe { (*ctx).num_comp_vectors } {
-        set_errno(libc::EINVAL);
+    let vectors = unsafe { (*ctx).num_comp_vectors };
+    if comp_vector < 0 || comp_vector >= vectors {
+        set_errno(refuse("ibv_create_cq", libc::EINVAL, format_args!("comp_vector = {comp_vector} is outside 0..{vectors}")));
         return ptr::null_mut();
     }
     let sink = if channel.is_null() {
@@ -64,7 +65,7 @@ fn new_cq(ctx: *mut ibv_context, cqe: c_int, channel: *mut ibv_comp_channel, com
         match e.channel(unsafe { (*channel).fd }) {
             Some(s) => Some(s),
             None => {
-                set_errno(libc::EINVAL);
+                set_errno(refuse("ibv_create_cq", libc::EINVAL, format_args!("the completion channel is not one of this context's")));
                 return ptr::null_mut();
             }
         }
@@ -131,7 +132,8 @@ pub(super) unsafe extern "C" fn create_cq_ex(ctx: *mut ibv_context, attr: *mut i
         let a = unsafe { &*attr };
         let known_mask = ibv_cq_init_attr_mask::IBV_CQ_INIT_ATTR_MASK_FLAGS | ibv_cq_init_attr_mask::IBV_CQ_INIT_ATTR_MASK_PD;
         if a.comp_mask & !known_mask != 0 || a.wc_flags & !SUPPORTED_WC_FLAGS != 0 {
-            set_errno(libc::EOPNOTSUPP);
+            let (m, w) = (a.comp_mask & !known_mask, a.wc_flags & !SUPPORTED_WC_FLAGS);
+            set_errno(refuse("ibv_create_cq_ex", libc::EOPNOTSUPP, format_args!("unsupported comp_mask bits {m:#x} / wc_flags {w:#x}")));
             return ptr::null_mut();
         }
         let cqe = c_int::try_from(a.cqe).unwrap_or(c_int::MAX);
@@ -208,8 +210,9 @@ pub(super) unsafe extern "C" fn resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int 
         // SAFETY: cq is one of ours.
         let (obj, ctx) = unsafe { (cq_obj(cq), (*cq).context) };
         // SAFETY: ctx is one of our contexts.
-        if cqe < 1 || cqe as u32 > unsafe { engine(ctx) }.limits.max_cqe {
-            return libc::EINVAL;
+        let max = unsafe { engine(ctx) }.limits.max_cqe;
+        if cqe < 1 || cqe as u32 > max {
+            return refuse("ibv_resize_cq", libc::EINVAL, format_args!("cqe = {cqe} is outside 1..={max} (max_cqe)"));
         }
         match obj.q.lock().resize(cqe as usize) {
             Ok(()) => {
@@ -217,7 +220,7 @@ pub(super) unsafe extern "C" fn resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int 
                 unsafe { (*cq).cqe = cqe };
                 0
             }
-            Err(e) => e.errno(),
+            Err(e) => refuse("ibv_resize_cq", e.errno(), format_args!("cqe = {cqe} is fewer than the completions it holds")),
         }
     })
 }

@@ -130,6 +130,27 @@ pub(crate) fn set_errno(e: c_int) {
     unsafe { *libc::__errno_location() = e };
 }
 
+/// A refused verb: one `UIW_DEBUG` line saying what was wrong (and the limit), then the
+/// errno to return (`crate::engine::debug`).
+pub(crate) fn refuse(verb: &str, errno: c_int, why: core::fmt::Arguments<'_>) -> c_int {
+    crate::engine::debug::refused(verb, why);
+    errno
+}
+
+/// A `PostError` of one WR, explained with the queue's limits.
+pub(crate) fn explain_post(verb: &str, qpn: u32, e: &crate::engine::wr::PostError, max_wr: u32, max_sge: u32, num_sge: i32, state: impl core::fmt::Debug) {
+    use crate::engine::wr::PostError as P;
+    let q = format!("QP 0x{qpn:06x}");
+    match e {
+        P::TooManySges => crate::engine::debug::refused(verb, format_args!("{q}: num_sge = {num_sge} exceeds the queue's max_sge = {max_sge}")),
+        P::InlineTooLong => crate::engine::debug::refused(verb, format_args!("{q}: inline payload longer than the QP's max_inline_data")),
+        P::QueueFull => crate::engine::debug::refused(verb, format_args!("{q}: the queue is full (max_wr = {max_wr}); poll completions first")),
+        P::BadState => crate::engine::debug::refused(verb, format_args!("{q}: not accepted in state {state:?} (or by this queue: a QP with an SRQ takes no receives; Reads and atomics need a gather list, not inline data)")),
+        P::Unsupported => crate::engine::debug::refused(verb, format_args!("{q}: opcode not implemented (memory windows) or not negotiated with this peer")),
+        P::BadOpcode => crate::engine::debug::refused(verb, format_args!("{q}: opcode is not an ibv_wr_opcode")),
+    }
+}
+
 /// Runs an op body, turning a panic into `on_panic` instead of unwinding into C.
 pub(crate) fn guard<T>(on_panic: T, f: impl FnOnce() -> T) -> T {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| {

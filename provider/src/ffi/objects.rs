@@ -9,7 +9,7 @@ use uiw_kabi::private::{VerbsMr, VerbsSrq, IBV_MR_TYPE_MR};
 use uiw_kabi::verbs::*;
 
 use super::qp::{post_chain, recv_wqe, wait_for_acks};
-use super::{engine, guard, set_errno};
+use super::{engine, guard, refuse, set_errno};
 use super::errno::Errno;
 use crate::engine::srq::SrqObj;
 
@@ -78,7 +78,16 @@ pub(super) unsafe extern "C" fn reg_mr(pd: *mut ibv_pd, addr: *mut c_void, lengt
                 Box::into_raw(Box::new(vmr)) as *mut ibv_mr
             }
             Err(err) => {
-                set_errno(err.errno());
+                use crate::engine::mr::RegError as R;
+                let max = e.limits.max_mr;
+                let why = match err {
+                    R::RemoteWriteWithoutLocalWrite => "remote write or atomic access needs IBV_ACCESS_LOCAL_WRITE too".to_string(),
+                    R::UnknownAccessFlag => format!("access {access:#x} has a flag libibverbs does not define"),
+                    R::OnDemandUnsupported => "IBV_ACCESS_ON_DEMAND: uiw has no on-demand paging".to_string(),
+                    R::BadRange => format!("length {length} at {addr:?}: empty, or wraps around the address space"),
+                    R::TooMany => format!("the device limit max_mr = {max} is reached"),
+                };
+                set_errno(refuse("ibv_reg_mr", err.errno(), format_args!("{why}")));
                 ptr::null_mut()
             }
         }
@@ -91,7 +100,7 @@ pub(super) unsafe extern "C" fn dereg_mr(vmr: *mut VerbsMr) -> c_int {
         let (ctx, stag) = unsafe { ((*vmr).ibv_mr.context, (*vmr).ibv_mr.lkey) };
         // SAFETY: ctx is one of our contexts.
         if unsafe { engine(ctx) }.mrs.deregister(stag).is_none() {
-            return libc::EINVAL;
+            return refuse("ibv_dereg_mr", libc::EINVAL, format_args!("STag {stag:#x} is not registered"));
         }
         // SAFETY: vmr came from reg_mr's Box.
         drop(unsafe { Box::from_raw(vmr) });
@@ -155,7 +164,7 @@ pub(super) unsafe extern "C" fn modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq
         const MAX_WR: c_int = ibv_srq_attr_mask::IBV_SRQ_MAX_WR as c_int;
         const LIMIT: c_int = ibv_srq_attr_mask::IBV_SRQ_LIMIT as c_int;
         if mask & !(MAX_WR | LIMIT) != 0 {
-            return libc::EINVAL;
+            return refuse("ibv_modify_srq", libc::EINVAL, format_args!("attr_mask {mask:#x}: only IBV_SRQ_MAX_WR and IBV_SRQ_LIMIT"));
         }
         // SAFETY: srq is one of ours; attr is the caller's.
         let (obj, ctx, a) = unsafe { (srq_obj(srq), (*srq).context, &*attr) };
@@ -165,7 +174,7 @@ pub(super) unsafe extern "C" fn modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq
         let limit = (mask & LIMIT != 0).then_some(a.srq_limit);
         match obj.inner.lock().modify(max_wr, limit, hw_max) {
             Ok(()) => 0,
-            Err(e) => e.errno(),
+            Err(e) => refuse("ibv_modify_srq", e.errno(), format_args!("max_wr {max_wr:?} / srq_limit {limit:?}: outside max_srq_wr = {hw_max}, below the WRs queued, or a limit above max_wr")),
         }
     })
 }

@@ -12,7 +12,7 @@ use uiw_kabi::verbs::*;
 
 use super::cq::cq_obj;
 use super::objects::{pd_handle, srq_obj};
-use super::{engine, guard, set_errno, QP_EX_SLOTS};
+use super::{engine, explain_post, guard, refuse, set_errno, QP_EX_SLOTS};
 use super::errno::Errno;
 use crate::engine::qp::{Qp, QpSpec};
 use crate::engine::qp_state::{self, AhAttr, QpAttrs, QpCap, QpState};
@@ -230,7 +230,7 @@ fn new_qp(
     // SAFETY: ctx is one of our contexts.
     let e = unsafe { engine(ctx) };
     if pd.is_null() || send_cq.is_null() || recv_cq.is_null() {
-        set_errno(libc::EINVAL);
+        set_errno(refuse("ibv_create_qp", libc::EINVAL, format_args!("pd, send_cq and recv_cq must all be given")));
         return ptr::null_mut();
     }
     // SAFETY: pd, CQs and SRQ were created by this provider (libibverbs only passes its own).
@@ -320,24 +320,27 @@ pub(super) unsafe extern "C" fn create_qp_ex(ctx: *mut ibv_context, attr: *mut i
         let a = unsafe { &mut *attr };
         use ibv_qp_init_attr_mask::*;
         let known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+        const V: &str = "ibv_create_qp_ex";
         if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
-            set_errno(libc::EINVAL);
+            set_errno(refuse(V, libc::EINVAL, format_args!("comp_mask lacks IBV_QP_INIT_ATTR_PD (a QP needs a PD)")));
             return ptr::null_mut();
         }
         if a.comp_mask & !known != 0 {
-            set_errno(libc::EOPNOTSUPP);
+            let extra = a.comp_mask & !known;
+            set_errno(refuse(V, libc::EOPNOTSUPP, format_args!("comp_mask bits {extra:#x} not supported (PD, SEND_OPS_FLAGS and CREATE_FLAGS are)")));
             return ptr::null_mut();
         }
         if a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 {
             if let Err(e) = qp_state::validate_create_flags(a.create_flags) {
-                set_errno(e.errno());
+                set_errno(refuse(V, e.errno(), format_args!("{}", e.describe())));
                 return ptr::null_mut();
             }
         }
         let send_ops = (a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0).then_some(a.send_ops_flags);
         if let Some(ops) = send_ops {
             if ops & !SUPPORTED_SEND_OPS != 0 {
-                set_errno(libc::EOPNOTSUPP);
+                let extra = ops & !SUPPORTED_SEND_OPS;
+                set_errno(refuse(V, libc::EOPNOTSUPP, format_args!("send_ops_flags {extra:#x} not supported (no memory windows, TSO or local invalidate builders)")));
                 return ptr::null_mut();
             }
         }
@@ -357,10 +360,7 @@ pub(super) unsafe extern "C" fn modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_att
                 unsafe { (*qp).state = u.obj.state().as_u32() };
                 0
             }
-            Err(e) => {
-                crate::uiw_log!(Info, "ibv_modify_qp(qp 0x{:06x}): {}", u.obj.qpn, e.describe());
-                e.errno()
-            }
+            Err(e) => refuse("ibv_modify_qp", e.errno(), format_args!("QP 0x{:06x}: {}", u.obj.qpn, e.describe())),
         }
     })
 }
@@ -446,8 +446,9 @@ pub(super) unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr,
         // socket takes (also when the chain stops at a bad WR: those before it are posted).
         let r = post_chain(wr, bad, |w| {
             let r = send_wqe(w, obj.cap.max_inline_data).and_then(|s| obj.post_send_deferred(s));
-            if let Err(e) = r {
-                crate::uiw_log!(Info, "ibv_post_send(qp 0x{:06x}, opcode {}): {e:?} in {:?}", obj.qpn, w.opcode, obj.state());
+            if let Err(e) = &r {
+                let c = &obj.cap;
+                explain_post("ibv_post_send", obj.qpn, e, c.max_send_wr, c.max_send_sge, w.num_sge, obj.state());
             }
             r
         });
@@ -460,7 +461,14 @@ pub(super) unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr,
     guard(libc::EFAULT, || {
         // SAFETY: qp is ours.
         let obj = &unsafe { uiw_qp(qp) }.obj;
-        post_chain(wr, bad, |w| recv_wqe(w).and_then(|r| obj.post_recv(r)))
+        post_chain(wr, bad, |w| {
+            let r = recv_wqe(w).and_then(|r| obj.post_recv(r));
+            if let Err(e) = &r {
+                let c = &obj.cap;
+                explain_post("ibv_post_recv", obj.qpn, e, c.max_recv_wr, c.max_recv_sge, w.num_sge, obj.state());
+            }
+            r
+        })
     })
 }
 

@@ -4,7 +4,7 @@ use core::ffi::c_int;
 
 use uiw_kabi::verbs::*;
 
-use super::{engine, guard};
+use super::{engine, guard, refuse};
 
 pub(super) unsafe extern "C" fn query_device_ex(
     ctx: *mut ibv_context,
@@ -15,10 +15,10 @@ pub(super) unsafe extern "C" fn query_device_ex(
     guard(libc::EFAULT, || {
         // SAFETY: input is NULL or points at the caller's input struct.
         if !input.is_null() && unsafe { (*input).comp_mask } != 0 {
-            return libc::EINVAL;
+            return refuse("ibv_query_device_ex", libc::EINVAL, format_args!("input comp_mask must be 0"));
         }
         if attr_size < core::mem::size_of::<ibv_device_attr>() {
-            return libc::EINVAL;
+            return refuse("ibv_query_device_ex", libc::EINVAL, format_args!("attr_size {attr_size} is smaller than struct ibv_device_attr"));
         }
         // SAFETY: ctx is one of our contexts.
         let e = unsafe { engine(ctx) };
@@ -73,7 +73,7 @@ pub(super) unsafe extern "C" fn query_port(ctx: *mut ibv_context, port: u8, attr
         let e = unsafe { engine(ctx) };
         let l = &e.limits;
         if port == 0 || port > l.phys_port_cnt {
-            return libc::EINVAL;
+            return refuse("ibv_query_port", libc::EINVAL, format_args!("port {port} is outside 1..={}", l.phys_port_cnt));
         }
         // SAFETY: libibverbs passes a zeroed, full-sized ibv_port_attr (__lib_query_port).
         let a = unsafe { &mut *attr };
