@@ -458,7 +458,7 @@ impl Qp {
         };
         if l.peer_closed.is_some_and(|t| now.saturating_sub(t) >= PEER_CLOSE_GRACE_MS) {
             l.conn.handle_eof();
-            self.fail_locked(inner, Fatal::Lost);
+            self.fail_locked(inner, Fatal::Closed);
             return;
         }
         if l.conn.poll_timeout().is_some_and(|d| d <= now) {
@@ -516,6 +516,7 @@ impl Qp {
             cm.ended(match why {
                 Fatal::Rejected => CmStatus::Refused,
                 Fatal::LocalError => CmStatus::LocalError,
+                Fatal::Closed => CmStatus::Ok,
                 _ => CmStatus::Reset,
             });
             if !matches!(why, Fatal::Terminated | Fatal::LocalError) {

@@ -91,8 +91,12 @@ pub struct Env<'a> {
 pub enum Fatal {
     /// A Terminate was sent or received.
     Terminated,
-    /// The stream failed or the peer went away.
+    /// The stream failed or the peer went away (reset, broken, protocol failure).
     Lost,
+    /// The peer closed its stream in order (a FIN: rdma_disconnect, or its process ended
+    /// normally): the connection ends cleanly — rdma_cm reports DISCONNECTED with status
+    /// 0, as iw_cm does for a graceful close — though the QP still goes to ERROR.
+    Closed,
     /// The MPA Request was rejected.
     Rejected,
     /// A WR failed locally (bad lkey, operation the peer did not negotiate).
