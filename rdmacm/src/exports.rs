@@ -53,6 +53,36 @@ fn fwd_of(i: &Id) -> Option<SysId> {
     (st.state == State::Forwarded).then_some(st.fwd).flatten()
 }
 
+/// Which implementation serves a call on an id: the one forward-or-handle decision of the
+/// drop-in. An id is uiw's until an address shows it belongs to another device; from then
+/// on (`State::Forwarded`) every call goes to the system librdmacm through its twin id.
+#[derive(Clone, Copy)]
+enum Backend {
+    /// uiw serves it (cm.rs, the provider's uiw_cm interface).
+    Uiw,
+    /// The system library serves it, on this id's twin (fwd.rs); `fwd_ret` mirrors the
+    /// twin's fields back into ours and keeps its errno.
+    System(SysId),
+}
+
+impl Backend {
+    fn of(i: &Id) -> Backend {
+        fwd_of(i).map_or(Backend::Uiw, Backend::System)
+    }
+}
+
+/// The prologue of every call on an existing id: no panic unwinds into the application, a
+/// pointer that is not one of our ids is EINVAL, and `f` gets the id and its backend.
+fn on_id(id: Cid, f: impl FnOnce(Arc<Id>, Backend) -> c_int) -> c_int {
+    guard(|| match id_of(id) {
+        Ok(i) => {
+            let to = Backend::of(&i);
+            f(i, to)
+        }
+        Err(r) => r,
+    })
+}
+
 /// Result of a forwarded call: mirror the system id's fields, keep its errno.
 fn fwd_ret(i: &Id, sid: SysId, r: Option<c_int>) -> c_int {
     let e = sys::errno();
@@ -275,11 +305,7 @@ pub unsafe extern "C" fn rdma_create_id(
 }
 
 pub unsafe extern "C" fn rdma_destroy_id(id: Cid) -> c_int {
-    guard(|| {
-        let i = match id_of(id) {
-            Ok(i) => i,
-            Err(r) => return r,
-        };
+    on_id(id, |i, _| {
         let e = i.c.event();
         if e != 0 {
             ack(e as *mut abi::rdma_cm_event);
@@ -296,16 +322,12 @@ pub unsafe extern "C" fn rdma_destroy_id(id: Cid) -> c_int {
 }
 
 pub unsafe extern "C" fn rdma_bind_addr(id: Cid, addr: *mut libc::sockaddr) -> c_int {
-    guard(|| {
-        let i = match id_of(id) {
-            Ok(i) => i,
-            Err(r) => return r,
-        };
+    on_id(id, |i, to| {
         // SAFETY: the application's sockaddr (rdma_bind_addr's contract).
         let Some(a) = (unsafe { read_sockaddr(addr) }) else {
             return fail(libc::EINVAL);
         };
-        if let Some(sid) = fwd_of(&i) {
+        if let Backend::System(sid) = to {
             // SAFETY: live system id; the application's address.
             return fwd_ret(&i, sid, unsafe { sysfn::rdma_bind_addr(sid.0, addr) });
         }
@@ -324,11 +346,7 @@ pub unsafe extern "C" fn rdma_resolve_addr(
     dst_addr: *mut libc::sockaddr,
     timeout_ms: c_int,
 ) -> c_int {
-    guard(|| {
-        let i = match id_of(id) {
-            Ok(i) => i,
-            Err(r) => return r,
-        };
+    on_id(id, |i, to| {
         // SAFETY: the application's sockaddrs (rdma_resolve_addr's contract).
         let (src, dst) = unsafe { (read_sockaddr(src_addr), read_sockaddr(dst_addr)) };
         let Some(dst) = dst else {
@@ -337,7 +355,7 @@ pub unsafe extern "C" fn rdma_resolve_addr(
         if !src_addr.is_null() && src.is_none() {
             return fail(libc::EINVAL);
         }
-        let r = if let Some(sid) = fwd_of(&i) {
+        let r = if let Backend::System(sid) = to {
             // SAFETY: live system id; the application's addresses.
             fwd_ret(&i, sid, unsafe {
                 sysfn::rdma_resolve_addr(sid.0, src_addr, dst_addr, timeout_ms)
@@ -360,12 +378,8 @@ pub unsafe extern "C" fn rdma_resolve_addr(
 }
 
 pub unsafe extern "C" fn rdma_resolve_route(id: Cid, timeout_ms: c_int) -> c_int {
-    guard(|| {
-        let i = match id_of(id) {
-            Ok(i) => i,
-            Err(r) => return r,
-        };
-        let r = if let Some(sid) = fwd_of(&i) {
+    on_id(id, |i, to| {
+        let r = if let Backend::System(sid) = to {
             // SAFETY: live system id.
             fwd_ret(&i, sid, unsafe {
                 sysfn::rdma_resolve_route(sid.0, timeout_ms)
@@ -460,15 +474,11 @@ unsafe fn create_cqs(id: Cid, send: u32, recv: u32) -> c_int {
 }
 
 pub unsafe extern "C" fn rdma_create_qp_ex(id: Cid, attr: *mut abi::ibv_qp_init_attr_ex) -> c_int {
-    guard(|| {
-        let i = match id_of(id) {
-            Ok(i) => i,
-            Err(r) => return r,
-        };
+    on_id(id, |i, to| {
         if attr.is_null() {
             return fail(libc::EINVAL);
         }
-        if let Some(sid) = fwd_of(&i) {
+        if let Backend::System(sid) = to {
             // SAFETY: live system id; the application's attributes.
             return fwd_ret(&i, sid, unsafe { sysfn::rdma_create_qp_ex(sid.0, attr) });
         }
@@ -579,7 +589,7 @@ pub unsafe extern "C" fn rdma_destroy_qp(id: Cid) {
         let Ok(i) = cm::lookup(id as usize).ok_or(()) else {
             return 0;
         };
-        if let Some(sid) = fwd_of(&i) {
+        if let Backend::System(sid) = Backend::of(&i) {
             // SAFETY: live system id.
             unsafe { sysfn::rdma_destroy_qp(sid.0) };
             fwd::mirror(&i, sid);
@@ -601,15 +611,11 @@ pub unsafe extern "C" fn rdma_create_srq_ex(
     id: Cid,
     attr: *mut abi::ibv_srq_init_attr_ex,
 ) -> c_int {
-    guard(|| {
-        let i = match id_of(id) {
-            Ok(i) => i,
-            Err(r) => return r,
-        };
+    on_id(id, |i, to| {
         if attr.is_null() {
             return fail(libc::EINVAL);
         }
-        if let Some(sid) = fwd_of(&i) {
+        if let Backend::System(sid) = to {
             // SAFETY: live system id; the application's attributes.
             return fwd_ret(&i, sid, unsafe { sysfn::rdma_create_srq_ex(sid.0, attr) });
         }
@@ -685,7 +691,7 @@ pub unsafe extern "C" fn rdma_destroy_srq(id: Cid) {
         let Some(i) = cm::lookup(id as usize) else {
             return 0;
         };
-        if let Some(sid) = fwd_of(&i) {
+        if let Backend::System(sid) = Backend::of(&i) {
             // SAFETY: live system id.
             unsafe { sysfn::rdma_destroy_srq(sid.0) };
             fwd::mirror(&i, sid);
@@ -734,12 +740,8 @@ fn valid_param(i: &Id, param: Option<&abi::rdma_conn_param>, dev: &cm::Device) -
 }
 
 pub unsafe extern "C" fn rdma_connect(id: Cid, conn_param: *mut abi::rdma_conn_param) -> c_int {
-    guard(|| {
-        let i = match id_of(id) {
-            Ok(i) => i,
-            Err(r) => return r,
-        };
-        if let Some(sid) = fwd_of(&i) {
+    on_id(id, |i, to| {
+        if let Backend::System(sid) = to {
             // SAFETY: live system id; the application's parameters.
             let r = fwd_ret(&i, sid, unsafe { sysfn::rdma_connect(sid.0, conn_param) });
             return if r != 0 { r } else { complete(&i) };
@@ -780,12 +782,8 @@ pub unsafe extern "C" fn rdma_connect(id: Cid, conn_param: *mut abi::rdma_conn_p
 }
 
 pub unsafe extern "C" fn rdma_listen(id: Cid, backlog: c_int) -> c_int {
-    guard(|| {
-        let i = match id_of(id) {
-            Ok(i) => i,
-            Err(r) => return r,
-        };
-        if let Some(sid) = fwd_of(&i) {
+    on_id(id, |i, to| {
+        if let Backend::System(sid) = to {
             // SAFETY: live system id.
             return fwd_ret(&i, sid, unsafe { sysfn::rdma_listen(sid.0, backlog) });
         }
@@ -847,12 +845,8 @@ pub unsafe extern "C" fn rdma_get_request(listen: Cid, id: *mut Cid) -> c_int {
 }
 
 pub unsafe extern "C" fn rdma_accept(id: Cid, conn_param: *mut abi::rdma_conn_param) -> c_int {
-    guard(|| {
-        let i = match id_of(id) {
-            Ok(i) => i,
-            Err(r) => return r,
-        };
-        if let Some(sid) = fwd_of(&i) {
+    on_id(id, |i, to| {
+        if let Backend::System(sid) = to {
             // SAFETY: live system id; the application's parameters.
             let r = fwd_ret(&i, sid, unsafe { sysfn::rdma_accept(sid.0, conn_param) });
             return if r != 0 { r } else { complete(&i) };
@@ -903,12 +897,8 @@ pub unsafe extern "C" fn rdma_reject(
     private_data: *const c_void,
     private_data_len: u8,
 ) -> c_int {
-    guard(|| {
-        let i = match id_of(id) {
-            Ok(i) => i,
-            Err(r) => return r,
-        };
-        if let Some(sid) = fwd_of(&i) {
+    on_id(id, |i, to| {
+        if let Backend::System(sid) = to {
             // SAFETY: live system id; the application's private data.
             return fwd_ret(&i, sid, unsafe {
                 sysfn::rdma_reject(sid.0, private_data, private_data_len)
@@ -928,7 +918,7 @@ pub unsafe extern "C" fn rdma_reject_ece(
     private_data_len: u8,
 ) -> c_int {
     if let Some(i) = cm::lookup(id as usize) {
-        if let Some(sid) = fwd_of(&i) {
+        if let Backend::System(sid) = Backend::of(&i) {
             // SAFETY: live system id; the application's private data.
             return fwd_ret(&i, sid, unsafe {
                 sysfn::rdma_reject_ece(sid.0, private_data, private_data_len)
@@ -940,12 +930,8 @@ pub unsafe extern "C" fn rdma_reject_ece(
 }
 
 pub unsafe extern "C" fn rdma_notify(id: Cid, event: u32) -> c_int {
-    guard(|| {
-        let i = match id_of(id) {
-            Ok(i) => i,
-            Err(r) => return r,
-        };
-        if let Some(sid) = fwd_of(&i) {
+    on_id(id, |i, to| {
+        if let Backend::System(sid) = to {
             // SAFETY: live system id.
             return fwd_ret(&i, sid, unsafe { sysfn::rdma_notify(sid.0, event) });
         }
@@ -954,12 +940,8 @@ pub unsafe extern "C" fn rdma_notify(id: Cid, event: u32) -> c_int {
 }
 
 pub unsafe extern "C" fn rdma_disconnect(id: Cid) -> c_int {
-    guard(|| {
-        let i = match id_of(id) {
-            Ok(i) => i,
-            Err(r) => return r,
-        };
-        if let Some(sid) = fwd_of(&i) {
+    on_id(id, |i, to| {
+        if let Backend::System(sid) = to {
             // SAFETY: live system id.
             let r = fwd_ret(&i, sid, unsafe { sysfn::rdma_disconnect(sid.0) });
             return if r != 0 { r } else { complete(&i) };
@@ -972,12 +954,8 @@ pub unsafe extern "C" fn rdma_disconnect(id: Cid) -> c_int {
 }
 
 pub unsafe extern "C" fn rdma_establish(id: Cid) -> c_int {
-    guard(|| {
-        let i = match id_of(id) {
-            Ok(i) => i,
-            Err(r) => return r,
-        };
-        if let Some(sid) = fwd_of(&i) {
+    on_id(id, |i, to| {
+        if let Backend::System(sid) = to {
             // SAFETY: live system id.
             return fwd_ret(&i, sid, unsafe { sysfn::rdma_establish(sid.0) });
         }
@@ -991,15 +969,11 @@ pub unsafe extern "C" fn rdma_init_qp_attr(
     qp_attr: *mut abi::ibv_qp_attr,
     qp_attr_mask: *mut c_int,
 ) -> c_int {
-    guard(|| {
-        let i = match id_of(id) {
-            Ok(i) => i,
-            Err(r) => return r,
-        };
+    on_id(id, |i, to| {
         if qp_attr.is_null() || qp_attr_mask.is_null() {
             return fail(libc::EINVAL);
         }
-        if let Some(sid) = fwd_of(&i) {
+        if let Backend::System(sid) = to {
             // SAFETY: live system id; the application's out structs.
             return fwd_ret(&i, sid, unsafe {
                 sysfn::rdma_init_qp_attr(sid.0, qp_attr, qp_attr_mask)
@@ -1076,11 +1050,7 @@ pub extern "C" fn rdma_event_str(event: u32) -> *const c_char {
 }
 
 pub unsafe extern "C" fn rdma_migrate_id(id: Cid, channel: *mut abi::rdma_event_channel) -> c_int {
-    guard(|| {
-        let i = match id_of(id) {
-            Ok(i) => i,
-            Err(r) => return r,
-        };
+    on_id(id, |i, to| {
         let was_sync = i.is_sync();
         if was_sync && channel.is_null() {
             return fail(libc::EINVAL);
@@ -1096,7 +1066,7 @@ pub unsafe extern "C" fn rdma_migrate_id(id: Cid, channel: *mut abi::rdma_event_
                 None => return fail(libc::EINVAL),
             }
         };
-        if let Some(sid) = fwd_of(&i) {
+        if let Backend::System(sid) = to {
             if let Err(e) = fwd::migrate(sid, &chan) {
                 return io_fail(e);
             }
@@ -1120,12 +1090,8 @@ pub unsafe extern "C" fn rdma_set_option(
     optval: *mut c_void,
     optlen: usize,
 ) -> c_int {
-    guard(|| {
-        let i = match id_of(id) {
-            Ok(i) => i,
-            Err(r) => return r,
-        };
-        if let Some(sid) = fwd_of(&i) {
+    on_id(id, |i, to| {
+        if let Backend::System(sid) = to {
             // SAFETY: live system id; the application's option buffer.
             return fwd_ret(&i, sid, unsafe {
                 sysfn::rdma_set_option(sid.0, level, optname, optval, optlen)
@@ -1173,12 +1139,8 @@ pub unsafe extern "C" fn rdma_join_multicast(
     addr: *mut libc::sockaddr,
     context: *mut c_void,
 ) -> c_int {
-    guard(|| {
-        let i = match id_of(id) {
-            Ok(i) => i,
-            Err(r) => return r,
-        };
-        if let Some(sid) = fwd_of(&i) {
+    on_id(id, |i, to| {
+        if let Backend::System(sid) = to {
             // SAFETY: live system id; the application's arguments.
             return fwd_ret(&i, sid, unsafe {
                 sysfn::rdma_join_multicast(sid.0, addr, context)
@@ -1193,12 +1155,8 @@ pub unsafe extern "C" fn rdma_join_multicast_ex(
     attr: *mut abi::rdma_cm_join_mc_attr_ex,
     context: *mut c_void,
 ) -> c_int {
-    guard(|| {
-        let i = match id_of(id) {
-            Ok(i) => i,
-            Err(r) => return r,
-        };
-        if let Some(sid) = fwd_of(&i) {
+    on_id(id, |i, to| {
+        if let Backend::System(sid) = to {
             // SAFETY: live system id; the application's arguments.
             return fwd_ret(&i, sid, unsafe {
                 sysfn::rdma_join_multicast_ex(sid.0, attr, context)
@@ -1209,12 +1167,8 @@ pub unsafe extern "C" fn rdma_join_multicast_ex(
 }
 
 pub unsafe extern "C" fn rdma_leave_multicast(id: Cid, addr: *mut libc::sockaddr) -> c_int {
-    guard(|| {
-        let i = match id_of(id) {
-            Ok(i) => i,
-            Err(r) => return r,
-        };
-        if let Some(sid) = fwd_of(&i) {
+    on_id(id, |i, to| {
+        if let Backend::System(sid) = to {
             // SAFETY: live system id; the application's address.
             return fwd_ret(&i, sid, unsafe { sysfn::rdma_leave_multicast(sid.0, addr) });
         }
@@ -1223,12 +1177,8 @@ pub unsafe extern "C" fn rdma_leave_multicast(id: Cid, addr: *mut libc::sockaddr
 }
 
 pub unsafe extern "C" fn rdma_set_local_ece(id: Cid, ece: *mut abi::ibv_ece) -> c_int {
-    guard(|| {
-        let i = match id_of(id) {
-            Ok(i) => i,
-            Err(r) => return r,
-        };
-        if let Some(sid) = fwd_of(&i) {
+    on_id(id, |i, to| {
+        if let Backend::System(sid) = to {
             // SAFETY: live system id; the application's struct.
             return fwd_ret(&i, sid, unsafe { sysfn::rdma_set_local_ece(sid.0, ece) });
         }
@@ -1241,12 +1191,8 @@ pub unsafe extern "C" fn rdma_set_local_ece(id: Cid, ece: *mut abi::ibv_ece) -> 
 }
 
 pub unsafe extern "C" fn rdma_get_remote_ece(id: Cid, ece: *mut abi::ibv_ece) -> c_int {
-    guard(|| {
-        let i = match id_of(id) {
-            Ok(i) => i,
-            Err(r) => return r,
-        };
-        if let Some(sid) = fwd_of(&i) {
+    on_id(id, |i, to| {
+        if let Backend::System(sid) = to {
             // SAFETY: live system id; the application's struct.
             return fwd_ret(&i, sid, unsafe { sysfn::rdma_get_remote_ece(sid.0, ece) });
         }
