@@ -567,6 +567,104 @@ out:
 	rdma_destroy_event_channel(ch);
 }
 
+/* One completion from cq within ~5 s (the CQs rdma_create_qp made are polled). */
+static int poll_one(struct ibv_cq *cq, struct ibv_wc *wc)
+{
+	for (int i = 0; i < 5000; i++) {
+		int n = ibv_poll_cq(cq, 1, wc);
+		if (n)
+			return n;
+		usleep(1000);
+	}
+	return 0;
+}
+
+/* IBV_DEVICE_MEM_MGT_EXTENSIONS keeps its promise: IBV_WR_LOCAL_INV completes as
+ * IBV_WC_LOCAL_INV, and afterwards the peer can no longer write with that rkey. */
+static void mode_localinv(void)
+{
+	struct server s;
+	pthread_t t;
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct rdma_cm_id *id;
+	struct rdma_conn_param cp = { .private_data = cli_pd, .private_data_len = sizeof cli_pd,
+				      .responder_resources = 1, .initiator_depth = 1, .retry_count = 7 };
+	static char target[64];
+	struct ibv_device_attr da;
+	struct ibv_mr *mr, *smr;
+	struct ibv_wc wc;
+
+	check(start_server(&s, 0, 1) == 0, "listener on 127.0.0.1:%d", port);
+	pthread_create(&t, NULL, server_thread, &s);
+	id = client_id(ch, port, NULL);
+	check(id != NULL, "client id");
+	if (!id)
+		goto out;
+	memset(&da, 0, sizeof da);
+	int qd = ibv_query_device(id->verbs, &da);
+	check(qd == 0 && (da.device_cap_flags & IBV_DEVICE_MEM_MGT_EXTENSIONS),
+	      "device_cap_flags has IBV_DEVICE_MEM_MGT_EXTENSIONS (%#x)", da.device_cap_flags);
+	mr = ibv_reg_mr(id->pd, target, sizeof target, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	check(mr != NULL, "client region with remote write");
+	check(rdma_connect(id, &cp) == 0, "rdma_connect");
+	if (!mr || !expect(ch, RDMA_CM_EVENT_ESTABLISHED, NULL, "client"))
+		goto disc;
+	usleep(100 * 1000);
+	check(s.nconns == 1 && s.mr, "server side up");
+	if (s.nconns != 1 || !s.mr)
+		goto disc;
+	struct rdma_cm_id *sid = s.conns[0];
+	smr = s.mr;
+	/* The server writes into the client's region: it works before the invalidation... */
+	memcpy(s.buf, "before", 7);
+	struct ibv_sge sge = { .addr = (uintptr_t)s.buf, .length = 7, .lkey = smr->lkey };
+	struct ibv_send_wr w = { .wr_id = 1, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+				 .send_flags = IBV_SEND_SIGNALED }, *bad;
+	w.wr.rdma.remote_addr = (uintptr_t)target;
+	w.wr.rdma.rkey = mr->rkey;
+	memset(&wc, 0xff, sizeof wc);
+	int ok = ibv_post_send(sid->qp, &w, &bad) == 0 && poll_one(sid->send_cq, &wc) == 1;
+	check(ok && wc.status == IBV_WC_SUCCESS, "RDMA Write into the client's region before LOCAL_INV (status %d)",
+	      wc.status);
+	usleep(50 * 1000);
+	check(memcmp(target, "before", 7) == 0, "... its bytes arrived");
+	/* ...the client invalidates its rkey... */
+	struct ibv_send_wr inv = { .wr_id = 2, .opcode = IBV_WR_LOCAL_INV, .send_flags = IBV_SEND_SIGNALED };
+	inv.invalidate_rkey = mr->rkey;
+	check(ibv_post_send(id->qp, &inv, &bad) == 0, "post IBV_WR_LOCAL_INV");
+	memset(&wc, 0xff, sizeof wc);
+	ok = poll_one(id->send_cq, &wc) == 1;
+	check(ok && wc.wr_id == 2 && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_LOCAL_INV,
+	      "LOCAL_INV completes: status %d opcode %d (IBV_WC_LOCAL_INV = %d)", wc.status, wc.opcode,
+	      IBV_WC_LOCAL_INV);
+	/* ...and the same Write now draws a Terminate from the client (an iWARP Write completes
+	 * when sent; the peer's refusal ends the connection): both QPs go to ERROR, the bytes
+	 * never land. */
+	memcpy(s.buf, "after!", 7);
+	w.wr_id = 3;
+	check(ibv_post_send(sid->qp, &w, &bad) == 0, "RDMA Write with the invalidated rkey posted");
+	int st_s = -1, st_c = -1;
+	for (int i = 0; i < 300 && (st_s != IBV_QPS_ERR || st_c != IBV_QPS_ERR); i++) {
+		usleep(10 * 1000);
+		ibv_poll_cq(sid->send_cq, 1, &wc);
+		st_s = qp_state(sid->qp);
+		st_c = qp_state(id->qp);
+	}
+	check(st_s == IBV_QPS_ERR && st_c == IBV_QPS_ERR, "... refused: writer's QP in ERROR (%d), target's (%d)", st_s,
+	      st_c);
+	check(memcmp(target, "before", 7) == 0, "... and nothing was written");
+disc:
+	rdma_disconnect(id);
+	if (mr)
+		ibv_dereg_mr(mr);
+	pthread_join(t, NULL);
+	rdma_destroy_qp(id);
+	rdma_destroy_id(id);
+out:
+	stop_server(&s);
+	rdma_destroy_event_channel(ch);
+}
+
 static void mode_reject(void)
 {
 	struct server s;
@@ -719,7 +817,7 @@ int main(int argc, char **argv)
 			other_ip = optarg;
 	}
 	if (optind >= argc) {
-		fprintf(stderr, "usage: %s [-p PORT] [-a OTHER_IP] channel|nolistener|pdata|depth0|reject|many|forward\n",
+		fprintf(stderr, "usage: %s [-p PORT] [-a OTHER_IP] channel|nolistener|pdata|depth0|localinv|reject|many|forward\n",
 			argv[0]);
 		return 2;
 	}
@@ -733,6 +831,8 @@ int main(int argc, char **argv)
 		mode_reject();
 	else if (!strcmp(argv[optind], "depth0"))
 		mode_depth0();
+	else if (!strcmp(argv[optind], "localinv"))
+		mode_localinv();
 	else if (!strcmp(argv[optind], "many"))
 		mode_many();
 	else if (!strcmp(argv[optind], "forward"))

@@ -208,6 +208,14 @@ fn ird_ord_zero_honoured() {
     cm_check("ird_ord_zero_honoured", "depth0", port, true, &[]);
 }
 
+/// device_cap_flags' IBV_DEVICE_MEM_MGT_EXTENSIONS is kept: IBV_WR_LOCAL_INV completes and
+/// revokes the rkey for the peer.
+#[test]
+fn local_invalidate_revokes_the_rkey() {
+    let port = uiw_examples::pair::free_port();
+    cm_check("local_invalidate_revokes_the_rkey", "localinv", port, true, &[]);
+}
+
 #[test]
 fn reject_with_private_data() {
     cm_check("reject_with_private_data", "reject", uiw_examples::pair::free_port(), true, &[]);
