@@ -273,7 +273,7 @@ fn run(xdp: bool, loss: f64, capture: bool) {
     }
     if let Some(c) = dumpcap.as_mut() {
         std::thread::sleep(Duration::from_millis(300));
-        let _ = std::process::Command::new("kill").args(["-INT", &c.id().to_string()]).status();
+        let _ = std::process::Command::new("sh").args(["-c", &format!("kill -INT {}", c.id())]).status();
         c.wait().unwrap();
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../ci/tshark-check.sh");
         let out = std::process::Command::new("bash").args([script, "-r", &pcap]).output().unwrap();

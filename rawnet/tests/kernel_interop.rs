@@ -274,7 +274,7 @@ fn userspace_to_kernel_captured(driver: Driver, mtu: u32, loss: f64, len: usize,
     }
     if let Some(c) = dumpcap.as_mut() {
         std::thread::sleep(Duration::from_millis(300));
-        let _ = std::process::Command::new("kill").args(["-INT", &c.id().to_string()]).status();
+        let _ = std::process::Command::new("sh").args(["-c", &format!("kill -INT {}", c.id())]).status();
         c.wait().unwrap();
         let frames = tshark_count(&pcap, "tcp");
         let malformed = tshark_count(&pcap, "_ws.malformed || _ws.expert.severity == error");
