@@ -162,6 +162,14 @@ pub struct Config {
     /// Split messages into near-equal FPDUs within MULPDU ([`Segmenter::even`]) instead of
     /// full ones and a short tail (siw's way, the default: its captures match byte for byte).
     pub even_segments: bool,
+    /// Initiator: hold the first FPDU this long (ms) after the MPA Reply when
+    /// the responder is not a uiw peer and no RTR goes first. The kernel's
+    /// siw sends its Reply before it hooks the socket to the QP
+    /// (`siw_accept`), and an FPDU that arrives in between is not read until
+    /// another segment comes — a request/response ULP then waits forever.
+    /// 0: no hold. The hold starts at the first [`Connection::handle_timeout`]
+    /// after the Reply (which [`Connection::poll_timeout`] asks for at once).
+    pub first_fpdu_hold_ms: u64,
 }
 
 impl Config {
@@ -186,6 +194,7 @@ impl Config {
             max_rx_ulpdu: mpa::MAX_ULPDU,
             rnr_wait_ms: 0,
             even_segments: false,
+            first_fpdu_hold_ms: 0,
         }
     }
 }
@@ -571,6 +580,9 @@ pub struct Connection {
     state: State,
     neg: Option<Negotiated>,
     deadline: Option<u64>,
+    /// Transmission after the MPA Reply is held (`Config::first_fpdu_hold_ms`):
+    /// `Some(None)` until the hold's clock starts, then `Some(Some(until))`.
+    tx_hold: Option<Option<u64>>,
     events: VecDeque<Event>,
     // MPA phase
     mpa_in: Vec<u8>,
@@ -640,6 +652,7 @@ impl Connection {
             },
             neg: None,
             deadline: Some(now_ms.saturating_add(cfg.mpa_timeout_ms)),
+            tx_hold: None,
             events: VecDeque::new(),
             mpa_in: Vec::new(),
             mpa_out: Vec::new(),
@@ -736,17 +749,36 @@ impl Connection {
         self.events.pop_front()
     }
 
-    /// Next deadline (ms on the caller's clock), if any.
+    /// Next deadline (ms on the caller's clock), if any. A held first FPDU
+    /// (`Config::first_fpdu_hold_ms`) asks for a call at once (0), then at
+    /// the end of the hold.
     pub fn poll_timeout(&self) -> Option<u64> {
+        let mut t = self.deadline;
+        let mut earliest = |x: u64| t = Some(t.map_or(x, |d| d.min(x)));
         if self.rx_stalled.is_some() {
             // 0 until the first handle_timeout starts the wait's clock.
-            let s = self.stall_deadline.unwrap_or(0);
-            return Some(self.deadline.map_or(s, |d| d.min(s)));
+            earliest(self.stall_deadline.unwrap_or(0));
         }
-        self.deadline
+        match self.tx_hold {
+            Some(None) => earliest(0),
+            Some(Some(h)) => earliest(h),
+            None => {}
+        }
+        t
+    }
+
+    /// Whether transmission is held after the MPA Reply (see
+    /// `Config::first_fpdu_hold_ms`); `next_tx` returns nothing meanwhile.
+    pub fn tx_held(&self) -> bool {
+        self.tx_hold.is_some()
     }
 
     pub fn handle_timeout(&mut self, now_ms: u64) {
+        match self.tx_hold {
+            Some(None) => self.tx_hold = Some(Some(now_ms.saturating_add(self.cfg.first_fpdu_hold_ms))),
+            Some(Some(t)) if now_ms >= t => self.tx_hold = None,
+            _ => {}
+        }
         if let Some(seg) = self.rx_stalled {
             match self.stall_deadline {
                 None => self.stall_deadline = Some(now_ms.saturating_add(self.cfg.rnr_wait_ms)),
@@ -789,6 +821,7 @@ impl Connection {
         }
         self.flush_all(None);
         self.state = State::Closed;
+        self.tx_hold = None;
         self.deadline = None;
         self.events.push_back(Event::Closed);
     }
@@ -1125,6 +1158,7 @@ impl Connection {
             return Some(Tx::Bytes(std::mem::take(&mut self.mpa_out)));
         }
         match self.state {
+            State::Established if self.tx_hold.is_some() => return None,
             State::Established => {}
             State::Error => {
                 // Only a pending Terminate goes out.
@@ -1639,7 +1673,7 @@ impl Connection {
         }
         let ext = self.cfg.extensions && f.hdr.flags & mpa::FLAG_UIW_EXT != 0;
         if ext {
-            flags |= mpa::FLAG_UIW_EXT;
+            flags |= mpa::FLAG_UIW_EXT_ACK;
         }
         if f.hdr.markers() {
             // We never do markers: reject, as siw does.
@@ -1816,7 +1850,8 @@ impl Connection {
             return;
         }
         let crc = f.hdr.crc() || self.cfg.crc;
-        let ext = self.cfg.extensions && f.hdr.flags & mpa::FLAG_UIW_EXT != 0;
+        // Only a uiw responder sets the acknowledgement bit; siw echoes our offer bit.
+        let ext = self.cfg.extensions && f.hdr.flags & mpa::FLAG_UIW_EXT_ACK != 0;
         // Our IRD stays as offered: the responder's ORD is ≤ it (RFC 6581).
         let (ird, mut ord) = (self.cfg.ird, self.cfg.ord);
         let mut p2p = false;
@@ -1849,6 +1884,9 @@ impl Connection {
         };
         self.neg = Some(neg.clone());
         self.state = State::Established;
+        if self.cfg.first_fpdu_hold_ms > 0 && !ext && self.rtr_kind.is_none() {
+            self.tx_hold = Some(None);
+        }
         // Initiator sends the RTR as its first FPDU (RFC 6581 §5).
         self.tx_rtr_uncounted = self.rtr_kind.is_some() && self.tx_follow.is_empty();
         match self.rtr_kind {
@@ -2117,6 +2155,7 @@ impl Connection {
                 self.rx_msn[qn::TERMINATE as usize] += 1;
                 self.counters.rx_terminates += 1;
                 self.state = State::Error;
+                self.tx_hold = None;
                 let status = t.code.remote_wc_status();
                 self.flush_all(Some(status));
                 self.events.push_back(Event::Terminated {
@@ -2292,6 +2331,7 @@ impl Connection {
         let bytes = self.control_message(qn::TERMINATE, Opcode::Terminate, &[], &body[..n]);
         self.counters.tx_terminates += 1;
         self.state = State::Error;
+        self.tx_hold = None;
         self.rx_cur = None;
         self.cur_tx = None;
         self.tx_follow.clear();
@@ -2341,6 +2381,7 @@ impl Connection {
     fn fail(&mut self, why: Failure) {
         self.flush_all(None);
         self.state = State::Error;
+        self.tx_hold = None;
         self.deadline = None;
         self.mpa_out.clear();
         self.events.push_back(Event::Failed(why));

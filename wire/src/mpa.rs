@@ -23,9 +23,13 @@
 //!   multiple of 8 ([`fpdu_max`]); MULPDU = that minus the 2-byte length and
 //!   the 4-byte CRC ([`mulpdu`]). Because `fpdu_max - 4` is a multiple of 4,
 //!   full FPDUs carry no pad.
-//! * uiw sets reserved flag bit 0x01 ([`FLAG_UIW_EXT`]) to advertise the
-//!   RFC 7306 extensions; RFC 5044 says receivers ignore reserved bits, and
-//!   the extensions are used only if both sides set it.
+//! * RFC 7306 §1.1 leaves the discovery of the extensions to the ULP or the
+//!   RNIC. uiw offers them with reserved flag bit 0x01 in its Request
+//!   ([`FLAG_UIW_EXT`]) and a uiw responder accepts with reserved bit 0x02 in
+//!   its Reply ([`FLAG_UIW_EXT_ACK`]); the extensions are used only then.
+//!   Two bits, because siw builds its Reply from the Request's header and
+//!   so echoes every flag bit it was sent, reserved ones included
+//!   (`siw_proc_mpareq`): an echoed 0x01 says nothing about the responder.
 
 use crate::error::WireError;
 
@@ -36,8 +40,11 @@ pub const FLAG_MARKERS: u8 = 0x80;
 pub const FLAG_CRC: u8 = 0x40;
 pub const FLAG_REJECT: u8 = 0x20;
 pub const FLAG_ENHANCED: u8 = 0x10;
-/// uiw private use of a reserved bit: "RFC 7306 extensions supported".
+/// uiw private use of a reserved bit, in a Request: "RFC 7306 extensions offered".
 pub const FLAG_UIW_EXT: u8 = 0x01;
+/// uiw private use of a reserved bit, in a Reply: "RFC 7306 extensions accepted" (a
+/// different bit from the offer, which a Reply that echoes the Request repeats).
+pub const FLAG_UIW_EXT_ACK: u8 = 0x02;
 /// Fixed part of a Request/Reply frame.
 pub const RR_HDR_LEN: usize = 20;
 /// RFC 5044 §7.1.

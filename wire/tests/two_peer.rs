@@ -1274,3 +1274,113 @@ fn inbound_atomics_count_against_ird() {
     // The atomic was not performed.
     assert_eq!(&b.m.bytes(0xb00)[8..16], &[0u8; 8]);
 }
+
+/// siw's `siw_accept` sends the MPA Reply before it hooks the stream to the QP; an FPDU
+/// that lands in between is not read until another segment arrives (captures README W13),
+/// and a request/response ULP (perftest's rdma_cm exchange) then waits forever. With
+/// `first_fpdu_hold_ms`, an initiator facing a responder that is not uiw (no extension
+/// flag in its Reply) sends nothing after the Reply until the hold has run out on its
+/// clock; towards a uiw responder, and with P2P (the RTR goes first), nothing is held.
+#[test]
+fn first_fpdu_held_towards_siw_responder() {
+    let held_pair = |ext_b: bool, p2p: bool| {
+        let mut ca = Config::new(Role::Initiator);
+        ca.extensions = true;
+        ca.first_fpdu_hold_ms = 50;
+        ca.p2p = p2p;
+        let mut cb = Config::new(Role::Responder);
+        cb.extensions = ext_b;
+        cb.p2p = p2p;
+        pair(ca, cb)
+    };
+
+    // siw-like responder: held until 50 ms after the clock starts
+    let (mut a, mut b) = held_pair(false, false);
+    assert!(a.c.tx_held());
+    assert!(!b.c.tx_held(), "a responder never holds");
+    assert_eq!(a.c.poll_timeout(), Some(0), "the hold asks for its clock at once");
+    b.post_recv(7, 64);
+    a.post_send(1, &pattern(40, 9), SendFlags::default());
+    let mut out = Vec::new();
+    assert!(!a.c.poll_transmit(&mut out, &a.m), "first FPDU sent during the hold");
+    a.c.handle_timeout(1000); // the clock starts: hold until 1050
+    assert_eq!(a.c.poll_timeout(), Some(1050));
+    a.c.handle_timeout(1049);
+    assert!(a.c.tx_held());
+    assert!(!a.c.poll_transmit(&mut out, &a.m), "sent before the hold ran out");
+    a.c.handle_timeout(1050);
+    assert!(!a.c.tx_held());
+    assert_eq!(a.c.poll_timeout(), None);
+    pump(&mut a, &mut b);
+    let rc = b.completions();
+    assert_eq!(rc.len(), 1);
+    assert_eq!(rc[0].status, WcStatus::Success);
+    assert_eq!(b.m.recvs[&7][..40], pattern(40, 9)[..]);
+    assert_eq!(a.completions()[0].status, WcStatus::Success);
+
+    // uiw responder (extensions offered back): nothing held
+    let (a, _b) = held_pair(true, false);
+    assert!(!a.c.tx_held());
+    // P2P: the RTR is the first FPDU and goes at once
+    let (a, _b) = held_pair(false, true);
+    assert!(!a.c.tx_held());
+
+    // a failure during the hold still lets the Terminate / close through
+    let (mut a, _b) = held_pair(false, false);
+    a.c.handle_eof();
+    assert!(!a.c.tx_held());
+    assert_eq!(a.c.poll_timeout(), None);
+}
+
+/// siw answers a Request with a Reply built from the Request's own header, so every flag
+/// bit we send comes back — the reserved bit uiw uses to offer RFC 7306 included. Bytes
+/// from a uiw → siw (Linux 6.12) connection with UIW_CRC=1 (`ci/siw-interop.sh`,
+/// crc-uiw-h2g-read): Request flags 0x51 (C, enhanced, uiw offer), Reply flags 0x51.
+/// Such a Reply must not switch the extensions on (siw would Terminate an Immediate Data
+/// or Atomic opcode), and the first FPDU must be held as towards any siw responder.
+#[test]
+fn siw_echoed_offer_bit_is_not_an_acceptance() {
+    let mut cfg = Config::new(Role::Initiator);
+    cfg.extensions = true;
+    cfg.crc = true;
+    cfg.ird = 1;
+    cfg.ord = 1;
+    cfg.first_fpdu_hold_ms = 50;
+    let mut a = Peer::new(cfg);
+    let mut out = Vec::new();
+    assert!(a.c.poll_transmit(&mut out, &a.m));
+    let request = hex("4d504120494420526571204672616d655102000400010001");
+    assert_eq!(out, request, "our Request differs from the captured one");
+    let reply = hex("4d504120494420526570204672616d655102000400010000");
+    assert_eq!(reply[16], request[16], "siw echoed the flags byte");
+    let mut off = 0;
+    while off < reply.len() {
+        off += a.c.handle_bytes(&reply[off..], &mut a.m);
+    }
+    assert_eq!(a.c.state(), State::Established);
+    let neg = a.c.negotiated().unwrap().clone();
+    assert!(!neg.extensions, "echoed offer bit taken for an acceptance");
+    assert!(neg.crc);
+    assert!(a.c.tx_held(), "first FPDU towards siw not held");
+    // an RFC 7306 operation now fails locally instead of reaching siw
+    assert!(a.c.post_write(9, 0x1000, 0, 8, Some(7)).is_err());
+
+    // a uiw responder answers the offer with the acknowledgement bit, not the offer bit
+    let mut b = Peer::new({
+        let mut c = Config::new(Role::Responder);
+        c.extensions = true;
+        c
+    });
+    let mut off = 0;
+    while off < request.len() {
+        off += b.c.handle_bytes(&request[off..], &mut b.m);
+    }
+    let mut rep = Vec::new();
+    while b.c.poll_transmit(&mut rep, &b.m) {}
+    assert_eq!(rep[16] & (mpa::FLAG_UIW_EXT | mpa::FLAG_UIW_EXT_ACK), mpa::FLAG_UIW_EXT_ACK);
+    assert!(b.c.negotiated().unwrap().extensions);
+}
+
+fn hex(s: &str) -> Vec<u8> {
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+}

@@ -402,6 +402,7 @@ impl Qp {
         let env = self.env(inner.attrs.qp_access_flags);
         let closed = inner.dp.link.as_ref().is_some_and(|l| l.peer_closed.is_some());
         let stalled = inner.dp.link.as_ref().is_some_and(|l| l.conn.rx_stalled());
+        let held = inner.dp.link.as_ref().is_some_and(|l| l.conn.tx_held());
         let r = inner.dp.pump(&env);
         self.sync_stats(inner);
         self.after(inner);
@@ -410,6 +411,10 @@ impl Qp {
         {
             // The peer closed, or a Send now waits for a receive (wire `rnr_wait_ms`): the
             // progress thread takes the new deadline.
+            self.net.wake();
+        }
+        if !held && inner.dp.link.as_ref().is_some_and(|l| l.conn.tx_held()) {
+            // A first FPDU is held for a siw responder: the progress thread releases it.
             self.net.wake();
         }
         Some(r)
@@ -462,11 +467,20 @@ impl Qp {
             return;
         }
         if l.conn.poll_timeout().is_some_and(|d| d <= now) {
+            let held = l.conn.tx_held();
             l.conn.handle_timeout(now);
+            let released = held && !l.conn.tx_held();
             let env = self.env(inner.attrs.qp_access_flags);
             if let Some(f) = inner.dp.drain_events(&env) {
                 self.fail_locked(inner, f);
                 return;
+            }
+            if released {
+                // the first FPDU held for a siw responder may go now
+                if let Some((_, Some(f))) = self.pump_locked(&mut inner) {
+                    self.fail_locked(inner, f);
+                    return;
+                }
             }
         }
         drop(inner);

@@ -159,6 +159,9 @@ pub fn config(role: Role, ird: u16, ord: u16, private_data: Vec<u8>, mss: usize)
     c.mpa_timeout_ms = mpa_timeout_ms();
     c.rnr_wait_ms = RNR_WAIT_MS;
     c.even_segments = true;
+    // Towards a peer that is not uiw (siw), the first FPDU waits a little after the Reply:
+    // siw reads nothing that arrives before it has hooked the stream to its QP.
+    c.first_fpdu_hold_ms = std::env::var("UIW_FIRST_FPDU_HOLD_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(FIRST_FPDU_HOLD_MS);
     c
 }
 
@@ -167,6 +170,10 @@ pub fn config(role: Role, ird: u16, ord: u16, private_data: Vec<u8>, mss: usize)
 /// sender that runs ahead of a receiver reposting its buffers (qperf's rc_bw, any
 /// credit-less Send stream) would otherwise lose the connection to a scheduling hiccup.
 pub const RNR_WAIT_MS: u64 = 5_000;
+
+/// Default of `UIW_FIRST_FPDU_HOLD_MS` (see `uiw_wire::conn::Config::first_fpdu_hold_ms`): long
+/// enough for siw under an emulated CPU, a one-time cost per connection to a non-uiw peer.
+pub const FIRST_FPDU_HOLD_MS: u64 = 50;
 
 /// Sets up a stream socket as the data path wants it: non-blocking, no Nagle, dead-peer
 /// detection ([`peer_timeout_ms`]). Returns the MSS.

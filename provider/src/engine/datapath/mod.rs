@@ -502,6 +502,10 @@ impl DataPath {
             match ev {
                 Event::Established(neg) => {
                     l.established = true;
+                    if l.conn.tx_held() {
+                        // the hold's clock starts now
+                        l.conn.handle_timeout(super::transport::now_ms());
+                    }
                     self.notices.push(Notice::Established(neg));
                     if let Some(f) = self.feed_all(env) {
                         fatal = fatal.or(Some(f));
