@@ -21,8 +21,10 @@ pub const FLAG_TAGGED: u8 = 0x80;
 pub const FLAG_LAST: u8 = 0x40;
 pub const DDP_VERSION: u8 = 1;
 
-/// Untagged queue numbers used by RDMAP (RFC 5040 §5.1; RFC 7306 §8 for the
-/// atomic queues). QN 3/4 are used only between uiw peers.
+/// Untagged queue numbers used by RDMAP (RFC 5040 §5.1, what siw uses: 0 Send,
+/// 1 Read Request, 2 Terminate). QN 3/4 for atomics are uiw's and used only
+/// between uiw peers that negotiated RFC 7306; RFC 7306's own assignment (its
+/// §4 table) is still to be checked — see wire/README.md, "RFC 7306".
 pub mod qn {
     pub const SEND: u32 = 0;
     pub const READ_REQUEST: u32 = 1;

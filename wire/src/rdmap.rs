@@ -9,7 +9,12 @@
 //!   the echoed RDMAP (Read Request) header when R is set (QN 2);
 //! * RFC 7306: Immediate Data (8 bytes payload on QN 0), Atomic Request
 //!   (QN 3) and Atomic Response (QN 4). Write with Immediate is a Write
-//!   followed by an Immediate Data message.
+//!   followed by an Immediate Data message. Used only between uiw peers that
+//!   negotiated them (`mpa::FLAG_UIW_EXT`/`FLAG_UIW_EXT_ACK`). Wireshark has no
+//!   RFC 7306 support (opcodes 8–15 are "Unknown"); the opcode values and the
+//!   atomic queue numbers are not yet checked against the RFC's §4 table and
+//!   §10 (wire/README.md, "RFC 7306": RFC 7306 may place Atomic Requests on
+//!   QN 1 with Atomic Responses on QN 3, and Immediate Data at 0xC/0xD).
 //!
 //! siw lays out its Terminate Control wrongly on little-endian hosts (layer
 //! and error type swapped inside byte 0, M/D/R in the *low* bits of byte 2),

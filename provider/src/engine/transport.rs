@@ -159,6 +159,15 @@ pub fn config(role: Role, ird: u16, ord: u16, private_data: Vec<u8>, mss: usize)
     c.mpa_timeout_ms = mpa_timeout_ms();
     c.rnr_wait_ms = RNR_WAIT_MS;
     c.even_segments = true;
+    // RFC 6581 §5 peer-to-peer mode: a responder answers an initiator that asks for an RTR
+    // (siw built with peer_to_peer), picking the zero-length Write as siw does; an initiator
+    // asks for one (Write or Read RTR, as siw) only with UIW_MPA_P2P=1.
+    c.p2p = role == Role::Responder || std::env::var("UIW_MPA_P2P").is_ok_and(|v| v == "1");
+    // MPA revision 1 (RFC 5044, no IRD/ORD words) for an initiator with UIW_MPA_REVISION=1;
+    // a responder answers revision 1 Requests with revision 1 anyway.
+    if role == Role::Initiator && std::env::var("UIW_MPA_REVISION").is_ok_and(|v| v == "1") {
+        c.revision = 1;
+    }
     // Towards a peer that is not uiw (siw), the first FPDU waits a little after the Reply:
     // siw reads nothing that arrives before it has hooked the stream to its QP.
     c.first_fpdu_hold_ms = std::env::var("UIW_FIRST_FPDU_HOLD_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(FIRST_FPDU_HOLD_MS);
@@ -321,6 +330,45 @@ mod tests {
         assert!(is_initiator(lo, 0x1001, lo, 0x2001));
         assert!(!is_initiator(lo, 0x2001, lo, 0x1001));
         assert!(is_initiator(Ipv4Addr::new(10, 0, 0, 1), 0x9001, Ipv4Addr::new(10, 0, 0, 2), 0x1001));
+    }
+
+    /// siw built with `peer_to_peer` asks for an RTR (IRD|0x8000, ORD|0xC000) and sends a
+    /// Terminate ("no matching RTR") to a Reply without one: every siw → uiw connection
+    /// failed. Bytes from `ci/siw-interop.sh` (p2p-g2h-rping): the Request, then siw's RTR
+    /// (a zero-length Write to STag 1). uiw's responder must pick the Write RTR, as siw's
+    /// own responder does, and go to RTS on the RTR.
+    #[test]
+    fn responder_answers_siw_p2p_request_with_write_rtr() {
+        let hex = |s: &str| -> Vec<u8> { (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect() };
+        let mut c = Connection::new(config(Role::Responder, 0, 0, Vec::new(), 1460), 0);
+        let req = hex("4d504120494420526571204672616d65100200048001c001");
+        struct NoMem;
+        impl Memory for NoMem {
+            fn check_tagged(&self, _: u32, _: u64, _: u32, _: Access) -> Result<(), TaggedError> {
+                Err(TaggedError::InvalidStag)
+            }
+        }
+        let mut m = NoMem;
+        let mut off = 0;
+        while off < req.len() {
+            off += c.rx_bytes(&req[off..], &mut m);
+        }
+        let Some(Event::ConnectRequest(r)) = c.poll_event() else { panic!("no request") };
+        assert!(r.ird_ord.is_some_and(|io| io.p2p && io.write_rtr && io.read_rtr));
+        c.accept(1, 1, &[], 0).unwrap();
+        let Some(uiw_wire::conn::Tx::Bytes(rep)) = c.next_tx() else { panic!("no reply") };
+        // flags 0x10, rev 2, IRD 1 | P2P, ORD 1 | Write RTR
+        assert_eq!(rep, hex("4d504120494420526570204672616d65100200048001 8001".replace(' ', "").as_str()));
+        assert_eq!(c.state(), uiw_wire::conn::State::WaitRtr);
+        // siw's RTR: a zero-length tagged Write to STag 1, TO 0, L=1, CRC field zero
+        let rtr = hex(concat!("000e", "c140", "00000001", "0000000000000000", "00000000"));
+        let mut off = 0;
+        while off < rtr.len() {
+            let n = c.rx_bytes(&rtr[off..], &mut m);
+            assert!(n > 0, "RTR not taken");
+            off += n;
+        }
+        assert_eq!(c.state(), uiw_wire::conn::State::Established);
     }
 
     #[test]
