@@ -12,7 +12,8 @@
 #               g2h: siw is the client, uiw (host) the server
 #   modes       off      stock siw, CRC off on both sides
 #               crc-uiw  stock siw, uiw asks for CRC (UIW_CRC=1); siw must use it (RFC 5044)
-#               crc-siw  siw built with mpa_crc_required: siw asks for CRC
+#               crc-siw  siw built with mpa_crc_required: siw asks for CRC (as initiator
+#                        only: as responder it uses CRC only when asked)
 #               rev1     siw built with mpa_version=1 (MPA revision 1, no IRD/ORD words)
 #               p2p      siw built with peer_to_peer: MPA v2 P2P with an RTR message
 #
@@ -235,7 +236,12 @@ attempt() {
 	kill -INT "$cap" 2>/dev/null || true
 	wait "$cap" 2>/dev/null || true
 	vm 'dmesg -c' >"$d/guest-dmesg.log" 2>&1 || true
-	tshark_check "$d/host.pcap" "$([[ $mode == crc-* ]] && echo 1 || echo 0)" >"$d/tshark.log" 2>&1 || rc_t=$?
+	# CRC on the wire: uiw asked for it, or siw built with mpa_crc_required initiated. As a
+	# responder that build does not require CRC: siw_proc_mpareq sets C in its Reply only
+	# when the Request had it (so crc-siw h2g runs without CRC, as siw to siw would).
+	local want_crc=0
+	[[ $mode == crc-uiw || ($mode == crc-siw && $dir == g2h) ]] && want_crc=1
+	tshark_check "$d/host.pcap" "$want_crc" >"$d/tshark.log" 2>&1 || rc_t=$?
 	if [[ $tool == rping && $rc_c == 0 ]]; then
 		# rping exits 0 on some failures: every ping must have been verified and printed
 		local pings

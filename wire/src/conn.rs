@@ -162,8 +162,8 @@ pub struct Config {
     /// Split messages into near-equal FPDUs within MULPDU ([`Segmenter::even`]) instead of
     /// full ones and a short tail (siw's way, the default: its captures match byte for byte).
     pub even_segments: bool,
-    /// Initiator: hold the first FPDU this long (ms) after the MPA Reply when
-    /// the responder is not a uiw peer and no RTR goes first. The kernel's
+    /// Initiator: hold the first FPDU (the RTR in P2P mode) this long (ms)
+    /// after the MPA Reply when the responder is not a uiw peer. The kernel's
     /// siw sends its Reply before it hooks the socket to the QP
     /// (`siw_accept`), and an FPDU that arrives in between is not read until
     /// another segment comes — a request/response ULP then waits forever.
@@ -1884,7 +1884,9 @@ impl Connection {
         };
         self.neg = Some(neg.clone());
         self.state = State::Established;
-        if self.cfg.first_fpdu_hold_ms > 0 && !ext && self.rtr_kind.is_none() {
+        // siw's P2P responder hooks its RTR reader after the Reply too (siw_accept), so the
+        // RTR is held as well.
+        if self.cfg.first_fpdu_hold_ms > 0 && !ext {
             self.tx_hold = Some(None);
         }
         // Initiator sends the RTR as its first FPDU (RFC 6581 §5).

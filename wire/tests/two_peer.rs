@@ -1279,8 +1279,8 @@ fn inbound_atomics_count_against_ird() {
 /// that lands in between is not read until another segment arrives (captures README W13),
 /// and a request/response ULP (perftest's rdma_cm exchange) then waits forever. With
 /// `first_fpdu_hold_ms`, an initiator facing a responder that is not uiw (no extension
-/// flag in its Reply) sends nothing after the Reply until the hold has run out on its
-/// clock; towards a uiw responder, and with P2P (the RTR goes first), nothing is held.
+/// flag in its Reply) sends nothing after the Reply — not even a P2P RTR — until the hold
+/// has run out on its clock; towards a uiw responder nothing is held.
 #[test]
 fn first_fpdu_held_towards_siw_responder() {
     let held_pair = |ext_b: bool, p2p: bool| {
@@ -1321,9 +1321,25 @@ fn first_fpdu_held_towards_siw_responder() {
     // uiw responder (extensions offered back): nothing held
     let (a, _b) = held_pair(true, false);
     assert!(!a.c.tx_held());
-    // P2P: the RTR is the first FPDU and goes at once
-    let (a, _b) = held_pair(false, true);
-    assert!(!a.c.tx_held());
+    // P2P: the RTR is the first FPDU and is held as well (siw hooks its RTR reader after
+    // the Reply, and an RTR sent at once sat unread with the Send behind it)
+    let (mut a, mut b) = {
+        let mut ca = Config::new(Role::Initiator);
+        ca.extensions = true;
+        ca.first_fpdu_hold_ms = 50;
+        ca.p2p = true;
+        let mut cb = Config::new(Role::Responder);
+        cb.p2p = true;
+        (Peer::new(ca), Peer::new(cb))
+    };
+    pump(&mut a, &mut b);
+    assert_eq!(a.c.state(), State::Established);
+    assert!(a.c.tx_held());
+    assert_eq!(b.c.state(), State::WaitRtr);
+    a.c.handle_timeout(0);
+    a.c.handle_timeout(50);
+    pump(&mut a, &mut b);
+    assert_eq!(b.c.state(), State::Established, "RTR not sent after the hold");
 
     // a failure during the hold still lets the Terminate / close through
     let (mut a, _b) = held_pair(false, false);
