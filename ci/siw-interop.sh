@@ -250,7 +250,7 @@ attempt() {
 	fi
 	[[ $rc_s == 0 && $rc_c == 0 && $rc_t == 0 ]] && return 0
 	att_note="server rc=$rc_s client rc=$rc_c tshark rc=$rc_t${att_note:+ ($att_note)}: $(
-		grep -h -m1 -E 'Bad wc status|Unexpected CM|ERRNO|error' "$d"/*client.log "$d"/*server.log 2>/dev/null | head -1 | tr -s ' ')"
+		{ grep -h -m1 -E 'Bad wc status|Unexpected CM|ERRNO|error' "$d"/*client.log "$d"/*server.log 2>/dev/null || true; } | head -1 | tr -s ' ')"
 	return 1
 }
 
