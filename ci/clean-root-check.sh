@@ -97,6 +97,12 @@ mmdebstrap --variant=minbase --include=$include bookworm "$root" \
 	"deb $mirror bookworm main" "deb $mirror bookworm-updates main" \
 	"deb $sec bookworm-security main"
 
+# The new root as a mount point of its own (private), as / is on a real machine:
+# tools that unshare a mount namespace (ci/distro-chroot.sh) make / private,
+# which fails on a directory that is not a mount point.
+mnt --bind "$root" "$root"
+mount --make-private "$root"
+
 if [[ $sudo_user == 1 ]]; then
 	chroot "$root" useradd -m -s /bin/bash dev
 	echo 'dev ALL=(ALL) NOPASSWD:ALL' >"$root/etc/sudoers.d/dev"
