@@ -68,12 +68,16 @@ ROWS
     write_bw_64k write_bw_1m   ib_write_bw -s SIZE -D secs, requester side
     write_bw_1m_crc            ib_write_bw 1 MiB with MPA CRC32c requested (UIW_CRC=1 on
                                both sides) against the same without: CRC's cost
+    write_bw_64                ib_write_bw -s 64: message rate against 64-byte TCP writes
+    write_bw_64_q4             ib_write_bw -s 64 -q 4 against four such TCP streams
+    write_bw_64k_q2            ib_write_bw -s 65536 -q 2 against two TCP streams
     write_lat send_lat         ib_write_lat / ib_send_lat -s 8 -n iters, t_typical
                                (median) of the half round trip
     read_bw_64k read_bw_1m     ib_read_bw, informational
     send_bw_64k send_bw_1m     ib_send_bw, informational
     read_lat                   ib_read_lat 8 B: a full read round trip, compared with
-                               the peers' half round trips x 2
+                               the peers' half round trips x 2 (target: <= 1.2x, i.e.
+                               2.4x the TCP half round trip)
     sweep                      the size sweep
 
 UNITS

@@ -36,6 +36,15 @@ pub enum Kind {
         prog: &'static str,
     },
     TcpBw,
+    /// `tcpbench bw -n STREAMS`: that many TCP streams at once, summed at the receivers.
+    TcpBwN {
+        streams: u32,
+    },
+    /// A perftest bandwidth program over uiw with `-q QPS` (that many QPs at once).
+    PerftestQ {
+        prog: &'static str,
+        qps: u32,
+    },
     TcpPp,
     Iperf3,
     UcxPutBw,
@@ -72,6 +81,8 @@ impl Probe {
         let k = match self.kind {
             Kind::Perftest { prog } => return format!("uiw.{prog}.{}", self.size),
             Kind::PerftestCrc { prog } => return format!("uiw_crc.{prog}.{}", self.size),
+            Kind::PerftestQ { prog, qps } => return format!("uiw.{prog}_q{qps}.{}", self.size),
+            Kind::TcpBwN { streams } => return format!("tcp.bw_{streams}streams.{}", self.size),
             Kind::TcpBw => "tcp.bw",
             Kind::TcpPp => "tcp.pp_busy",
             Kind::Iperf3 => "tcp.iperf3",
@@ -90,6 +101,8 @@ impl Probe {
         match self.kind {
             Kind::Perftest { prog } => format!("uiw {prog} {s}"),
             Kind::PerftestCrc { prog } => format!("uiw {prog} {s}, MPA CRC on (UIW_CRC=1)"),
+            Kind::PerftestQ { prog, qps } => format!("uiw {prog} -q {qps} {s}"),
+            Kind::TcpBwN { streams } => format!("TCP {streams} streams {s} (tcpbench bw -n {streams})"),
             Kind::TcpBw => format!("TCP single stream {s} (tcpbench bw)"),
             Kind::TcpPp => format!("TCP busy-poll ping-pong {s} (tcpbench pp -b)"),
             Kind::Iperf3 => format!("TCP iperf3 -l {s}"),
@@ -104,8 +117,8 @@ impl Probe {
     /// The software stack, for the table's peer column and the charts.
     pub fn stack(&self) -> &'static str {
         match self.kind {
-            Kind::Perftest { .. } | Kind::PerftestCrc { .. } => "uiw",
-            Kind::TcpBw | Kind::TcpPp | Kind::Iperf3 => "TCP",
+            Kind::Perftest { .. } | Kind::PerftestCrc { .. } | Kind::PerftestQ { .. } => "uiw",
+            Kind::TcpBw | Kind::TcpBwN { .. } | Kind::TcpPp | Kind::Iperf3 => "TCP",
             Kind::UcxPutBw | Kind::UcxAmLat | Kind::UcxTagLat => "UCX",
             Kind::FiPingpong | Kind::FiRmaBw => "libfabric",
         }
@@ -114,8 +127,8 @@ impl Probe {
     pub fn metric(&self) -> Metric {
         match self.kind {
             Kind::Perftest { prog } if prog.ends_with("_lat") => Metric::Latency,
-            Kind::Perftest { .. } | Kind::PerftestCrc { .. } => Metric::Bandwidth,
-            Kind::TcpBw | Kind::Iperf3 | Kind::UcxPutBw | Kind::FiRmaBw => Metric::Bandwidth,
+            Kind::Perftest { .. } | Kind::PerftestCrc { .. } | Kind::PerftestQ { .. } => Metric::Bandwidth,
+            Kind::TcpBw | Kind::TcpBwN { .. } | Kind::Iperf3 | Kind::UcxPutBw | Kind::FiRmaBw => Metric::Bandwidth,
             Kind::TcpPp | Kind::UcxAmLat | Kind::UcxTagLat | Kind::FiPingpong => Metric::Latency,
         }
     }
@@ -129,8 +142,8 @@ impl Probe {
             Kind::Perftest { .. } if self.metric() == Metric::Latency => {
                 "requester, half round trip"
             }
-            Kind::Perftest { .. } | Kind::PerftestCrc { .. } => "requester",
-            Kind::TcpBw | Kind::Iperf3 => "receiver",
+            Kind::Perftest { .. } | Kind::PerftestCrc { .. } | Kind::PerftestQ { .. } => "requester",
+            Kind::TcpBw | Kind::TcpBwN { .. } | Kind::Iperf3 => "receiver",
             Kind::UcxPutBw | Kind::FiRmaBw => "initiator",
             Kind::TcpPp | Kind::UcxAmLat | Kind::UcxTagLat | Kind::FiPingpong => {
                 "client, half round trip"
@@ -141,8 +154,8 @@ impl Probe {
     /// The program that must exist on PATH (or be built) for this probe.
     pub fn tool(&self) -> &'static str {
         match self.kind {
-            Kind::Perftest { prog } | Kind::PerftestCrc { prog } => prog,
-            Kind::TcpBw | Kind::TcpPp => "tcpbench",
+            Kind::Perftest { prog } | Kind::PerftestCrc { prog } | Kind::PerftestQ { prog, .. } => prog,
+            Kind::TcpBw | Kind::TcpBwN { .. } | Kind::TcpPp => "tcpbench",
             Kind::Iperf3 => "iperf3",
             Kind::UcxPutBw | Kind::UcxAmLat | Kind::UcxTagLat => "ucx_perftest",
             Kind::FiPingpong => "fi_pingpong",
@@ -153,8 +166,8 @@ impl Probe {
     pub fn parse(&self, out: &str) -> Result<f64, String> {
         match self.kind {
             Kind::Perftest { .. } if self.metric() == Metric::Latency => parse::perftest_lat(out),
-            Kind::Perftest { .. } | Kind::PerftestCrc { .. } => parse::perftest_bw(out),
-            Kind::TcpBw => parse::tcpbench_bw(out),
+            Kind::Perftest { .. } | Kind::PerftestCrc { .. } | Kind::PerftestQ { .. } => parse::perftest_bw(out),
+            Kind::TcpBw | Kind::TcpBwN { .. } => parse::tcpbench_bw(out),
             Kind::TcpPp => parse::tcpbench_pp(out),
             Kind::Iperf3 => parse::iperf3_json(out),
             Kind::UcxPutBw => parse::ucx_bw(out),
@@ -228,7 +241,7 @@ impl Probe {
         let bw_timeout = Duration::from_secs_f64(len.secs + 30.0);
         let lat_timeout = Duration::from_secs(60);
         let plan = match self.kind {
-            Kind::Perftest { prog } | Kind::PerftestCrc { prog } => {
+            Kind::Perftest { prog } | Kind::PerftestCrc { prog } | Kind::PerftestQ { prog, .. } => {
                 let mut args: Vec<String> = vec![
                     "-d".into(),
                     ctx.device.clone(),
@@ -240,6 +253,9 @@ impl Probe {
                     size,
                     "-F".into(),
                 ];
+                if let Kind::PerftestQ { qps, .. } = self.kind {
+                    args.extend(["-q".into(), qps.to_string()]);
+                }
                 let bw = self.metric() == Metric::Bandwidth;
                 if bw {
                     args.extend(["-D".into(), secs_arg(len.secs.max(1.0).round())]);
@@ -259,11 +275,14 @@ impl Probe {
                     audit_after: bw.then(|| Duration::from_secs_f64(len.secs / 2.0)),
                 }
             }
-            Kind::TcpBw | Kind::TcpPp => {
+            Kind::TcpBw | Kind::TcpBwN { .. } | Kind::TcpPp => {
                 let mut c = ctx
                     .cmd(&ctx.tcpbench.display().to_string())
-                    .arg(if self.kind == Kind::TcpBw { "bw" } else { "pp" })
+                    .arg(if self.kind == Kind::TcpPp { "pp" } else { "bw" })
                     .args(["-s", &size, "-t", &secs_arg(len.secs), "-p", &p]);
+                if let Kind::TcpBwN { streams } = self.kind {
+                    c = c.args(["-n", &streams.to_string()]);
+                }
                 if self.kind == Kind::TcpPp {
                     c = c.arg("-b");
                 }
@@ -272,7 +291,7 @@ impl Probe {
                     client: c,
                     port: None,
                     timeout: bw_timeout,
-                    audit_after: (self.kind == Kind::TcpBw)
+                    audit_after: (self.kind != Kind::TcpPp)
                         .then(|| Duration::from_secs_f64(len.secs / 2.0)),
                 }
             }

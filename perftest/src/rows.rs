@@ -84,6 +84,33 @@ fn crc_row() -> Row {
     }
 }
 
+/// Message rate and many QPs (issue 9): `ib_write_bw -s 64` against a stream of 64-byte TCP
+/// `write()`s (the same size on both sides, so the bandwidth ratio is the message-rate ratio),
+/// `-q 4` at 64 B against four such streams, and `-q 2` at 64 KiB against two TCP streams.
+fn multi_rows() -> Vec<Row> {
+    let q = |qps, size| Probe::new(Kind::PerftestQ { prog: "ib_write_bw", qps }, size);
+    vec![
+        Row {
+            name: "write_bw_64".into(),
+            uiw: Probe::new(Kind::Perftest { prog: "ib_write_bw" }, 64),
+            peers: vec![peer(Kind::TcpBw, 64, Some(Target::AtLeast(1.0)))],
+        },
+        Row {
+            name: "write_bw_64_q4".into(),
+            uiw: q(4, 64),
+            peers: vec![
+                peer(Kind::TcpBwN { streams: 4 }, 64, Some(Target::AtLeast(1.0))),
+                peer(Kind::TcpBw, 64, None),
+            ],
+        },
+        Row {
+            name: "write_bw_64k_q2".into(),
+            uiw: q(2, KIB64),
+            peers: vec![peer(Kind::TcpBwN { streams: 2 }, KIB64, Some(Target::AtLeast(0.9)))],
+        },
+    ]
+}
+
 /// Every row, in table order. The issue's targets sit on the write_bw,
 /// write_lat and send_lat rows; the others are informational.
 pub fn all() -> Vec<Row> {
@@ -91,7 +118,9 @@ pub fn all() -> Vec<Row> {
     for p in &mut read_lat.peers {
         p.scale = 2.0; // peers report half round trips, a read is a full one
     }
-    vec![
+    // Issue 9: ib_read_lat ≤ 2.4× the TCP busy-poll half round trip, i.e. ≤ 1.2× its full one.
+    read_lat.peers[0].target = Some(Target::AtMost(1.2));
+    let mut rows = vec![
         bw_row("ib_write_bw", KIB64, true),
         bw_row("ib_write_bw", MIB1, true),
         crc_row(),
@@ -102,7 +131,10 @@ pub fn all() -> Vec<Row> {
         bw_row("ib_send_bw", KIB64, false),
         bw_row("ib_send_bw", MIB1, false),
         read_lat,
-    ]
+    ];
+    let at = rows.iter().position(|r| r.name == "write_lat").unwrap_or(rows.len());
+    rows.splice(at..at, multi_rows());
+    rows
 }
 
 /// The rows `--only` selects (all when `only` is empty). Unknown names are
@@ -155,6 +187,9 @@ mod tests {
                 "write_bw_64k",
                 "write_bw_1m",
                 "write_bw_1m_crc",
+                "write_bw_64",
+                "write_bw_64_q4",
+                "write_bw_64k_q2",
                 "write_lat",
                 "send_lat",
                 "read_bw_64k",
@@ -169,12 +204,19 @@ mod tests {
         assert_eq!(w.peers[0].target, Some(Target::AtLeast(0.9)));
         assert_eq!(w.peers[1].target, Some(Target::Above(1.0)));
         assert_eq!(rows[2].peers[0].target, Some(Target::AtLeast(0.9)));
-        let l = &rows[4];
+        assert_eq!(rows[3].uiw.size, 64);
+        assert_eq!(rows[3].peers[0].target, Some(Target::AtLeast(1.0)));
+        assert_eq!(rows[4].uiw.kind, Kind::PerftestQ { prog: "ib_write_bw", qps: 4 });
+        assert_eq!(rows[4].peers[0].probe.kind, Kind::TcpBwN { streams: 4 });
+        assert_eq!(rows[5].peers[0].target, Some(Target::AtLeast(0.9)));
+        let l = &rows[7];
         assert_eq!(l.peers[0].target, Some(Target::AtMost(1.2)));
         assert_eq!(l.peers[1].target, Some(Target::Below(1.0)));
         assert_eq!(l.peers[2].target, Some(Target::Below(1.0)));
-        assert!(rows[5].peers.iter().all(|p| p.target.is_none()));
-        assert!(rows[9].peers.iter().all(|p| p.scale == 2.0));
+        assert!(rows[8].peers.iter().all(|p| p.target.is_none()));
+        let r = &rows[12];
+        assert!(r.peers.iter().all(|p| p.scale == 2.0));
+        assert_eq!(r.peers[0].target, Some(Target::AtMost(1.2)), "2.4x the half round trip");
     }
 
     #[test]
