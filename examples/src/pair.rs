@@ -313,32 +313,43 @@ impl fmt::Display for Finished {
     }
 }
 
-/// A TCP port nothing listens on (on 127.0.0.1, 0.0.0.0 and ::) right now,
-/// and not handed out before by this process.
+/// Where [`free_port`] looks: below uiw's QP ports (`UIW_PORT_BASE`, 20000 and up) and
+/// below the kernel's ephemeral range (32768 and up by default). A port the kernel hands out
+/// as an ephemeral one can be taken, between the check and the server's `listen`, by the local
+/// end of any outgoing connection (the tests make hundreds) — then `listen` fails with
+/// EADDRINUSE.
+pub const TEST_PORTS: std::ops::Range<u16> = 10000..20000;
+
+/// A TCP port in [`TEST_PORTS`] nothing is bound to (on 127.0.0.1, 0.0.0.0 and ::) right
+/// now, and not handed out before by this process. The search starts at a place that differs
+/// between processes, so test binaries running side by side rarely try the same ports.
 pub fn free_port() -> u16 {
     static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
     let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
     let given = given.get_or_insert_with(HashSet::new);
-    for _ in 0..1000 {
-        let Ok(l) = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)) else {
-            continue;
-        };
-        let Ok(addr) = l.local_addr() else { continue };
-        drop(l);
-        let port = addr.port();
+    let span = u32::from(TEST_PORTS.end - TEST_PORTS.start);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let start = (std::process::id().wrapping_mul(2_654_435_761) ^ nanos) % span;
+    for i in 0..span {
+        let port = TEST_PORTS.start + ((start + i) % span) as u16;
         if given.contains(&port) {
             continue;
         }
-        let any4 = TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)).is_ok();
+        let lo = TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok();
+        let any4 = lo && TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)).is_ok();
         // A host without IPv6 cannot have anything listening there either.
-        let any6 = TcpListener::bind((Ipv6Addr::UNSPECIFIED, port)).is_ok()
-            || !std::path::Path::new("/proc/net/tcp6").exists();
-        if any4 && any6 {
+        let any6 = any4
+            && (TcpListener::bind((Ipv6Addr::UNSPECIFIED, port)).is_ok()
+                || !std::path::Path::new("/proc/net/tcp6").exists());
+        if any6 {
             given.insert(port);
             return port;
         }
     }
-    panic!("cannot find a free TCP port");
+    panic!("cannot find a free TCP port in {TEST_PORTS:?}");
 }
 
 /// Is some socket in LISTEN state on TCP `port` (any address, v4 or v6)?
