@@ -79,10 +79,11 @@ for prov in "${providers[@]}"; do
 	log=$logs/$(echo "$prov" | tr ';' '_').log
 	echo "==> fabtests ${FABTESTS_SET:-quick}, provider $prov (log: $log)" >&2
 	# The PID namespace (see the header), then the network namespace, then uiw run.
-	unshare --pid --fork --mount-proc \
+	# From the log directory: fabtests write crash backtraces (*.btr) into the cwd.
+	(cd "$logs" && unshare --pid --fork --mount-proc \
 		ip netns exec "$ns" "$uiw" run -- \
 		"$runfab" -v -T "${FABTESTS_TIMEOUT:-60}" -t "${FABTESTS_SET:-quick}" \
-		-p "$bin" -s 10.77.0.1 -c 10.77.0.1 "$prov" >"$log" 2>&1 || true
+		-p "$bin" -s 10.77.0.1 -c 10.77.0.1 "$prov" >"$log" 2>&1) || true
 	pass=$(awk '/# Total Pass/ {print $NF}' "$log" | tail -1)
 	notrun=$(awk '/# Total Notrun/ {print $NF}' "$log" | tail -1)
 	fail=$(awk '/# Total Fail/ {print $NF}' "$log" | tail -1)
