@@ -51,7 +51,7 @@ if [[ $(id -u) -eq 0 ]]; then
 	step "ci/deb-test.sh (the .deb in a clean Debian 12 chroot)"
 	bash ci/deb-test.sh
 	step "cargo test --workspace ${profile_args[*]}"
-	exec cargo test --workspace "${profile_args[@]}"
+	exec cargo test --workspace --no-fail-fast "${profile_args[@]}"
 fi
 
 # Not root. The device tests are in the uiw-examples crate: run its built test
@@ -88,7 +88,7 @@ fi
 
 step "cargo test --workspace ${profile_args[*]} (target/$profile_dir)"
 test_status=0
-cargo test --workspace "${profile_args[@]}" || test_status=$?
+cargo test --workspace --no-fail-fast "${profile_args[@]}" || test_status=$?
 if [[ $device_status -ne 0 ]]; then
 	echo "ci/test.sh: device tests failed or could not run (status $device_status)" >&2
 	exit "$device_status"
