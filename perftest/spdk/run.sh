@@ -1,0 +1,285 @@
+#!/usr/bin/env bash
+# SPDK NVMe-oF over uiw: build SPDK from a source tree you supply, then run nvmf_tgt (RDMA transport,
+# malloc bdev) + spdk_nvme_perf over uiw, beside SPDK's own NVMe/TCP transport, in one run.
+#
+# Not a CI test: SPDK is not packaged in Debian 12; you supply the sources. See README.md,
+# section "NVMe-oF with SPDK", and `run.sh --help`.
+set -euo pipefail
+
+usage() {
+    cat <<'USAGE'
+Usage: perftest/spdk/run.sh build --spdk DIR --isal DIR --isal-crypto DIR [--work DIR]
+       perftest/spdk/run.sh bench [--work DIR] [--time SECS] [--uiw PATH] [--tcp-only|--rdma-only]
+       perftest/spdk/run.sh all   --spdk DIR --isal DIR --isal-crypto DIR [--work DIR] [--time SECS]
+
+build   Copy the SPDK tree (and isa-l / isa-l_crypto, checked out at the commits SPDK pins:
+        `git ls-tree HEAD isa-l isa-l-crypto` in the SPDK repository) into WORK/spdk, apply the
+        two patches Debian 12's DPDK 22.11 needs, configure (--with-dpdk from pkg-config,
+        --with-rdma, CONFIG_IPSEC_MB=n) and build nvmf_tgt and spdk_nvme_perf.
+        Your trees are never modified.
+bench   Run nvmf_tgt + spdk_nvme_perf (each pinned to its own core) over uiw's RDMA (both under
+        `uiw run`) and over SPDK's NVMe/TCP on 127.0.0.1, data verified, and print a table:
+        4 KiB random read / write at QD1 and QD16, 128 KiB sequential read / write at QD16.
+all     build, then bench.
+
+Options:
+  --spdk DIR          SPDK checkout (tested: v26.05)
+  --isal DIR          isa-l checkout at SPDK's pinned commit
+  --isal-crypto DIR   isa-l_crypto checkout at SPDK's pinned commit
+  --work DIR          build and run directory (default /tmp/uiw-spdk)
+  --time SECS         seconds per perf run (default 10)
+  --uiw PATH          the uiw CLI (default: target/release/uiw of this repository)
+  --no-huge           run SPDK with --no-huge -s 1024 (default: hugepages if 2 MiB pages are free)
+Prerequisites (Debian 12):
+  apt-get install libdpdk-dev python3-jinja2 python3-tabulate libaio-dev nasm libcunit1-dev \
+      libjson-c-dev libnuma-dev uuid-dev libssl-dev libncurses-dev pkg-config autoconf automake \
+      libtool python3-pyelftools libkeyutils-dev librdmacm-dev libibverbs-dev
+USAGE
+}
+
+say() { echo "spdk-run: $*" >&2; }
+die() { say "error: $*"; exit 1; }
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+cmd=${1:-}; [ $# -gt 0 ] && shift
+spdk_src= isal_src= isalc_src= work=/tmp/uiw-spdk secs=10 uiw= nohuge=0 modes="rdma tcp"
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --spdk) spdk_src=$2; shift 2 ;;
+        --isal) isal_src=$2; shift 2 ;;
+        --isal-crypto) isalc_src=$2; shift 2 ;;
+        --work) work=$2; shift 2 ;;
+        --time) secs=$2; shift 2 ;;
+        --uiw) uiw=$2; shift 2 ;;
+        --no-huge) nohuge=1; shift ;;
+        --tcp-only) modes="tcp"; shift ;;
+        --rdma-only) modes="rdma"; shift ;;
+        -h|--help) usage; exit 0 ;;
+        *) usage >&2; die "unknown argument '$1'" ;;
+    esac
+done
+
+# --- build -------------------------------------------------------------------------------------
+
+build() {
+    [ -n "$spdk_src" ] && [ -f "$spdk_src/configure" ] && [ -f "$spdk_src/lib/env_dpdk/env.mk" ] ||
+        die "--spdk DIR must be an SPDK checkout (no configure / lib/env_dpdk/env.mk in '$spdk_src')"
+    [ -n "$isal_src" ] && [ -f "$isal_src/Makefile.am" ] ||
+        die "--isal DIR must be an isa-l checkout (github.com/intel/isa-l at the commit SPDK pins)"
+    [ -n "$isalc_src" ] && [ -f "$isalc_src/Makefile.am" ] ||
+        die "--isal-crypto DIR must be an isa-l_crypto checkout (github.com/intel/isa-l_crypto at the commit SPDK pins)"
+    pkg-config --exists libdpdk || die "pkg-config finds no libdpdk: apt-get install libdpdk-dev"
+    local dpdk_ver; dpdk_ver=$(pkg-config --modversion libdpdk)
+    case "$dpdk_ver" in 22.11*) ;; *) say "warning: DPDK $dpdk_ver; these patches are for Debian 12's 22.11" ;; esac
+    if ! python3 -c 'import jinja2, tabulate' 2>/dev/null; then
+        # e.g. a pyenv python3 first in PATH: Debian's python3-jinja2/-tabulate serve /usr/bin/python3.
+        /usr/bin/python3 -c 'import jinja2, tabulate' 2>/dev/null ||
+            die "SPDK's build needs python3-jinja2 and python3-tabulate (apt-get install python3-jinja2 python3-tabulate)"
+        say "$(command -v python3) lacks jinja2/tabulate; building with /usr/bin first in PATH"
+        export PATH=/usr/bin:$PATH
+    fi
+
+    local dst=$work/spdk
+    mkdir -p "$work"
+    if [ -f "$dst/.uiw-copied" ]; then
+        say "reusing the copy in $dst (delete it to start over)"
+    else
+        say "copying $spdk_src -> $dst (your tree stays untouched)"
+        rm -rf "$dst"; mkdir -p "$dst"
+        (cd "$spdk_src" && tar c --exclude=.git --exclude=./build .) | (cd "$dst" && tar x)
+        rm -rf "$dst/isa-l" "$dst/isa-l-crypto"; mkdir -p "$dst/isa-l" "$dst/isa-l-crypto"
+        (cd "$isal_src" && tar c --exclude=.git .) | (cd "$dst/isa-l" && tar x)
+        (cd "$isalc_src" && tar c --exclude=.git .) | (cd "$dst/isa-l-crypto" && tar x)
+        touch "$dst/.uiw-copied"
+    fi
+
+    # Patch 1: SPDK v26.01+ links librte_log and librte_argparse, which DPDK 22.11 does not have
+    # (rte_log lives inside librte_eal there). Keep them only where the DPDK has them.
+    local libdir; libdir=$(pkg-config --variable=libdir libdpdk)
+    local envmk=$dst/lib/env_dpdk/env.mk
+    for lib in rte_log rte_argparse; do
+        if ! ls "$libdir"/lib$lib.so* >/dev/null 2>&1 && grep -qE "^DPDK_LIB_LIST = .*\b$lib\b" "$envmk"; then
+            say "patch: $envmk: not linking $lib (absent in DPDK $dpdk_ver at $libdir)"
+            sed -i -E "/^DPDK_LIB_LIST = /s/ $lib\b//" "$envmk"
+        fi
+    done
+    # Patch 2: the runtime check accepts 22.11.0-22.11.4 only (fearing a private-ABI change in a
+    # later LTS release); Debian 12 ships 22.11.x with x > 4, whose rte_bus_pci layout SPDK uses
+    # unchanged. Accept the installed minor release.
+    local pcic=$dst/lib/env_dpdk/pci_dpdk.c minor=${dpdk_ver##*.}
+    if [[ "$dpdk_ver" == 22.11.* ]] && grep -q 'if (minor > 4) {' "$pcic"; then
+        say "patch: $pcic: accept DPDK 22.11.$minor (the check allows 22.11.0-22.11.4)"
+        sed -i "s/if (minor > 4) {/if (minor > $minor) { \/* uiw run.sh: was 4 *\//" "$pcic"
+    fi
+
+    cd "$dst"
+    if [ ! -f mk/config.mk ] || [ ! -f .uiw-configured ]; then
+        say "configure (log: $work/configure.log)"
+        ./configure --with-dpdk --with-rdma --without-crypto --without-vhost --without-virtio \
+            --without-uring --without-xnvme --without-ocf --without-vfio-user \
+            --without-idxd --disable-tests --disable-unit-tests --disable-examples \
+            >"$work/configure.log" 2>&1 || { tail -30 "$work/configure.log"; die "configure failed"; }
+        # configure turns IPSEC_MB on when the DPDK was built with it (Debian's is), which would
+        # build the absent intel-ipsec-mb submodule; SPDK needs none of it for NVMe-oF.
+        sed -i -E 's/^CONFIG_IPSEC_MB\??=.*/CONFIG_IPSEC_MB?=n/' mk/config.mk
+        grep -q '^CONFIG_IPSEC_MB?=n' mk/config.mk || die "could not set CONFIG_IPSEC_MB=n in mk/config.mk"
+        say "mk/config.mk: CONFIG_IPSEC_MB=n"
+        touch .uiw-configured
+    fi
+    say "make -j$(nproc) (log: $work/build.log; a few minutes)"
+    make -j"$(nproc)" >"$work/build.log" 2>&1 || { tail -40 "$work/build.log"; die "make failed"; }
+    # bdevperf (an example app) is the host that verifies data; build it alone.
+    make -C examples/bdev/bdevperf >>"$work/build.log" 2>&1 || { tail -40 "$work/build.log"; die "make bdevperf failed"; }
+    [ -x build/bin/nvmf_tgt ] && [ -x build/bin/spdk_nvme_perf ] && [ -x build/examples/bdevperf ] ||
+        die "build finished without build/bin/nvmf_tgt and build/bin/spdk_nvme_perf"
+    say "built: $dst/build/bin/nvmf_tgt $dst/build/bin/spdk_nvme_perf"
+}
+
+# --- bench -------------------------------------------------------------------------------------
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+pids=()
+cleanup() {
+    local p
+    for p in "${pids[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done
+    for p in "${pids[@]:-}"; do [ -n "$p" ] && wait "$p" 2>/dev/null || true; done
+    if [ -n "${UIW_STATE_DIR:-}" ] && [ -n "$uiw" ]; then "$uiw" down >/dev/null 2>&1 || true; fi
+}
+
+# "Total : IOPS MiB/s avg min max" from spdk_nvme_perf's summary
+perf_total() { awk -F: '/^Total/ { split($2, f, " "); printf "%s %s %s\n", f[1], f[2], f[3] }' "$1"; }
+
+bench() {
+    local bin=$work/spdk/build/bin ex=$work/spdk/build/examples
+    [ -x "$bin/nvmf_tgt" ] && [ -x "$bin/spdk_nvme_perf" ] || die "no SPDK build in $work/spdk: run '$0 build ...' first"
+    [ -x "$ex/bdevperf" ] || die "no $ex/bdevperf (the data-verifying host): run '$0 build ...' again"
+    if [ -z "$uiw" ]; then uiw=$repo/target/release/uiw; fi
+    [ -x "$uiw" ] || die "no uiw CLI at $uiw: cargo build --release (or --uiw PATH)"
+    [ "$(nproc)" -ge 2 ] || die "needs 2 cores: the target and the host each get their own"
+    local mem=(--no-huge -s 1024)
+    if [ "$nohuge" = 0 ] && [ "$(awk '/HugePages_Free/ {print $2}' /proc/meminfo)" -ge 1024 ]; then
+        mem=(-s 1024)
+    fi
+    local run=$work/run; rm -rf "$run"; mkdir -p "$run"
+    export UIW_STATE_DIR=$run/uiw-state
+    trap cleanup EXIT
+    "$uiw" up >"$run/uiw-up.log" 2>&1 || { cat "$run/uiw-up.log"; die "uiw up failed"; }
+    local rport tport nqn=nqn.2016-06.io.spdk:uiw-bench
+    rport=$(free_port); tport=$(free_port)
+    cat >"$run/tgt.json" <<JSON
+{ "subsystems": [
+  { "subsystem": "bdev", "config": [
+    { "method": "bdev_malloc_create", "params": { "name": "Malloc0", "num_blocks": 65536, "block_size": 4096 } } ] },
+  { "subsystem": "nvmf", "config": [
+    { "method": "nvmf_create_transport", "params": { "trtype": "RDMA" } },
+    { "method": "nvmf_create_transport", "params": { "trtype": "TCP" } },
+    { "method": "nvmf_create_subsystem", "params": { "nqn": "$nqn", "allow_any_host": true, "serial_number": "UIW0001" } },
+    { "method": "nvmf_subsystem_add_ns", "params": { "nqn": "$nqn", "namespace": { "bdev_name": "Malloc0" } } },
+    { "method": "nvmf_subsystem_add_listener", "params": { "nqn": "$nqn", "listen_address":
+        { "trtype": "RDMA", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": "$rport" } } },
+    { "method": "nvmf_subsystem_add_listener", "params": { "nqn": "$nqn", "listen_address":
+        { "trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": "$tport" } } } ] } ] }
+JSON
+    say "nvmf_tgt on core 0 under uiw run (RDMA 127.0.0.1:$rport, TCP 127.0.0.1:$tport, malloc 256 MiB; log $run/tgt.log)"
+    "$uiw" run -- "$bin/nvmf_tgt" -m 0x1 -u "${mem[@]}" -r "$run/tgt.sock" --json "$run/tgt.json" \
+        >"$run/tgt.log" 2>&1 &
+    pids+=($!)
+    local i
+    for i in $(seq 1 60); do
+        grep -q "NVMe/TCP Target Listening" "$run/tgt.log" && grep -q "NVMe/RDMA Target Listening" "$run/tgt.log" && break
+        kill -0 "${pids[0]}" 2>/dev/null || { cat "$run/tgt.log"; die "nvmf_tgt exited"; }
+        sleep 1
+    done
+    grep -q "NVMe/RDMA Target Listening" "$run/tgt.log" || { cat "$run/tgt.log"; die "nvmf_tgt is not listening on RDMA after 60 s"; }
+
+    host() { # transport → the command prefix that runs a host program for it
+        if [ "$1" = rdma ]; then echo "$uiw run --"; fi
+    }
+    trid() {
+        if [ "$1" = rdma ]; then echo "trtype:RDMA adrfam:IPv4 traddr:127.0.0.1 trsvcid:$rport subnqn:$nqn"
+        else echo "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$tport subnqn:$nqn"; fi
+    }
+
+    # 1. Data verified: bdevperf's verify workload writes a pattern, reads it back and compares
+    #    every byte (a mismatch fails the job); 4 KiB QD16 and 128 KiB QD16, over each transport.
+    local m bs fail=0
+    for m in $modes; do
+        local TR; TR=$(echo "$m" | tr a-z A-Z)
+        local port=$rport; [ "$m" = tcp ] && port=$tport
+        cat >"$run/host-$m.json" <<JSON
+{ "subsystems": [ { "subsystem": "bdev", "config": [
+  { "method": "bdev_nvme_attach_controller", "params": { "name": "Nvme0", "trtype": "$TR", "adrfam": "IPv4",
+      "traddr": "127.0.0.1", "trsvcid": "$port", "subnqn": "$nqn" } },
+  { "method": "bdev_wait_for_examine" } ] } ] }
+JSON
+        for bs in 4096 131072; do
+            local log=$run/verify-$m-$bs.log
+            say "verify: bdevperf -w verify -o $bs -q 16 -t $secs over $m (core 1)"
+            if $(host "$m") "$ex/bdevperf" -m 0x2 -u "${mem[@]}" -r "$run/host.sock" --json "$run/host-$m.json" \
+                    -q 16 -o "$bs" -w verify -t "$secs" >"$log" 2>&1 &&
+               ! grep -qiE "miscompare|mismatch|error while" "$log"; then
+                say "  ok: $(grep -E '^\s*Total' "$log" | tail -1 | tr -s ' ')"
+            else
+                fail=1; tail -20 "$log" >&2; say "  FAILED: data verification over $m, $bs bytes (log $log)"
+            fi
+        done
+    done
+
+    # 2. Speed: spdk_nvme_perf on core 1, the target on core 0.
+    local w results=()
+    local loads=("randread 4096 1" "randread 4096 16" "randwrite 4096 1" "randwrite 4096 16"
+                 "read 131072 16" "write 131072 16")
+    for w in "${loads[@]}"; do
+        set -- $w
+        local row="$1 $2 $3"
+        for m in $modes; do
+            local log=$run/perf-$m-$1-$2-$3.log
+            say "perf: $1 -o $2 -q $3 -t $secs over $m"
+            if $(host "$m") "$bin/spdk_nvme_perf" -c 0x2 "${mem[@]}" -r "$(trid "$m")" \
+                    -w "$1" -o "$2" -q "$3" -t "$secs" >"$log" 2>&1 && [ -n "$(perf_total "$log")" ]; then
+                row="$row $(perf_total "$log")"
+            else
+                fail=1; tail -20 "$log" >&2; say "  FAILED (log $log)"; row="$row - - -"
+            fi
+        done
+        results+=("$row")
+    done
+
+    echo
+    echo "SPDK $(cat "$work/spdk/VERSION" 2>/dev/null || echo '?') nvmf_tgt (malloc bdev, core 0) + spdk_nvme_perf (core 1), ${secs}s each, $(date -u +%FT%TZ)"
+    printf '%-10s %7s %3s' workload size qd
+    for m in $modes; do printf ' | %-8s %9s %8s %9s' "$m" IOPS MiB/s "avg us"; done
+    [ "$modes" = "rdma tcp" ] && printf ' | %s' "uiw/TCP IOPS"
+    echo
+    local r
+    for r in "${results[@]}"; do
+        set -- $r
+        printf '%-10s %7s %3s' "$1" "$2" "$3"; shift 3
+        local iops=()
+        for m in $modes; do printf ' | %-8s %9s %8s %9s' "" "$1" "$2" "$3"; iops+=("$1"); shift 3; done
+        if [ "$modes" = "rdma tcp" ]; then
+            printf ' | %s' "$(awk -v a="${iops[0]}" -v b="${iops[1]}" 'BEGIN { if (a+0 > 0 && b+0 > 0) printf "%.2f", a/b; else print "-" }')"
+        fi
+        echo
+    done
+    echo
+    local warn
+    warn=$(cat "$run/tgt.log" "$run"/perf-*.log "$run"/verify-*.log 2>/dev/null |
+        grep -E '\*(WARNING|ERROR)\*|responder_resources|initiator_depth' | sed -E 's/^\[[^]]*\] //' | sort | uniq -c || true)
+    if [ -n "$warn" ]; then
+        echo "SPDK printed these warnings/errors (count, message):"; echo "$warn"
+    else
+        echo "SPDK printed no *WARNING* or *ERROR* line (target, hosts)."
+    fi
+    [ "$fail" = 0 ] || die "some runs failed (logs in $run)"
+}
+
+case "$cmd" in
+    build) build ;;
+    bench) bench ;;
+    all) build; bench ;;
+    -h|--help|"") usage ;;
+    *) usage >&2; die "unknown command '$cmd'" ;;
+esac
