@@ -128,7 +128,12 @@ build() {
         touch .uiw-configured
     fi
     say "make -j$(nproc) (log: $work/build.log; a few minutes)"
-    make -j"$(nproc)" >"$work/build.log" 2>&1 || { tail -40 "$work/build.log"; die "make failed"; }
+    if ! make -j"$(nproc)" >"$work/build.log" 2>&1; then
+        # isa-l_crypto's .asm -> .s intermediates can race under parallel make ("nasm: unable to
+        # open input file aes/gcm_multibinary_nt.s"); a second pass finds them and goes on.
+        say "make failed; once more (log: $work/build2.log)"
+        make -j"$(nproc)" >"$work/build2.log" 2>&1 || { tail -40 "$work/build2.log"; die "make failed twice"; }
+    fi
     # bdevperf (an example app) is the host that verifies data; build it alone.
     make -C examples/bdev/bdevperf >>"$work/build.log" 2>&1 || { tail -40 "$work/build.log"; die "make bdevperf failed"; }
     [ -x build/bin/nvmf_tgt ] && [ -x build/bin/spdk_nvme_perf ] && [ -x build/examples/bdevperf ] ||
@@ -163,6 +168,8 @@ bench() {
         mem=(-s 1024)
     fi
     local run=$work/run; rm -rf "$run"; mkdir -p "$run"
+    # Built against a packaged DPDK, SPDK is a set of shared libraries in build/lib.
+    export LD_LIBRARY_PATH=$work/spdk/build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     export UIW_STATE_DIR=$run/uiw-state
     trap cleanup EXIT
     "$uiw" up >"$run/uiw-up.log" 2>&1 || { cat "$run/uiw-up.log"; die "uiw up failed"; }
