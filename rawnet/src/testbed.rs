@@ -64,6 +64,33 @@ pub fn privileged(test: &str) -> bool {
     false
 }
 
+/// How long one privileged test body may take before it fails instead of hanging: the
+/// exchanges take seconds; loss or a loaded machine stretches that, a lost wake-up never ends.
+pub const WATCHDOG: std::time::Duration = std::time::Duration::from_secs(180);
+
+/// Runs the test body `f` when [`privileged`] allows, on a thread of its own (so that
+/// `netns::enter` never leaks into the test harness's threads), and fails the test if it has
+/// not finished within [`WATCHDOG`]. A panic in `f` is passed on.
+pub fn run_privileged(name: &str, f: impl FnOnce() + Send + 'static) {
+    if !privileged(name) {
+        return;
+    }
+    let (done, finished) = std::sync::mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        f();
+        let _ = done.send(());
+    });
+    match finished.recv_timeout(WATCHDOG) {
+        // Finished, or panicked (the sender dropped): join to pass a panic on.
+        Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            worker.join().unwrap_or_else(|e| std::panic::resume_unwind(e))
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("{name}: no result within {WATCHDOG:?}: the exchange hung")
+        }
+    }
+}
+
 static SEQ: AtomicUsize = AtomicUsize::new(0);
 
 impl Bed {

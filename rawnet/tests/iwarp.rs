@@ -284,24 +284,18 @@ fn run(xdp: bool, loss: f64, capture: bool) {
     }
 }
 
-fn privileged(name: &str, f: impl FnOnce() + Send + 'static) {
-    if !bed::privileged(name) {
-        return;
-    }
-    std::thread::spawn(f).join().unwrap_or_else(|e| std::panic::resume_unwind(e));
-}
 
 #[test]
 fn iwarp_over_xdp_to_kernel_tcp_decodes_in_tshark() {
-    privileged("iwarp_over_xdp_to_kernel_tcp_decodes_in_tshark", || run(true, 0.0, true));
+    bed::run_privileged("iwarp_over_xdp_to_kernel_tcp_decodes_in_tshark", || run(true, 0.0, true));
 }
 
 #[test]
 fn iwarp_over_xdp_to_kernel_tcp_loss_5pct() {
-    privileged("iwarp_over_xdp_to_kernel_tcp_loss_5pct", || run(true, 5.0, false));
+    bed::run_privileged("iwarp_over_xdp_to_kernel_tcp_loss_5pct", || run(true, 5.0, false));
 }
 
 #[test]
 fn iwarp_over_packet_to_kernel_tcp_loss_1pct() {
-    privileged("iwarp_over_packet_to_kernel_tcp_loss_1pct", || run(false, 1.0, false));
+    bed::run_privileged("iwarp_over_packet_to_kernel_tcp_loss_1pct", || run(false, 1.0, false));
 }

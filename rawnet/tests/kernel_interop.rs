@@ -336,79 +336,71 @@ fn kernel_to_userspace(driver: Driver, mtu: u32, loss: f64, len: usize) {
     assert_eq!(server.join().expect("userspace echo server"), len);
 }
 
-fn run_privileged(name: &str, f: impl FnOnce() + Send + 'static) {
-    if !bed::privileged(name) {
-        return;
-    }
-    // A thread of its own: netns::enter must not leak into the test harness's threads.
-    std::thread::spawn(f).join().unwrap_or_else(|e| std::panic::resume_unwind(e));
-}
-
 #[test]
 fn packet_userspace_to_kernel_clean() {
-    run_privileged("packet_userspace_to_kernel_clean", || userspace_to_kernel(Driver::Packet, 1500, 0.0, 4 << 20));
+    bed::run_privileged("packet_userspace_to_kernel_clean", || userspace_to_kernel(Driver::Packet, 1500, 0.0, 4 << 20));
 }
 
 #[test]
 fn packet_userspace_to_kernel_jumbo() {
-    run_privileged("packet_userspace_to_kernel_jumbo", || userspace_to_kernel(Driver::Packet, 9000, 0.0, 4 << 20));
+    bed::run_privileged("packet_userspace_to_kernel_jumbo", || userspace_to_kernel(Driver::Packet, 9000, 0.0, 4 << 20));
 }
 
 #[test]
 fn packet_userspace_to_kernel_loss_1pct() {
-    run_privileged("packet_userspace_to_kernel_loss_1pct", || userspace_to_kernel(Driver::Packet, 1500, 1.0, 1 << 20));
+    bed::run_privileged("packet_userspace_to_kernel_loss_1pct", || userspace_to_kernel(Driver::Packet, 1500, 1.0, 1 << 20));
 }
 
 #[test]
 fn packet_userspace_to_kernel_loss_5pct() {
-    run_privileged("packet_userspace_to_kernel_loss_5pct", || userspace_to_kernel(Driver::Packet, 1500, 5.0, 1 << 20));
+    bed::run_privileged("packet_userspace_to_kernel_loss_5pct", || userspace_to_kernel(Driver::Packet, 1500, 5.0, 1 << 20));
 }
 
 #[test]
 fn packet_kernel_to_userspace_clean() {
-    run_privileged("packet_kernel_to_userspace_clean", || kernel_to_userspace(Driver::Packet, 1500, 0.0, 4 << 20));
+    bed::run_privileged("packet_kernel_to_userspace_clean", || kernel_to_userspace(Driver::Packet, 1500, 0.0, 4 << 20));
 }
 
 #[test]
 fn packet_kernel_to_userspace_loss_5pct() {
-    run_privileged("packet_kernel_to_userspace_loss_5pct", || kernel_to_userspace(Driver::Packet, 1500, 5.0, 1 << 20));
+    bed::run_privileged("packet_kernel_to_userspace_loss_5pct", || kernel_to_userspace(Driver::Packet, 1500, 5.0, 1 << 20));
 }
 
 #[test]
 fn xdp_userspace_to_kernel_clean() {
-    run_privileged("xdp_userspace_to_kernel_clean", || userspace_to_kernel(Driver::Xdp, 1500, 0.0, 4 << 20));
+    bed::run_privileged("xdp_userspace_to_kernel_clean", || userspace_to_kernel(Driver::Xdp, 1500, 0.0, 4 << 20));
 }
 
 #[test]
 fn xdp_userspace_to_kernel_loss_1pct() {
-    run_privileged("xdp_userspace_to_kernel_loss_1pct", || userspace_to_kernel(Driver::Xdp, 1500, 1.0, 1 << 20));
+    bed::run_privileged("xdp_userspace_to_kernel_loss_1pct", || userspace_to_kernel(Driver::Xdp, 1500, 1.0, 1 << 20));
 }
 
 #[test]
 fn xdp_userspace_to_kernel_loss_5pct() {
-    run_privileged("xdp_userspace_to_kernel_loss_5pct", || userspace_to_kernel(Driver::Xdp, 1500, 5.0, 1 << 20));
+    bed::run_privileged("xdp_userspace_to_kernel_loss_5pct", || userspace_to_kernel(Driver::Xdp, 1500, 5.0, 1 << 20));
 }
 
 #[test]
 fn xdp_kernel_to_userspace_clean() {
-    run_privileged("xdp_kernel_to_userspace_clean", || kernel_to_userspace(Driver::Xdp, 1500, 0.0, 4 << 20));
+    bed::run_privileged("xdp_kernel_to_userspace_clean", || kernel_to_userspace(Driver::Xdp, 1500, 0.0, 4 << 20));
 }
 
 #[test]
 fn xdp_kernel_to_userspace_loss_5pct() {
-    run_privileged("xdp_kernel_to_userspace_loss_5pct", || kernel_to_userspace(Driver::Xdp, 1500, 5.0, 1 << 20));
+    bed::run_privileged("xdp_kernel_to_userspace_loss_5pct", || kernel_to_userspace(Driver::Xdp, 1500, 5.0, 1 << 20));
 }
 
 /// tshark decodes an xdp↔kernel run under 1 % loss: no malformed frame, no bad checksum, no
 /// RST, no retransmission storm.
 #[test]
 fn xdp_capture_is_well_formed_tcp() {
-    run_privileged("xdp_capture_is_well_formed_tcp", || userspace_to_kernel_captured(Driver::Xdp, 1500, 1.0, 1 << 20, true));
+    bed::run_privileged("xdp_capture_is_well_formed_tcp", || userspace_to_kernel_captured(Driver::Xdp, 1500, 1.0, 1 << 20, true));
 }
 
 #[test]
 fn packet_capture_is_well_formed_tcp() {
-    run_privileged("packet_capture_is_well_formed_tcp", || userspace_to_kernel_captured(Driver::Packet, 1500, 1.0, 1 << 20, true));
+    bed::run_privileged("packet_capture_is_well_formed_tcp", || userspace_to_kernel_captured(Driver::Packet, 1500, 1.0, 1 << 20, true));
 }
 
 /// With the XDP program attached on a's veth, everything that is not uiw's TCP still reaches
@@ -416,7 +408,7 @@ fn packet_capture_is_well_formed_tcp() {
 /// port outside uiw's range.
 #[test]
 fn xdp_passes_arp_and_other_tcp_to_the_kernel() {
-    run_privileged("xdp_passes_arp_and_other_tcp_to_the_kernel", || {
+    bed::run_privileged("xdp_passes_arp_and_other_tcp_to_the_kernel", || {
         let bed = Bed::new(1500);
         let a = bed.a.clone();
         let (tx, rx) = mpsc::channel();
@@ -495,15 +487,15 @@ fn userspace_to_userspace(a_drv: Driver, b_drv: Driver, per10k: u64, len: usize)
 
 #[test]
 fn xdp_to_xdp_loss_1pct() {
-    run_privileged("xdp_to_xdp_loss_1pct", || userspace_to_userspace(Driver::Xdp, Driver::Xdp, 100, 2 << 20));
+    bed::run_privileged("xdp_to_xdp_loss_1pct", || userspace_to_userspace(Driver::Xdp, Driver::Xdp, 100, 2 << 20));
 }
 
 #[test]
 fn packet_to_xdp_loss_5pct() {
-    run_privileged("packet_to_xdp_loss_5pct", || userspace_to_userspace(Driver::Packet, Driver::Xdp, 500, 1 << 20));
+    bed::run_privileged("packet_to_xdp_loss_5pct", || userspace_to_userspace(Driver::Packet, Driver::Xdp, 500, 1 << 20));
 }
 
 #[test]
 fn xdp_to_packet_clean() {
-    run_privileged("xdp_to_packet_clean", || userspace_to_userspace(Driver::Xdp, Driver::Packet, 0, 4 << 20));
+    bed::run_privileged("xdp_to_packet_clean", || userspace_to_userspace(Driver::Xdp, Driver::Packet, 0, 4 << 20));
 }

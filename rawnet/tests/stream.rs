@@ -19,13 +19,6 @@ fn data() -> Vec<u8> {
     (0..LEN).map(|i| (i.wrapping_mul(40503) >> 7) as u8).collect()
 }
 
-fn privileged(name: &str, f: impl FnOnce() + Send + 'static) {
-    if !bed::privileged(name) {
-        return;
-    }
-    std::thread::spawn(f).join().unwrap_or_else(|e| std::panic::resume_unwind(e));
-}
-
 fn active(kind: Kind) {
     let bed = Bed::new(1500);
     bed.loss(1.0);
@@ -91,15 +84,15 @@ fn passive(kind: Kind) {
 
 #[test]
 fn xdp_stream_connects_to_kernel() {
-    privileged("xdp_stream_connects_to_kernel", || active(Kind::Xdp));
+    bed::run_privileged("xdp_stream_connects_to_kernel", || active(Kind::Xdp));
 }
 
 #[test]
 fn packet_stream_connects_to_kernel() {
-    privileged("packet_stream_connects_to_kernel", || active(Kind::Packet));
+    bed::run_privileged("packet_stream_connects_to_kernel", || active(Kind::Packet));
 }
 
 #[test]
 fn kernel_connects_to_xdp_stream() {
-    privileged("kernel_connects_to_xdp_stream", || passive(Kind::Xdp));
+    bed::run_privileged("kernel_connects_to_xdp_stream", || passive(Kind::Xdp));
 }
