@@ -31,7 +31,7 @@
 static int passed, failed;
 static pthread_mutex_t out_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static void check(int cond, const char *fmt, ...)
+static int check(int cond, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -49,6 +49,7 @@ static void check(int cond, const char *fmt, ...)
 	else
 		failed++;
 	pthread_mutex_unlock(&out_lock);
+	return cond;
 }
 
 static int port = 20886;
@@ -389,6 +390,15 @@ static void *server_thread(void *arg)
 				rdma_destroy_id(id);
 				done = s->requests == s->expect_conns;
 				continue;
+			} else if (s->nconns == (int)(sizeof s->conns / sizeof s->conns[0])) {
+				/* More requests than this listener can hold (a stranger on our port):
+				 * refuse them rather than write past conns[]. */
+				check(0, "server: request %d is more than the %d connections it can hold", s->requests,
+				      s->nconns);
+				rdma_reject(id, NULL, 0);
+				rdma_ack_cm_event(e);
+				rdma_destroy_id(id);
+				continue;
 			} else {
 				struct ibv_qp_init_attr a = qp_attr();
 				struct rdma_conn_param cp = { .private_data = srv_pd, .private_data_len = sizeof srv_pd,
@@ -464,7 +474,8 @@ static void mode_pdata(void)
 	char msg[64] = "a Send over the connection rdma_cm set up";
 	struct ibv_mr *mr;
 
-	check(start_server(&s, 0, 1) == 0, "listener on 127.0.0.1:%d", port);
+	if (!check(start_server(&s, 0, 1) == 0, "listener on 127.0.0.1:%d", port))
+		return;
 	pthread_create(&t, NULL, server_thread, &s);
 	id = client_id(ch, port, NULL);
 	check(id != NULL, "client id");
@@ -524,7 +535,8 @@ static void mode_depth0(void)
 	char msg[64] = "a Send over a connection without Reads";
 	struct ibv_mr *mr;
 
-	check(start_server(&s, 0, 1) == 0, "listener on 127.0.0.1:%d", port);
+	if (!check(start_server(&s, 0, 1) == 0, "listener on 127.0.0.1:%d", port))
+		return;
 	s.zero_depth = 1;
 	pthread_create(&t, NULL, server_thread, &s);
 	id = client_id(ch, port, NULL);
@@ -594,7 +606,8 @@ static void mode_localinv(void)
 	struct ibv_mr *mr, *smr;
 	struct ibv_wc wc;
 
-	check(start_server(&s, 0, 1) == 0, "listener on 127.0.0.1:%d", port);
+	if (!check(start_server(&s, 0, 1) == 0, "listener on 127.0.0.1:%d", port))
+		return;
 	pthread_create(&t, NULL, server_thread, &s);
 	id = client_id(ch, port, NULL);
 	check(id != NULL, "client id");
@@ -675,7 +688,8 @@ static void mode_reject(void)
 	struct rdma_conn_param cp = { .private_data = cli_pd, .private_data_len = sizeof cli_pd,
 				      .responder_resources = 1, .initiator_depth = 1 };
 
-	check(start_server(&s, 1, 1) == 0, "listener");
+	if (!check(start_server(&s, 1, 1) == 0, "listener"))
+		return;
 	pthread_create(&t, NULL, server_thread, &s);
 	id = client_id(ch, port, NULL);
 	check(id && rdma_connect(id, &cp) == 0, "rdma_connect");
@@ -710,7 +724,8 @@ static void mode_many(void)
 	struct sockaddr_in dst = sin_of("127.0.0.1", port);
 	int n = 0, est = 0, disc = 0, other = 0;
 
-	check(start_server(&s, 0, MANY) == 0, "listener");
+	if (!check(start_server(&s, 0, MANY) == 0, "listener"))
+		return;
 	pthread_create(&t, NULL, server_thread, &s);
 	/* resolve all first, then connect all at once */
 	for (int i = 0; i < MANY; i++) {
