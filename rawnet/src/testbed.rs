@@ -91,6 +91,43 @@ pub fn run_privileged(name: &str, f: impl FnOnce() + Send + 'static) {
     }
 }
 
+/// A `dumpcap` running in host b on [`IF`]: every frame on the wire between the two hosts.
+pub struct Capture {
+    child: std::process::Child,
+    /// The pcapng file it writes.
+    pub path: String,
+}
+
+impl Capture {
+    /// Starts the capture into `path` and returns once dumpcap has begun writing (at most
+    /// 10 s), so that no frame of the exchange that follows is missed.
+    pub fn start(bed: &Bed, path: &str) -> Capture {
+        use std::time::{Duration, Instant};
+        let _ = std::fs::remove_file(path);
+        let child = Command::new("ip")
+            .args(["netns", "exec", &bed.b, "dumpcap", "-q", "-i", IF, "-w", path])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("dumpcap (apt-get install tshark)");
+        let t = Instant::now();
+        while std::fs::metadata(path).map_or(true, |m| m.len() == 0) && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        Capture { child, path: path.to_string() }
+    }
+
+    /// Lets the last frames reach the file, then stops dumpcap (SIGINT, through the shell's
+    /// `kill` builtin: a fresh Debian root may lack procps' /bin/kill) and waits for it.
+    pub fn stop(mut self) -> String {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let _ = Command::new("sh").args(["-c", &format!("kill -INT {}", self.child.id())]).status();
+        self.child.wait().expect("wait for dumpcap");
+        self.path
+    }
+}
+
 static SEQ: AtomicUsize = AtomicUsize::new(0);
 
 impl Bed {

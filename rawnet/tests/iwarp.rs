@@ -236,21 +236,7 @@ fn run(xdp: bool, loss: f64, capture: bool) {
     let bed = Bed::new(1500);
     bed.loss(loss);
     let pcap = format!("/tmp/{}-iwarp.pcapng", bed.b);
-    let mut dumpcap = capture.then(|| {
-        let _ = std::fs::remove_file(&pcap);
-        let c = std::process::Command::new("ip")
-            .args(["netns", "exec", &bed.b, "dumpcap", "-q", "-i", IF, "-w", &pcap])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("dumpcap (apt-get install tshark)");
-        let t = Instant::now();
-        while std::fs::metadata(&pcap).map_or(true, |m| m.len() == 0) && t.elapsed() < Duration::from_secs(10) {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        std::thread::sleep(Duration::from_millis(200));
-        c
-    });
+    let dumpcap = capture.then(|| bed::Capture::start(&bed, &pcap));
     let (tx, rx) = mpsc::channel();
     let port = 7200;
     let responder = kernel_responder(bed.b.clone(), port, tx);
@@ -271,10 +257,8 @@ fn run(xdp: bool, loss: f64, capture: bool) {
     if loss > 0.0 {
         assert!(dropped > 0);
     }
-    if let Some(c) = dumpcap.as_mut() {
-        std::thread::sleep(Duration::from_millis(300));
-        let _ = std::process::Command::new("sh").args(["-c", &format!("kill -INT {}", c.id())]).status();
-        c.wait().unwrap();
+    if let Some(c) = dumpcap {
+        c.stop();
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../ci/tshark-check.sh");
         let out = std::process::Command::new("bash").args([script, "-r", &pcap]).output().unwrap();
         let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));

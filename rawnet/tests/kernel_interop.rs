@@ -232,22 +232,7 @@ fn userspace_to_kernel_captured(driver: Driver, mtu: u32, loss: f64, len: usize,
     let bed = Bed::new(mtu);
     bed.loss(loss);
     let pcap = format!("/tmp/{}-{driver:?}.pcapng", bed.b);
-    let mut dumpcap = capture.then(|| {
-        let _ = std::fs::remove_file(&pcap);
-        // In b, on the veth: every frame on the wire between the two hosts.
-        let c = std::process::Command::new("ip")
-            .args(["netns", "exec", &bed.b, "dumpcap", "-q", "-i", IF, "-w", &pcap])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("dumpcap (apt-get install tshark)");
-        let t = Instant::now();
-        while std::fs::metadata(&pcap).map_or(true, |m| m.len() == 0) && t.elapsed() < Duration::from_secs(10) {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        std::thread::sleep(Duration::from_millis(200));
-        c
-    });
+    let dumpcap = capture.then(|| bed::Capture::start(&bed, &pcap));
     let (tx, rx) = mpsc::channel();
     let server = kernel_echo_server(bed.b.clone(), 7000, tx);
     rx.recv().unwrap();
@@ -272,10 +257,8 @@ fn userspace_to_kernel_captured(driver: Driver, mtu: u32, loss: f64, len: usize,
     if loss > 0.0 {
         assert!(dropped > 0, "the loss rule dropped nothing");
     }
-    if let Some(c) = dumpcap.as_mut() {
-        std::thread::sleep(Duration::from_millis(300));
-        let _ = std::process::Command::new("sh").args(["-c", &format!("kill -INT {}", c.id())]).status();
-        c.wait().unwrap();
+    if let Some(c) = dumpcap {
+        c.stop();
         let frames = tshark_count(&pcap, "tcp");
         let malformed = tshark_count(&pcap, "_ws.malformed || _ws.expert.severity == error");
         let bad_sum = tshark_count(&pcap, "tcp.checksum.status == 0 || ip.checksum.status == 0");
