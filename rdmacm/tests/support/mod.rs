@@ -156,7 +156,27 @@ pub fn text(o: &Output) -> String {
     )
 }
 
-/// Run a server, give it `delay` to listen, run the client; both must exit 0 in time.
+/// Waits until the server's port (its `-p PORT`, or fabtests' `-B PORT`) is listening, for at
+/// most a minute, so that a server slow to start under load is not met by a client that
+/// finds nothing there (REJECTED / ECONNREFUSED). A server with no port in its arguments
+/// gets `delay`.
+fn wait_for_server(server: &[&str], delay: Duration) {
+    let port = server
+        .windows(2)
+        .find(|w| w[0] == "-p" || w[0] == "-B")
+        .and_then(|w| w[1].parse::<u16>().ok());
+    let Some(port) = port else {
+        std::thread::sleep(delay);
+        return;
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !uiw_examples::pair::is_listening(port) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Run a server, wait until it listens ([`wait_for_server`]), run the client; both must exit 0
+/// in time.
 pub fn pair(
     dev: &Published,
     server: &[&str],
@@ -169,7 +189,7 @@ pub fn pair(
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();
     let waiter = std::thread::spawn(move || finish_until(s, limit + delay, &stop2));
-    std::thread::sleep(delay);
+    wait_for_server(server, delay);
     let c = spawn(dev, client, &[]);
     let (co, ct) = finish(c, limit);
     if !co.status.success() {
