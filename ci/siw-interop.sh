@@ -254,26 +254,36 @@ attempt() {
 	return 1
 }
 
+# siw_close_race DIR: whether the last attempt failed only by siw's close race
+# (docs/siw-interop.md): the siw side reported "Bad wc status 2" on its last WR while the
+# uiw side exited 0 and the capture decoded clean.
+siw_close_race() {
+	local uiw_side=server
+	[[ $1 == h2g ]] && uiw_side=client
+	[[ $att_note == *"$uiw_side rc=0"* && $att_note == *"tshark rc=0"* && $att_note == *"Bad wc status 2"* ]]
+}
+
 # run_case MODE DIR TOOL ROUND: an attempt, and one more if it failed (the siw side runs
-# under TCG; the first failure's logs stay in <case>.try1 and the verdict says "2nd try").
+# under TCG; each failed attempt's logs stay in <case>.tryN and the verdict is "pass*").
+# A case that keeps failing only by siw's close race gets up to four attempts (that race hits
+# about 1 attempt in 10 under TCG; with 40 cases, two attempts left a red run every few runs);
+# any other failure is final after the second.
 run_case() {
 	local mode=$1 dir=$2 tool=$3 round=$4
 	local name="$mode-$dir-$tool"
 	[[ $rounds -gt 1 ]] && name+="-r$round"
-	local d="$OUT/$name" t0 verdict note=
+	local d="$OUT/$name" t0 verdict=FAIL note= try
 	t0=$(now)
-	if attempt "$mode" "$dir" "$tool" "$d"; then
-		verdict=pass
-	else
-		note="1st try: $att_note"
-		mv "$d" "$d.try1"
+	for try in 1 2 3 4; do
 		if attempt "$mode" "$dir" "$tool" "$d"; then
-			verdict=pass retried=$((retried + 1))
-		else
-			verdict=FAIL
-			note+="; 2nd try: $att_note"
+			verdict=pass
+			[[ $try -gt 1 ]] && retried=$((retried + 1))
+			break
 		fi
-	fi
+		note+="${note:+; }try $try: $att_note"
+		mv "$d" "$d.try$try"
+		[[ $try -eq 1 ]] || siw_close_race "$dir" || break
+	done
 	if [[ $verdict == pass ]]; then
 		pass=$((pass + 1))
 	else
@@ -325,7 +335,7 @@ timing total $(( $(now) - t_start ))
 		done; done
 		printf '\n'
 	done
-	printf '(h2g: uiw client -> siw server; g2h: siw client -> uiw server; pass* = passed on the 2nd try, see cases.txt)\n'
+	printf '(h2g: uiw client -> siw server; g2h: siw client -> uiw server; pass* = passed on a later try, see cases.txt)\n'
 } >"$OUT/matrix.txt"
 step "matrix ($OUT/matrix.txt)"
 cat "$OUT/matrix.txt" >&2
@@ -333,6 +343,6 @@ cat "$OUT/timings.txt" >&2
 if [[ $fail -gt 0 ]]; then
 	printf 'failed: %s\n' "${failed_cases[*]}" >&2
 fi
-echo "siw-interop: $retried of the passes needed a 2nd try"
+echo "siw-interop: $retried of the passes needed more than one try"
 echo "siw-interop: $pass passed, $fail failed"
 [[ $fail -eq 0 ]]
