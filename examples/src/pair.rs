@@ -129,6 +129,14 @@ impl Running {
         self.child.id()
     }
 
+    /// Sends SIGINT (how a capture tool is stopped so that it flushes its file), through the
+    /// shell's `kill` builtin: a minimal Debian root has no procps, so no /bin/kill.
+    pub fn interrupt(&self) {
+        let _ = Command::new("sh")
+            .args(["-c", &format!("kill -INT {}", self.pid())])
+            .status();
+    }
+
     /// The exit status if the process has ended (reaping it).
     pub fn try_status(&mut self) -> Option<ExitStatus> {
         if self.status.is_none() {

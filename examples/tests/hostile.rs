@@ -539,7 +539,7 @@ fn terminates_decode_in_tshark() {
     run("send without receive", &["-n", "0"], &|_, p| p.send(b"hello"), TermCode::DDP_U_NO_BUFFER);
     run("read bad stag", &[], &|t, p| p.read_request(t.rkey ^ 0xff, t.addr, 64), TermCode::RDMAP_INVALID_STAG);
     std::thread::sleep(Duration::from_millis(500));
-    let _ = std::process::Command::new("kill").args(["-INT", &cap.pid().to_string()]).status();
+    cap.interrupt();
     cap.wait_until(Instant::now() + Duration::from_secs(20)).expect("tshark did not stop");
     let check = uiw_examples::workspace_root().join("ci/tshark-check.sh");
     let o = std::process::Command::new(check).arg("-r").arg(&pcap).output().expect("run ci/tshark-check.sh");
