@@ -19,6 +19,18 @@ uiw_version_ge() {
 	[[ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -1)" == "$2" ]]
 }
 
+# uiw_with_rustup_home DIR CMD...: run CMD with RUSTUP_HOME set to the .rustup beside the
+# .cargo/bin DIR, unless RUSTUP_HOME is set already or there is none.
+uiw_with_rustup_home() {
+	local d=$1
+	shift
+	if [[ -z "${RUSTUP_HOME:-}" && -d "$d/../../.rustup" ]]; then
+		RUSTUP_HOME=$(cd "$d/../../.rustup" && pwd) "$@"
+	else
+		"$@"
+	fi
+}
+
 uiw_find_cargo() {
 	local user=${1:-} min dirs=() d home ver found=""
 	min=$(uiw_rust_min)
@@ -36,7 +48,10 @@ uiw_find_cargo() {
 	local seen_old=""
 	for d in "${dirs[@]}"; do
 		[[ -x "$d/cargo" ]] || continue
-		ver=$("$d/cargo" --version 2>/dev/null | awk '{print $2}')
+		# A rustup proxy finds its toolchains through RUSTUP_HOME, which defaults to the
+		# current $HOME's: under sudo that is root's, so probe with the owner's. A probe that
+		# fails is an unusable candidate, not the end of this script (set -e).
+		ver=$(uiw_with_rustup_home "$d" "$d/cargo" --version 2>/dev/null | awk '{print $2}') || ver=""
 		ver=${ver%%-*}
 		if [[ -n "$ver" ]] && uiw_version_ge "$ver" "$min"; then
 			found=$d
