@@ -158,6 +158,20 @@ fn echo_client(host: &mut Host<Box<dyn FrameIo>>, h: Handle, len: usize, limit: 
 }
 
 /// Echo everything the connection `h` receives until the peer's FIN, then close.
+/// The first connection the listening `host` accepts (within 30 s), serving the stack and
+/// waiting up to `step` between looks.
+fn accept(host: &mut Host<Box<dyn FrameIo>>, step: Duration) -> Handle {
+    let start = Instant::now();
+    loop {
+        assert!(start.elapsed() < Duration::from_secs(30), "no connection accepted");
+        host.poll(64).unwrap();
+        if let Some(h) = host.stack.accept() {
+            return h;
+        }
+        host.wait(step).unwrap();
+    }
+}
+
 fn echo_server(host: &mut Host<Box<dyn FrameIo>>, h: Handle, limit: Duration) -> usize {
     let start = Instant::now();
     let mut pending: Vec<u8> = Vec::new();
@@ -289,15 +303,7 @@ fn kernel_to_userspace(driver: Driver, mtu: u32, loss: f64, len: usize) {
         let (mut host, _guard) = open_host(driver);
         host.stack.listen(port);
         tx.send(()).unwrap();
-        let start = Instant::now();
-        let h = loop {
-            assert!(start.elapsed() < Duration::from_secs(30), "no connection accepted");
-            host.poll(64).unwrap();
-            if let Some(h) = host.stack.accept() {
-                break h;
-            }
-            host.wait(Duration::from_millis(5)).unwrap();
-        };
+        let h = accept(&mut host, Duration::from_millis(5));
         echo_server(&mut host, h, Duration::from_secs(120))
     });
     rx.recv().unwrap();
@@ -437,15 +443,7 @@ fn userspace_to_userspace(a_drv: Driver, b_drv: Driver, per10k: u64, len: usize)
         let (mut host, _guard) = open_host_lossy(b_drv, per10k);
         host.stack.listen(port);
         tx.send(()).unwrap();
-        let start = Instant::now();
-        let h = loop {
-            assert!(start.elapsed() < Duration::from_secs(30), "no connection accepted");
-            host.poll(64).unwrap();
-            if let Some(h) = host.stack.accept() {
-                break h;
-            }
-            host.wait(Duration::from_millis(2)).unwrap();
-        };
+        let h = accept(&mut host, Duration::from_millis(2));
         echo_server(&mut host, h, Duration::from_secs(120))
     }).unwrap();
     rx.recv().unwrap();
