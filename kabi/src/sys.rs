@@ -168,9 +168,36 @@ impl Epoll {
 
     /// Waits up to `timeout_ms` (-1: forever) and appends `(token, events)` pairs to `out`.
     pub fn wait(&self, out: &mut Vec<(u64, u32)>, timeout_ms: i32) -> io::Result<usize> {
+        let t = u64::try_from(timeout_ms).ok().map(std::time::Duration::from_millis);
+        self.wait_for(out, t)
+    }
+
+    /// As [`Epoll::wait`], with a timeout of microsecond resolution (`epoll_pwait2`, Linux
+    /// 5.11): `None` waits forever.
+    pub fn wait_for(&self, out: &mut Vec<(u64, u32)>, timeout: Option<std::time::Duration>) -> io::Result<usize> {
         let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 64];
-        // SAFETY: evs has room for the 64 entries we pass as maxevents.
-        let n = unsafe { libc::epoll_wait(self.fd.as_raw_fd(), evs.as_mut_ptr(), evs.len() as i32, timeout_ms) };
+        let ts = timeout.map(|d| libc::timespec {
+            tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
+            tv_nsec: libc::c_long::from(d.subsec_nanos() as i32),
+        });
+        let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+        // A kernel before 5.11 (or valgrind, which does not know the call) has no
+        // epoll_pwait2: millisecond resolution then, rounded up (never a busy loop).
+        static NO_PWAIT2: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        let mut n = -1;
+        if !NO_PWAIT2.load(std::sync::atomic::Ordering::Relaxed) {
+            // SAFETY: evs has room for the 64 entries we pass as maxevents; tsp is null or
+            // points to `ts`, which outlives the call; a null sigmask leaves the mask alone.
+            n = unsafe { libc::epoll_pwait2(self.fd.as_raw_fd(), evs.as_mut_ptr(), evs.len() as i32, tsp, std::ptr::null()) };
+            if n < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+                NO_PWAIT2.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        if NO_PWAIT2.load(std::sync::atomic::Ordering::Relaxed) {
+            let ms = timeout.map_or(-1, |d| d.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32);
+            // SAFETY: evs has room for the 64 entries we pass as maxevents.
+            n = unsafe { libc::epoll_wait(self.fd.as_raw_fd(), evs.as_mut_ptr(), evs.len() as i32, ms) };
+        }
         if n < 0 {
             let e = io::Error::last_os_error();
             return if e.kind() == io::ErrorKind::Interrupted { Ok(0) } else { Err(e) };
@@ -251,6 +278,27 @@ pub fn tcp_connect_start(addr: std::net::SocketAddrV4) -> io::Result<std::net::T
 mod epoll_tests {
     use super::*;
     use std::io::Write;
+
+    /// What the engine's ownership lease relies on: an edge-triggered socket modified to no
+    /// interest reports nothing while data arrives, and modified back it reports the data
+    /// that is already there (the modification itself raises the event).
+    #[test]
+    fn disarmed_edge_socket_reports_pending_data_when_rearmed() {
+        let (mut a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let ep = Epoll::new().unwrap();
+        ep.add(b.as_raw_fd(), 9, EPOLL_SOCKET_EDGE).unwrap();
+        let mut out = Vec::new();
+        ep.wait_for(&mut out, Some(std::time::Duration::from_micros(200))).unwrap();
+        out.clear();
+        ep.modify(b.as_raw_fd(), 9, libc::EPOLLET as u32).unwrap();
+        a.write_all(b"x").unwrap();
+        assert_eq!(ep.wait_for(&mut out, Some(std::time::Duration::from_micros(500))).unwrap(), 0);
+        ep.modify(b.as_raw_fd(), 9, EPOLL_SOCKET_EDGE).unwrap();
+        ep.wait_for(&mut out, Some(std::time::Duration::from_secs(5))).unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].0, 9);
+        assert_ne!(out[0].1 & libc::EPOLLIN as u32, 0);
+    }
 
     #[test]
     fn epoll_reports_readiness_with_the_token() {
