@@ -266,6 +266,7 @@ impl Context {
             destroyed: AtomicBool::new(false),
             kick: AtomicBool::new(false),
             hup: AtomicBool::new(false),
+            lease: Default::default(),
             stats: super::stats::QpStats::new(&self.device.name, &self.device.ibdev_path, qpn),
             inner: Mutex::new(QpInner { attrs: qp_state::init_attrs_from_create(&cap), dp: DataPath::default(), parked: Vec::new(), open_at: None, cm: None }),
         });
@@ -287,7 +288,7 @@ impl Context {
         {
             let mut inner = qp.inner.lock();
             if let Some(l) = inner.dp.link.as_ref() {
-                qp.net.unwatch(&l.sock);
+                qp.unwatch_link(&l.sock);
             }
             qp.sync_stats(&mut inner);
             let env = qp.env(inner.attrs.qp_access_flags);

@@ -128,6 +128,12 @@ impl Cq {
         self.entries.pop_front()
     }
 
+    /// Whether a completion event is requested (the application sleeps, or is about to, on the
+    /// completion channel: its polls claim no QP, see `lease`).
+    pub fn armed(&self) -> bool {
+        self.arming != Arming::Disarmed
+    }
+
     /// `ibv_req_notify_cq`: arm for the next (or next solicited) completion. A stronger arming
     /// (any completion) is not weakened by a later `solicited_only` request.
     pub fn arm(&mut self, solicited_only: bool) {
@@ -155,8 +161,12 @@ impl Cq {
 /// A QP as the CQs it completes into see it: `ibv_poll_cq` on an empty CQ drives it.
 pub trait PolledQp: Send + Sync {
     fn qpn(&self) -> u32;
-    /// Serve the QP's stream here unless another thread is at it.
-    fn try_progress(&self);
+    /// Serve the QP's stream here unless another thread is at it; with `claim`, the polling
+    /// thread takes the QP over from the progress thread for a while (see `lease`).
+    fn try_progress(&self, claim: bool);
+    /// The application is going to sleep on the CQ's channel: the progress thread takes the
+    /// QP back.
+    fn hand_back(&self);
 }
 
 /// A completion queue and where its events go.
@@ -190,11 +200,27 @@ impl CqObj {
     }
     /// `ibv_poll_cq` on an empty CQ: receive and transmit for its QPs right here, without
     /// waiting for the progress thread to be scheduled (skipping QPs another thread is serving).
+    ///
+    /// A CQ nobody armed is polled by a thread that keeps polling: it claims its QPs (see
+    /// `lease`). An armed CQ's poller is about to sleep on the channel: it claims nothing.
     pub fn drive(&self) {
-        let qps: Vec<Arc<dyn PolledQp>> = self.qps.lock().iter().filter_map(Weak::upgrade).collect();
-        for qp in qps {
-            qp.try_progress();
+        let claim = !self.q.lock().armed();
+        for qp in self.polled_qps() {
+            qp.try_progress(claim);
         }
+    }
+
+    /// `ibv_req_notify_cq`: the application will sleep until a completion event, so the
+    /// progress thread must serve the CQ's QPs from now on.
+    pub fn arm(&self, solicited_only: bool) {
+        self.q.lock().arm(solicited_only);
+        for qp in self.polled_qps() {
+            qp.hand_back();
+        }
+    }
+
+    fn polled_qps(&self) -> Vec<Arc<dyn PolledQp>> {
+        self.qps.lock().iter().filter_map(Weak::upgrade).collect()
     }
 
     pub fn push(&self, c: Completion) {

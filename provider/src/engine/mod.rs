@@ -4,7 +4,7 @@
 //! Imports go one way, from the top of this list to the bottom: `context` (the verbs objects
 //! of one device context) → `qp` → `net` (listener, progress thread) → `datapath` (a QP's work
 //! requests and stream: `rx`, `tx`) and `cm` → `transport` (sockets, addressing) → `cq`, `srq`,
-//! `mr`, `wr`, `events`, `user_memory`, `error` and the pure tables (`access`, `limits`,
+//! `mr`, `wr`, `events`, `lease`, `user_memory`, `error` and the pure tables (`access`, `limits`,
 //! `qp_state`, `device`). The progress thread and the CQs know QPs only through the traits
 //! [`net::Endpoint`] and [`cq::PolledQp`], rdma_cm through [`cm::CmQp`].
 #![forbid(unsafe_code)]
@@ -18,6 +18,7 @@ pub mod debug;
 pub mod device;
 pub mod error;
 pub mod events;
+pub mod lease;
 pub mod limits;
 pub mod log;
 pub mod mr;

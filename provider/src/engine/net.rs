@@ -2,7 +2,7 @@
 //! thread that serves every QP's socket (so a passive RDMA Write/Read target that never calls
 //! into libibverbs still places data and answers Reads). Addressing: see [`super::transport`].
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -16,7 +16,8 @@ use uiw_kabi::sys::{Epoll, EPOLL_IN, EPOLL_SOCKET_EDGE};
 use uiw_wire::conn::{Connection, Role};
 
 use super::cm::{CmConn, CmStatus};
-use super::transport::{config, now_ms, prepare, Closing, Pending, QpHello, DEFAULT_PORT_BASE, INDEXES, SLOTS};
+use super::lease::{Arming, Check};
+use super::transport::{config, now_ms, now_us, prepare, Closing, Pending, QpHello, DEFAULT_PORT_BASE, INDEXES, SLOTS};
 use super::user_memory::UserMemory;
 
 /// What the progress thread made of a QP.
@@ -41,6 +42,9 @@ pub trait Endpoint: Send + Sync {
     fn handle_timeout(&self, now: u64);
     /// When the QP next needs [`Endpoint::handle_timeout`] (engine ms), if ever.
     fn next_timeout(&self) -> Option<u64>;
+    /// An application thread's lease on the QP is due (engine µs): kept, or handed back to
+    /// the progress thread (see `lease`).
+    fn lease_check(&self, now_us: u64) -> Check;
     /// In a forked child: let go of the parent's stream (close this process's descriptor
     /// only — no shutdown, which would end the parent's connection) without waiting for a
     /// lock another thread of the parent held when it forked.
@@ -98,6 +102,12 @@ pub struct Net {
     /// Streams of stopped QPs still sending their last bytes (the Terminate) before FIN.
     closing: Mutex<HashMap<u64, Lingering>>,
     pub user_mem: &'static dyn UserMemory,
+    /// QPs an application thread holds (see `lease`): their sockets are out of the epoll
+    /// interest, and the progress thread looks at each lease when it is due. Changed only
+    /// under the QP's lease lock ([`Net::apply_arming`]), so it mirrors the leases exactly.
+    leased: Mutex<HashSet<u32>>,
+    /// A lease was claimed: the progress thread must take its deadline.
+    lease_news: AtomicBool,
     stop: AtomicBool,
     waker: (UnixStream, UnixStream),
 }
@@ -231,6 +241,8 @@ impl Net {
             next_pending: AtomicU64::new(1),
             closing: Mutex::new(HashMap::new()),
             user_mem,
+            leased: Mutex::new(HashSet::new()),
+            lease_news: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             waker,
         })
@@ -278,6 +290,52 @@ impl Net {
         let _ = self.epoll.delete(sock.as_raw_fd());
     }
 
+    /// A lease transition of QP `qpn` (called under its lease lock): its socket leaves the
+    /// epoll interest (only a hang-up or error still reports) or comes back — which raises
+    /// at once whatever readiness built up meanwhile, so nothing that arrived during the
+    /// lease waits for another arrival.
+    pub fn apply_arming(&self, qpn: u32, a: Arming) {
+        let token = KIND_QP | u64::from(qpn);
+        match a {
+            Arming::Disarm(fd) => {
+                let _ = self.epoll.modify(fd, token, libc::EPOLLET as u32);
+                self.leased.lock().insert(qpn);
+                self.lease_news.store(true, Ordering::Release);
+                self.wake();
+            }
+            Arming::Rearm(fd) => {
+                let _ = self.epoll.modify(fd, token, EPOLL_SOCKET_EDGE);
+                self.leased.lock().remove(&qpn);
+            }
+            Arming::Forget => {
+                self.leased.lock().remove(&qpn);
+            }
+        }
+    }
+
+    /// Looks at the leases (due or new) at `now` (engine µs): the QPs handed back are queued
+    /// to be served at once; returns when the next lease is due.
+    fn check_leases(&self, now: u64, ready: &mut VecDeque<(u64, bool)>) -> Option<u64> {
+        let qpns: Vec<u32> = self.leased.lock().iter().copied().collect();
+        let mut next: Option<u64> = None;
+        for qpn in qpns {
+            let Some(qp) = self.lookup(qpn) else {
+                self.leased.lock().remove(&qpn);
+                continue;
+            };
+            match qp.lease_check(now) {
+                Check::HeldUntil(t) => next = Some(next.map_or(t, |n| n.min(t))),
+                Check::Free => {
+                    let tok = KIND_QP | u64::from(qpn);
+                    if !ready.iter().any(|r| r.0 == tok) {
+                        ready.push_back((tok, false));
+                    }
+                }
+            }
+        }
+        next
+    }
+
     /// The progress thread. It sleeps in `epoll_wait` until a socket is ready or a stream's
     /// deadline (MPA negotiation) is due: an idle process takes no periodic wake-ups.
     fn run(self: Arc<Net>) {
@@ -285,17 +343,21 @@ impl Net {
         let mut ready: VecDeque<(u64, bool)> = VecDeque::new();
         // When the next deadline is due (engine ms); None: no stream needs the clock.
         let mut next_due: Option<u64> = None;
+        // When the next application lease is due (engine µs; see `lease`).
+        let mut next_lease: Option<u64> = None;
         while !self.stop.load(Ordering::Acquire) {
             evs.clear();
             let timeout = if !ready.is_empty() {
-                0
+                Some(Duration::ZERO)
             } else {
-                match next_due {
-                    None => -1,
-                    Some(t) => t.saturating_sub(now_ms()).min(i32::MAX as u64) as i32,
+                let now = now_us();
+                let due = next_due.map(|t| t.saturating_mul(1000));
+                match (due, next_lease) {
+                    (None, None) => None,
+                    (a, b) => Some(Duration::from_micros(a.unwrap_or(u64::MAX).min(b.unwrap_or(u64::MAX)).saturating_sub(now))),
                 }
             };
-            if self.epoll.wait(&mut evs, timeout).is_err() {
+            if self.epoll.wait_for(&mut evs, timeout).is_err() {
                 std::thread::sleep(Duration::from_millis(10));
             }
             for &(tok, flags) in &evs {
@@ -337,6 +399,14 @@ impl Net {
             let now = now_ms();
             if next_due.is_some_and(|t| t <= now) {
                 next_due = self.sweep(now);
+            }
+            // Leases last, after the waker was read: a claim sets `lease_news` before it
+            // writes the waker, so news whose wake-up byte this turn consumed is seen here
+            // (looked at before the read, it could be missed, and the thread would sleep
+            // with a lease nobody checks). QPs handed back are served on the next turn.
+            let now = now_us();
+            if self.lease_news.swap(false, Ordering::AcqRel) || next_lease.is_some_and(|t| t <= now) {
+                next_lease = self.check_leases(now, &mut ready);
             }
         }
     }

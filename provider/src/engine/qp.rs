@@ -14,13 +14,14 @@ use super::datapath::{DataPath, Env, Fatal, Link, Notice};
 use super::device::{gid_ipv4, DeviceInfo};
 use super::error::{Error, Result};
 use super::events::{event_type, AsyncSink};
+use super::lease::{Arming, Check, Lease};
 use super::limits::DeviceLimits;
 use super::mr::MrTable;
 use super::net::{Endpoint, Net, Progress};
 use super::qp_state::{self, QpAttrs, QpState};
 use super::srq::SrqObj;
 use super::stats::QpStats;
-use super::transport::{config, is_initiator, now_ms, prepare, qp_address, Expected, Pending, QpHello, Verdict};
+use super::transport::{config, is_initiator, now_ms, now_us, prepare, qp_address, Expected, Pending, QpHello, Verdict};
 use super::wr::{PostError, RecvWqe, SendWqe};
 
 /// What `ibv_create_qp` asks for.
@@ -74,6 +75,9 @@ pub struct Qp {
     pub(crate) hup: AtomicBool,
     /// Counters `uiw stat` reads (see `stats`).
     pub(crate) stats: QpStats,
+    /// Whether an application thread that polls drives the stream instead of the progress
+    /// thread (see `lease`).
+    pub(crate) lease: Lease,
     pub inner: Mutex<QpInner>,
 }
 
@@ -196,7 +200,7 @@ impl Qp {
             }
             QpState::Reset => {
                 if let Some(l) = inner.dp.link.as_ref() {
-                    self.net.unwatch(&l.sock);
+                    self.unwatch_link(&l.sock);
                 }
                 inner.dp.reset();
                 self.drop_parked(&mut inner);
@@ -280,7 +284,7 @@ impl Qp {
         let hello = QpHello { to_qpn: a.dest_qp_num, from_qpn: self.qpn, rq_psn: a.rq_psn, sq_psn };
         let cfg = config(Role::Initiator, ird(&a), ord(&a), hello.encode(), mss);
         let link = Link::new(Connection::new(cfg, now_ms()), sock);
-        if self.net.watch(&link.sock, self.qpn).is_err() {
+        if self.watch_link(&link.sock).is_err() {
             return Some(Fatal::Lost);
         }
         inner.dp.link = Some(link);
@@ -378,7 +382,7 @@ impl Qp {
         if p.conn.accept(ird(&a), ord(&a), &reply.encode(), now_ms()).is_err() {
             return Err(p);
         }
-        if self.net.watch(&p.sock, self.qpn).is_err() {
+        if self.watch_link(&p.sock).is_err() {
             return Err(p);
         }
         inner.dp.link = Some(Link::new(p.conn, p.sock));
@@ -386,8 +390,32 @@ impl Qp {
     }
 
     /// `ibv_poll_cq` found nothing: serve the stream here unless another thread is at it.
-    pub fn try_progress(&self) {
+    /// With `claim` (a thread that keeps polling), the QP is this thread's to drive for the
+    /// lease that the poll renews (see `lease`).
+    pub fn try_progress(&self, claim: bool) {
+        if claim && lease_enabled() && self.lease.renew(now_us()) {
+            self.lease.claim(|a| self.net.apply_arming(self.qpn, a));
+        }
         self.serve(false);
+    }
+
+    /// The application is going to sleep on a completion channel: the progress thread serves
+    /// the stream again.
+    pub fn hand_back(&self) {
+        self.lease.hand_back(|a| self.net.apply_arming(self.qpn, a));
+    }
+
+    /// The progress thread serves the stream's socket from now on (it is armed: not leased).
+    fn watch_link(&self, sock: &TcpStream) -> std::io::Result<()> {
+        self.net.watch(sock, self.qpn)?;
+        self.lease.attach(std::os::fd::AsRawFd::as_raw_fd(sock));
+        Ok(())
+    }
+
+    /// The stream's socket leaves the progress thread, and any lease on it ends.
+    pub(crate) fn unwatch_link(&self, sock: &TcpStream) {
+        self.lease.detach(|a| self.net.apply_arming(self.qpn, a));
+        self.net.unwatch(sock);
     }
 
     fn pump_locked(&self, inner: &mut QpInner) -> Option<(bool, Option<Fatal>)> {
@@ -598,7 +626,7 @@ impl Qp {
     /// Gives the QP its rdma_cm stream: served by the progress thread, the QP in RTR until MPA
     /// completes (then RTS, see `after`).
     fn cm_attach(self: &Arc<Self>, inner: &mut QpInner, cm: &Arc<CmConn>, link: Link) -> Result<()> {
-        self.net.watch(&link.sock, self.qpn)?;
+        self.watch_link(&link.sock)?;
         inner.cm = Some(cm.clone());
         *cm.qp.lock() = Some(Arc::downgrade(&(self.clone() as Arc<dyn CmQp>)));
         inner.attrs.qp_state = QpState::Rtr;
@@ -643,7 +671,7 @@ impl Qp {
     /// Closes the stream and flushes everything outstanding.
     fn stop_locked(&self, inner: &mut QpInner) {
         if let Some(l) = inner.dp.link.as_ref() {
-            self.net.unwatch(&l.sock);
+            self.unwatch_link(&l.sock);
         }
         self.sync_stats(inner);
         // What `shutdown` completes as flushed: send WRs still queued or held, receives.
@@ -770,6 +798,13 @@ impl Qp {
     }
 }
 
+/// `UIW_POLL_LEASE=0`: application polls never take a QP over from the progress thread (the
+/// behaviour before the lease; for comparisons).
+fn lease_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("UIW_POLL_LEASE").map_or(true, |v| v.trim() != "0"))
+}
+
 /// The IPv4 address a stream comes from (`None` for anything else).
 fn peer_ipv4(p: &Pending) -> Option<std::net::Ipv4Addr> {
     match p.sock.peer_addr().ok()? {
@@ -795,7 +830,15 @@ impl Endpoint for Qp {
         if hup {
             self.hup.store(true, Ordering::Release);
         }
+        if self.lease.held() {
+            // An application thread drives the stream (a readiness reported before its claim,
+            // or a hang-up): it serves this, or the lease's check hands the QP back.
+            return Progress::Done;
+        }
         self.serve(true)
+    }
+    fn lease_check(&self, now_us: u64) -> Check {
+        self.lease.check(now_us, |a: Arming| self.net.apply_arming(self.qpn, a))
     }
     fn offer(&self, net: &Net, hello: QpHello, p: Pending) -> std::result::Result<(), Pending> {
         Qp::offer(self, net, hello, p)
@@ -822,8 +865,11 @@ impl PolledQp for Qp {
     fn qpn(&self) -> u32 {
         self.qpn
     }
-    fn try_progress(&self) {
-        Qp::try_progress(self)
+    fn try_progress(&self, claim: bool) {
+        Qp::try_progress(self, claim)
+    }
+    fn hand_back(&self) {
+        Qp::hand_back(self)
     }
 }
 

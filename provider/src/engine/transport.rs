@@ -26,10 +26,15 @@ pub const SLOTS: u32 = 4096;
 /// QPs per process: the other 12 bits (index 0 is never used).
 pub const INDEXES: u32 = 4096;
 
+/// Microseconds on the engine's clock (the ownership lease's resolution).
+pub fn now_us() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_micros() as u64
+}
+
 /// Milliseconds on the engine's clock (the protocol core's `now_ms`).
 pub fn now_ms() -> u64 {
-    static START: OnceLock<Instant> = OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_millis() as u64
+    now_us() / 1000
 }
 
 /// The MPA private data of an RTR-initiated connection: which QP connects to which, and the

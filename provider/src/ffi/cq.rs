@@ -200,7 +200,7 @@ pub(super) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
 pub(super) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
     guard(libc::EFAULT, || {
         // SAFETY: cq is one of ours.
-        unsafe { cq_obj(cq) }.q.lock().arm(solicited_only != 0);
+        unsafe { cq_obj(cq) }.arm(solicited_only != 0);
         0
     })
 }
