@@ -164,6 +164,9 @@ impl Context {
             async_events_reported: AtomicU32::new(0),
             users: AtomicU32::new(0),
             qps: Mutex::new(Vec::new()),
+            renew_at: AtomicU64::new(0),
+            deferred: std::sync::atomic::AtomicBool::new(false),
+            polls: AtomicU64::new(0),
         }))
     }
 
@@ -267,6 +270,7 @@ impl Context {
             kick: AtomicBool::new(false),
             hup: AtomicBool::new(false),
             lease: Default::default(),
+            polls_at_post: AtomicU64::new(u64::MAX),
             stats: super::stats::QpStats::new(&self.device.name, &self.device.ibdev_path, qpn),
             inner: Mutex::new(QpInner { attrs: qp_state::init_attrs_from_create(&cap), dp: DataPath::default(), parked: Vec::new(), open_at: None, cm: None }),
         });

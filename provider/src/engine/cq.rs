@@ -3,7 +3,7 @@
 //! receive or any error completion, IBTA Vol 1 §11.4.2.2).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
@@ -183,6 +183,14 @@ pub struct CqObj {
     pub(crate) users: AtomicU32,
     /// The same QPs, for progress driven by `ibv_poll_cq`.
     pub(crate) qps: Mutex<Vec<Weak<dyn PolledQp>>>,
+    /// When (engine µs) a poll that finds completions next renews the QPs' leases (see
+    /// `lease`): a poller that keeps finding completions drives its QPs too, at most every
+    /// half lease.
+    pub(crate) renew_at: AtomicU64,
+    /// A doorbell of one of the QPs waits for the next poll of this CQ (see `Qp::post_send`).
+    pub(crate) deferred: AtomicBool,
+    /// Polls so far: a QP tells by it whether the application polled since its last post.
+    pub(crate) polls: AtomicU64,
 }
 
 impl CqObj {
@@ -198,6 +206,22 @@ impl CqObj {
     pub fn async_events_to_ack(&self) -> u32 {
         self.async_sink.settle(self.handle.load(Ordering::Acquire), &self.async_events_reported)
     }
+    /// `ibv_poll_cq` (and `ibv_start_poll`) is about to take completions; `empty`: there are
+    /// none. An empty CQ drives its QPs (below); so does a CQ with completions when a doorbell
+    /// waits for this poll, or every half lease (the poller keeps its QPs' leases, so doorbells
+    /// posted between its polls go out together at the next).
+    pub fn polling(&self, empty: bool) {
+        self.polls.fetch_add(1, Ordering::Relaxed);
+        if empty || self.deferred.swap(false, Ordering::AcqRel) {
+            self.drive();
+            return;
+        }
+        let now = super::clock::now_us();
+        if now >= self.renew_at.load(Ordering::Relaxed) {
+            self.drive();
+        }
+    }
+
     /// `ibv_poll_cq` on an empty CQ: receive and transmit for its QPs right here, without
     /// waiting for the progress thread to be scheduled (skipping QPs another thread is serving).
     ///
@@ -205,6 +229,7 @@ impl CqObj {
     /// `lease`). An armed CQ's poller is about to sleep on the channel: it claims nothing.
     pub fn drive(&self) {
         let claim = !self.q.lock().armed();
+        self.renew_at.store(super::clock::now_us() + super::lease::LEASE_US / 2, Ordering::Relaxed);
         for qp in self.polled_qps() {
             qp.try_progress(claim);
         }

@@ -4,12 +4,13 @@
 //! Imports go one way, from the top of this list to the bottom: `context` (the verbs objects
 //! of one device context) → `qp` → `net` (listener, progress thread) → `datapath` (a QP's work
 //! requests and stream: `rx`, `tx`) and `cm` → `transport` (sockets, addressing) → `cq`, `srq`,
-//! `mr`, `wr`, `events`, `lease`, `user_memory`, `error` and the pure tables (`access`, `limits`,
+//! `mr`, `wr`, `events`, `lease`, `clock`, `user_memory`, `error` and the pure tables (`access`, `limits`,
 //! `qp_state`, `device`). The progress thread and the CQs know QPs only through the traits
 //! [`net::Endpoint`] and [`cq::PolledQp`], rdma_cm through [`cm::CmQp`].
 #![forbid(unsafe_code)]
 
 pub mod access;
+pub mod clock;
 pub mod cm;
 pub mod context;
 pub mod cq;

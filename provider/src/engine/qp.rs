@@ -78,6 +78,8 @@ pub struct Qp {
     /// Whether an application thread that polls drives the stream instead of the progress
     /// thread (see `lease`).
     pub(crate) lease: Lease,
+    /// The polls of the QP's CQs counted at the last post (see [`Qp::defer_doorbell`]).
+    pub(crate) polls_at_post: AtomicU64,
     pub inner: Mutex<QpInner>,
 }
 
@@ -746,7 +748,7 @@ impl Qp {
     /// The end of a posted chain: sends what it queued.
     pub fn doorbell(&self) {
         let mut inner = self.inner.lock();
-        if matches!(inner.attrs.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+        if matches!(inner.attrs.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd) && !self.defer_doorbell() {
             let env = self.env(inner.attrs.qp_access_flags);
             let f = inner.dp.doorbell(&env);
             self.sync_stats(&mut inner);
@@ -759,6 +761,29 @@ impl Qp {
         // Let go of the QP before settling: news that came meanwhile is served here.
         drop(inner);
         self.settle();
+    }
+
+    /// Whether a doorbell may wait for the thread that holds the QP's lease (see `lease`): that
+    /// thread polls within microseconds, and everything posted meanwhile leaves in one
+    /// `sendmsg` at its next poll (issue 9: many WRs' FPDUs per system call). The first post
+    /// after a poll rings at once — a ping-pong (post, poll, post, poll) never waits; only the
+    /// further posts before the next poll do (a stream of posts, as a bandwidth or message
+    /// rate run makes). A doorbell left waiting rings at the next poll of either CQ, or when
+    /// the lease lapses or is handed back (the progress thread serves the QP then): an
+    /// application that posts twice and then stops polling waits at most that long.
+    fn defer_doorbell(&self) -> bool {
+        let mut polls = self.send_cq.polls.load(Ordering::Relaxed);
+        if !Arc::ptr_eq(&self.send_cq, &self.recv_cq) {
+            polls = polls.wrapping_add(self.recv_cq.polls.load(Ordering::Relaxed));
+        }
+        let again = self.polls_at_post.swap(polls, Ordering::Relaxed) == polls;
+        let defer = again && self.lease.held() && lease_enabled();
+        if defer {
+            // Whichever of its CQs the application polls sends it.
+            self.send_cq.deferred.store(true, Ordering::Release);
+            self.recv_cq.deferred.store(true, Ordering::Release);
+        }
+        defer
     }
 
     fn post_send_unsettled(&self, wqe: SendWqe, ring: bool) -> std::result::Result<(), PostError> {
@@ -785,6 +810,7 @@ impl Qp {
             // RTR and posts credit Writes.
             QpState::Rtr | QpState::Rts | QpState::Sqd => {
                 let env = self.env(inner.attrs.qp_access_flags);
+                let ring = ring && !self.defer_doorbell();
                 let r = inner.dp.post_send(&env, wqe, self.cap.max_send_wr, ring);
                 // An idle stream sends at once, from here.
                 self.sync_stats(&mut inner);

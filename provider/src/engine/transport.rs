@@ -13,7 +13,7 @@
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use uiw_wire::conn::{Config, ConnectRequest, Connection, Event, Role, RxWant};
 use uiw_wire::placement::{Access, Memory};
@@ -26,16 +26,7 @@ pub const SLOTS: u32 = 4096;
 /// QPs per process: the other 12 bits (index 0 is never used).
 pub const INDEXES: u32 = 4096;
 
-/// Microseconds on the engine's clock (the ownership lease's resolution).
-pub fn now_us() -> u64 {
-    static START: OnceLock<Instant> = OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_micros() as u64
-}
-
-/// Milliseconds on the engine's clock (the protocol core's `now_ms`).
-pub fn now_ms() -> u64 {
-    now_us() / 1000
-}
+pub use super::clock::{now_ms, now_us};
 
 /// The MPA private data of an RTR-initiated connection: which QP connects to which, and the
 /// proof that the opener is the peer the application named (issue 10: a stranger who guessed

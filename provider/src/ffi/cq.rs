@@ -182,9 +182,8 @@ pub(super) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
         }
         // SAFETY: cq is one of ours.
         let obj = unsafe { cq_obj(cq) };
-        if obj.q.lock().is_empty() {
-            obj.drive();
-        }
+        let empty = obj.q.lock().is_empty();
+        obj.polling(empty);
         let mut q = obj.q.lock();
         let mut got = 0;
         while got < n {
@@ -243,9 +242,8 @@ unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, _attr: *mut ibv_poll_cq_attr
     guard(libc::EFAULT, || unsafe {
         // Like ibv_poll_cq: an empty CQ drives its QPs' streams right here.
         let obj = &uiw_cq(cq).obj;
-        if obj.q.lock().is_empty() {
-            obj.drive();
-        }
+        let empty = obj.q.lock().is_empty();
+        obj.polling(empty);
         advance(cq)
     })
 }

@@ -41,6 +41,13 @@ const STAGE: usize = 16 * 1024;
 /// Transmit backlog limits (pieces of one `sendmsg`, and bytes queued ahead of the socket).
 const TX_PIECES: usize = 48;
 const TX_BYTES: u64 = 1 << 20;
+/// Payload up to this size is copied into the backlog with its header and trailer instead of
+/// being sent from registered memory: an iovec entry and a pin cost more than the copy, and
+/// consecutive small FPDUs then leave as one contiguous run (one `sendmsg` entry for many
+/// messages).
+const TX_COPY_MAX: usize = 512;
+/// Largest run of engine-owned bytes one backlog piece grows to.
+const TX_RUN_MAX: usize = 64 << 10;
 /// Bytes one pump may receive before the QP is let go (other QPs get their turn, a thread
 /// posting to this QP gets in): about 50 µs of copying.
 pub const RX_BUDGET: usize = 256 << 10;
@@ -158,11 +165,30 @@ impl Link {
         self.held.iter().filter(|(_, c)| c.status == wc_status::SUCCESS).count()
     }
 
-    fn push(&mut self, p: Piece) {
-        self.tx_queued += p.len() as u64;
-        if p.len() > 0 {
-            self.tx.push_back(p);
+    /// Queues application memory to be sent from where it is.
+    fn push_user(&mut self, s: Span) {
+        self.tx_queued += s.len();
+        if s.len() > 0 {
+            self.tx.push_back(Piece::User(s));
         }
+    }
+
+    /// Queues engine-owned bytes, appended to the last piece when that is engine-owned too
+    /// (headers, trailers and small payloads of consecutive FPDUs form one run).
+    fn push_bytes(&mut self, b: &[u8]) {
+        self.tx_queued += b.len() as u64;
+        if b.is_empty() {
+            return;
+        }
+        if let Some(Piece::Own(v)) = self.tx.back_mut() {
+            if v.len() + b.len() <= TX_RUN_MAX {
+                v.extend_from_slice(b);
+                return;
+            }
+        }
+        let mut v = Vec::with_capacity(b.len().max(4096).min(TX_RUN_MAX));
+        v.extend_from_slice(b);
+        self.tx.push_back(Piece::Own(v));
     }
 
     fn backlog(&self) -> u64 {

@@ -11,29 +11,22 @@ use uiw_wire::placement::Source;
 
 use super::super::mr::Span;
 use super::super::user_memory::IoPart;
-use super::{run_at, DataPath, Env, Fatal, Link, SendEntry, TX_BYTES, TX_PIECES};
+use super::{run_at, DataPath, Env, Fatal, Link, SendEntry, TX_BYTES, TX_COPY_MAX, TX_PIECES};
 use crate::engine::wr::Payload;
 
 /// One piece of the transmit backlog.
 #[derive(Debug)]
 pub(super) enum Piece {
+    /// Engine-owned bytes: FPDU headers and trailers, small payloads, control messages.
     Own(Vec<u8>),
-    Small([u8; 32], u8),
     /// Application memory, pinned only for the `sendmsg` that sends it.
     User(Span),
 }
 
 impl Piece {
-    pub(super) fn small(b: &[u8]) -> Piece {
-        let mut a = [0u8; 32];
-        a[..b.len()].copy_from_slice(b);
-        Piece::Small(a, b.len() as u8)
-    }
-
     pub(super) fn len(&self) -> usize {
         match self {
             Piece::Own(v) => v.len(),
-            Piece::Small(_, n) => *n as usize,
             Piece::User(s) => s.len() as usize,
         }
     }
@@ -42,7 +35,6 @@ impl Piece {
     pub(super) fn bytes(&self, skip: usize) -> Option<&[u8]> {
         match self {
             Piece::Own(v) => Some(&v[skip..]),
-            Piece::Small(a, n) => Some(&a[skip..*n as usize]),
             Piece::User(_) => None,
         }
     }
@@ -67,12 +59,14 @@ impl DataPath {
                 }
                 let Some(tx) = l.conn.next_tx() else { break };
                 match tx {
-                    Tx::Bytes(b) => l.push(Piece::Own(b)),
+                    Tx::Bytes(b) => l.push_bytes(&b),
                     Tx::Segment(s) => {
                         let n = s.payload_len as usize;
                         // The payload is resolved before the header is queued: if its memory
-                        // is gone, a Terminate goes out instead of the segment.
-                        let payload = if l.conn.crc() {
+                        // is gone, a Terminate goes out instead of the segment. With CRC, or
+                        // when it is small, it is copied (the CRC must see the bytes; a small
+                        // copy is cheaper than an iovec entry and a pin).
+                        let payload = if l.conn.crc() || n <= TX_COPY_MAX {
                             let mut buf = vec![0u8; n];
                             gather(&self.sq, env, s.source, &mut buf).map(|()| vec![Piece::Own(buf)])
                         } else {
@@ -85,11 +79,14 @@ impl DataPath {
                                     ([Piece::Own(buf)], true) => s.trailer(&[buf]),
                                     _ => s.trailer_no_crc(),
                                 };
-                                l.push(Piece::small(s.header.as_slice()));
+                                l.push_bytes(s.header.as_slice());
                                 for p in pieces {
-                                    l.push(p);
+                                    match p {
+                                        Piece::Own(b) => l.push_bytes(&b),
+                                        Piece::User(s) => l.push_user(s),
+                                    }
                                 }
-                                l.push(Piece::small(trailer.as_slice()));
+                                l.push_bytes(trailer.as_slice());
                             }
                             Err(SourceGone) => l.conn.abort_source(),
                         }
@@ -222,7 +219,6 @@ fn gather(sq: &BTreeMap<u64, SendEntry>, env: &Env, src: Source, buf: &mut [u8])
         match p {
             Piece::User(s) => env.user_mem.read(&s.pin().ok_or(SourceGone)?, &mut buf[at..at + k]),
             Piece::Own(v) => buf[at..at + k].copy_from_slice(&v),
-            Piece::Small(s, n) => buf[at..at + n as usize].copy_from_slice(&s[..n as usize]),
         }
         at += k;
     }
