@@ -167,6 +167,8 @@ impl Context {
             renew_at: AtomicU64::new(0),
             deferred: std::sync::atomic::AtomicBool::new(false),
             polls: AtomicU64::new(0),
+            empty_since: AtomicU64::new(0),
+            polled_at: AtomicU64::new(0),
         }))
     }
 

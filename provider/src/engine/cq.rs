@@ -158,12 +158,23 @@ impl Cq {
     }
 }
 
+/// What the thread that drives a QP from a poll means to do next (see `lease`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Poller {
+    /// It keeps polling: it takes the QP over from the progress thread.
+    Claims,
+    /// It polls on: a lease it holds is renewed, none is claimed.
+    Renews,
+    /// It is about to sleep on the completion channel: no lease.
+    Sleeps,
+}
+
 /// A QP as the CQs it completes into see it: `ibv_poll_cq` on an empty CQ drives it.
 pub trait PolledQp: Send + Sync {
     fn qpn(&self) -> u32;
-    /// Serve the QP's stream here unless another thread is at it; with `claim`, the polling
-    /// thread takes the QP over from the progress thread for a while (see `lease`).
-    fn try_progress(&self, claim: bool);
+    /// Serve the QP's stream here unless another thread is at it; the polling thread may take
+    /// the QP over from the progress thread for a while (see `lease`).
+    fn try_progress(&self, poller: Poller);
     /// The application is going to sleep on the CQ's channel: the progress thread takes the
     /// QP back.
     fn hand_back(&self);
@@ -191,6 +202,10 @@ pub struct CqObj {
     pub(crate) deferred: AtomicBool,
     /// Polls so far: a QP tells by it whether the application polled since its last post.
     pub(crate) polls: AtomicU64,
+    /// Since when (engine µs) every poll found the CQ empty (0: the last one did not).
+    pub(crate) empty_since: AtomicU64,
+    /// When (engine µs) the CQ was last polled.
+    pub(crate) polled_at: AtomicU64,
 }
 
 impl CqObj {
@@ -212,26 +227,40 @@ impl CqObj {
     /// posted between its polls go out together at the next).
     pub fn polling(&self, empty: bool) {
         self.polls.fetch_add(1, Ordering::Relaxed);
-        if empty || self.deferred.swap(false, Ordering::AcqRel) {
-            self.drive();
+        let now = super::clock::now_us();
+        self.polled_at.store(now, Ordering::Relaxed);
+        if empty {
+            // A claim takes a streak of empty polls: a thread that polls once for its own
+            // send completion and then waits by other means (ib_write_lat spins on memory)
+            // must not hold the QP away from the progress thread.
+            let since = match self.empty_since.load(Ordering::Relaxed) {
+                0 => {
+                    self.empty_since.store(now.max(1), Ordering::Relaxed);
+                    now
+                }
+                t => t,
+            };
+            let claim = now.saturating_sub(since) >= super::lease::CLAIM_AFTER_US;
+            self.drive(if claim { Poller::Claims } else { Poller::Renews });
             return;
         }
-        let now = super::clock::now_us();
-        if now >= self.renew_at.load(Ordering::Relaxed) {
-            self.drive();
+        self.empty_since.store(0, Ordering::Relaxed);
+        if self.deferred.swap(false, Ordering::AcqRel) || now >= self.renew_at.load(Ordering::Relaxed) {
+            self.drive(Poller::Renews);
         }
     }
 
-    /// `ibv_poll_cq` on an empty CQ: receive and transmit for its QPs right here, without
-    /// waiting for the progress thread to be scheduled (skipping QPs another thread is serving).
+    /// Receive and transmit for the CQ's QPs right here, without waiting for the progress
+    /// thread to be scheduled (skipping QPs another thread is serving).
     ///
-    /// A CQ nobody armed is polled by a thread that keeps polling: it claims its QPs (see
-    /// `lease`). An armed CQ's poller is about to sleep on the channel: it claims nothing.
-    pub fn drive(&self) {
-        let claim = !self.q.lock().armed();
+    /// A CQ nobody armed is polled by a thread that keeps polling: it may claim its QPs, and
+    /// renews the leases it holds (see `lease`). An armed CQ's poller is about to sleep on the
+    /// channel: it claims nothing.
+    pub fn drive(&self, poller: Poller) {
+        let poller = if self.q.lock().armed() { Poller::Sleeps } else { poller };
         self.renew_at.store(super::clock::now_us() + super::lease::LEASE_US / 2, Ordering::Relaxed);
         for qp in self.polled_qps() {
-            qp.try_progress(claim);
+            qp.try_progress(poller);
         }
     }
 
@@ -242,6 +271,11 @@ impl CqObj {
         for qp in self.polled_qps() {
             qp.hand_back();
         }
+    }
+
+    /// Whether a thread polled this CQ within the last lease (it is likely to poll again).
+    pub fn polled_lately(&self, now: u64) -> bool {
+        now.saturating_sub(self.polled_at.load(Ordering::Relaxed)) < super::lease::LEASE_US
     }
 
     fn polled_qps(&self) -> Vec<Arc<dyn PolledQp>> {

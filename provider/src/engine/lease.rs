@@ -28,6 +28,9 @@ use parking_lot::Mutex;
 
 /// How long one poll keeps the QP (engine µs).
 pub const LEASE_US: u64 = 50;
+/// How long a thread must have found its CQ empty before its polls claim the QP: a thread
+/// that polls once and then waits by other means never holds it.
+pub const CLAIM_AFTER_US: u64 = 20;
 /// The longest pause between two checks of a lease that keeps being renewed.
 pub const CHECK_MAX_US: u64 = 1_000;
 

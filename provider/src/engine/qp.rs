@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 use uiw_wire::conn::{Connection, Role};
 
 use super::cm::{CmConn, CmQp, CmStatus};
-use super::cq::{CqObj, PolledQp};
+use super::cq::{CqObj, PolledQp, Poller};
 use super::datapath::{DataPath, Env, Fatal, Link, Notice};
 use super::device::{gid_ipv4, DeviceInfo};
 use super::error::{Error, Result};
@@ -394,9 +394,17 @@ impl Qp {
     /// `ibv_poll_cq` found nothing: serve the stream here unless another thread is at it.
     /// With `claim` (a thread that keeps polling), the QP is this thread's to drive for the
     /// lease that the poll renews (see `lease`).
-    pub fn try_progress(&self, claim: bool) {
-        if claim && lease_enabled() && self.lease.renew(now_us()) {
-            self.lease.claim(|a| self.net.apply_arming(self.qpn, a));
+    pub fn try_progress(&self, poller: Poller) {
+        match poller {
+            Poller::Claims if lease_enabled() => {
+                if self.lease.renew(now_us()) {
+                    self.lease.claim(|a| self.net.apply_arming(self.qpn, a));
+                }
+            }
+            Poller::Renews if self.lease.held() => {
+                self.lease.renew(now_us());
+            }
+            _ => {}
         }
         self.serve(false);
     }
@@ -763,21 +771,34 @@ impl Qp {
         self.settle();
     }
 
-    /// Whether a doorbell may wait for the thread that holds the QP's lease (see `lease`): that
-    /// thread polls within microseconds, and everything posted meanwhile leaves in one
-    /// `sendmsg` at its next poll (issue 9: many WRs' FPDUs per system call). The first post
-    /// after a poll rings at once — a ping-pong (post, poll, post, poll) never waits; only the
-    /// further posts before the next poll do (a stream of posts, as a bandwidth or message
-    /// rate run makes). A doorbell left waiting rings at the next poll of either CQ, or when
-    /// the lease lapses or is handed back (the progress thread serves the QP then): an
-    /// application that posts twice and then stops polling waits at most that long.
+    /// Whether a doorbell may wait for the thread that polls the QP's CQs: it polls within
+    /// microseconds, and everything posted meanwhile leaves in one `sendmsg` at its next poll
+    /// (issue 9: many WRs' FPDUs per system call). The first post after a poll rings at once —
+    /// a ping-pong (post, poll, post, poll) never waits; only further posts before the next
+    /// poll do (a stream of posts, as a bandwidth or message rate run makes), and only while
+    /// a thread polled a CQ of the QP within the last lease. Such a post claims the QP for the
+    /// poller (see `lease`) if it is not claimed yet, so that a doorbell left waiting rings at
+    /// the next poll of either CQ, or when the lease lapses or is handed back (the progress
+    /// thread serves the QP then): an application that posts twice and then stops polling
+    /// waits at most that long.
     fn defer_doorbell(&self) -> bool {
         let mut polls = self.send_cq.polls.load(Ordering::Relaxed);
         if !Arc::ptr_eq(&self.send_cq, &self.recv_cq) {
             polls = polls.wrapping_add(self.recv_cq.polls.load(Ordering::Relaxed));
         }
         let again = self.polls_at_post.swap(polls, Ordering::Relaxed) == polls;
-        let defer = again && self.lease.held() && lease_enabled();
+        if !again || !lease_enabled() {
+            return false;
+        }
+        if !self.lease.held() {
+            let now = now_us();
+            if !(self.send_cq.polled_lately(now) || self.recv_cq.polled_lately(now)) {
+                return false;
+            }
+            self.lease.renew(now);
+            self.lease.claim(|a| self.net.apply_arming(self.qpn, a));
+        }
+        let defer = self.lease.held();
         if defer {
             // Whichever of its CQs the application polls sends it.
             self.send_cq.deferred.store(true, Ordering::Release);
@@ -891,8 +912,8 @@ impl PolledQp for Qp {
     fn qpn(&self) -> u32 {
         self.qpn
     }
-    fn try_progress(&self, claim: bool) {
-        Qp::try_progress(self, claim)
+    fn try_progress(&self, poller: Poller) {
+        Qp::try_progress(self, poller)
     }
     fn hand_back(&self) {
         Qp::hand_back(self)
