@@ -224,6 +224,33 @@ fn kernel_echo_server(ns: String, port: u16, ready: mpsc::Sender<()>) -> std::th
     })
 }
 
+/// Wait (up to `limit`) until namespace `ns` has no TCP connection on local port `port`
+/// other than in TIME-WAIT, i.e. the kernel's side of the close is over (its FIN answered).
+/// Not an assertion: utcp's TIME-WAIT lasts 1 s (a closed connection ignores a late FIN), so
+/// if every FIN retransmission within it is lost (about 1e-3 of runs at 5 % loss, 1e-5 at
+/// 1 %), the kernel stays in LAST-ACK for minutes; the run goes on, and a capture may then
+/// hold a RST from a's kernel, which the capture check reports.
+fn wait_kernel_closed(ns: &str, port: u16, limit: Duration) {
+    let start = Instant::now();
+    loop {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", ns, "ss", "-Htan", "sport", "=", &format!(":{port}")])
+            .output()
+            .expect("ss (iproute2)");
+        assert!(out.status.success(), "ss: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout);
+        let open: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty() && !l.starts_with("TIME-WAIT")).collect();
+        if open.is_empty() {
+            return;
+        }
+        if start.elapsed() >= limit {
+            eprintln!("b's kernel has not finished closing after {limit:?}: {open:?}");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn userspace_to_kernel(driver: Driver, mtu: u32, loss: f64, len: usize) {
     userspace_to_kernel_captured(driver, mtu, loss, len, false);
 }
@@ -274,21 +301,28 @@ fn userspace_to_kernel_captured(driver: Driver, mtu: u32, loss: f64, len: usize,
     let server = kernel_echo_server(bed.b.clone(), 7000, tx);
     rx.recv().unwrap();
     let a = bed.a.clone();
+    let (stop_tx, stop_rx) = mpsc::channel::<()>();
     let client = std::thread::spawn(move || {
         netns::enter(&a).unwrap();
         let (mut host, _guard) = open_host(driver);
         let h = host.stack.connect(DEFAULT_PORTS.0 + 1, SocketAddrV4::new(B_IP, 7000));
         eprintln!("host a: {}", host.io.kind());
         echo_client(&mut host, h, len, Duration::from_secs(120));
-        // Let the final ACKs out, then show what happened.
-        for _ in 0..20 {
-            host.poll(64).unwrap();
-            std::thread::sleep(Duration::from_millis(1));
+        // Keep the host (and its RST guard) until b's kernel has closed too: our ACK of its
+        // FIN may be lost, and its retransmitted FIN must meet our TIME-WAIT (or our closed
+        // connection, which ignores it), not a's kernel, which would answer with a RST.
+        let start = Instant::now();
+        while stop_rx.try_recv() == Err(mpsc::TryRecvError::Empty) && start.elapsed() < Duration::from_secs(60) {
+            if !host.poll(64).unwrap() {
+                host.wait(Duration::from_millis(5)).unwrap();
+            }
         }
         host.stats
     });
-    let stats = client.join().expect("userspace client");
     assert_eq!(server.join().expect("kernel server"), len);
+    wait_kernel_closed(&bed.b, 7000, Duration::from_secs(5));
+    let _ = stop_tx.send(());
+    let stats = client.join().expect("userspace client");
     let dropped = bed.dropped();
     eprintln!("{driver:?} mtu {mtu} loss {loss}%: {len} bytes echoed; {stats:?}; frames dropped by the bed {dropped}");
     if loss > 0.0 {
