@@ -145,6 +145,17 @@ impl Bed {
             // Offloads off: the userspace TCP computes and checks every checksum, and GRO
             // must not merge frames beyond the MTU before a raw socket sees them.
             run(&["ip", "netns", "exec", ns, "ethtool", "-K", IF, "tx", "off", "tso", "off", "gso", "off", "gro", "off"]).unwrap();
+            // The kernel may keep or adjust a feature ethtool asks to change: check what it
+            // reports, before the link is up (and any frame is sent). With tx checksumming on,
+            // the kernel's frames would carry unfilled (CHECKSUM_PARTIAL) checksums on the
+            // wire; with it off, the kernel computes each in software before the frame reaches
+            // the veth (and a capture tap) — as 0xffff when it sums to zero, see the capture
+            // tests.
+            let out = Command::new("ip").args(["netns", "exec", ns, "ethtool", "-k", IF]).output().unwrap();
+            let feats = String::from_utf8_lossy(&out.stdout);
+            for f in ["tx-checksumming: off", "tcp-segmentation-offload: off", "generic-segmentation-offload: off", "generic-receive-offload: off"] {
+                assert!(feats.lines().any(|l| l.trim() == f || l.trim().starts_with(&format!("{f} "))), "{ns}: ethtool -k {IF} does not say {f:?}:\n{feats}");
+            }
             run(&["ip", "-n", ns, "link", "set", IF, "up"]).unwrap();
         }
         for _ in 0..100 {

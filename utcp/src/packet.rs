@@ -368,6 +368,59 @@ mod tests {
         assert_eq!(checksum(&hdr), 0xb861);
     }
 
+    /// A segment whose checksum comes to zero: one's complement has two zeros, 0x0000 and
+    /// 0xffff. RFC 1624 §3: a sender writes 0x0000 (tshark reports 0xffff as a bad
+    /// checksum), while Linux writes 0xffff when it computes a TCP checksum in software
+    /// (`skb_checksum_help`), so a receiver must take both.
+    #[test]
+    fn zero_checksum_is_sent_as_0000_and_both_zeros_are_accepted() {
+        let h = TcpHeader { src_port: 7000, dst_port: 20001, seq: 77, ack: 5, flags: flags::ACK | flags::PSH, window: 501, ..TcpHeader::default() };
+        let a = FrameAddrs {
+            src_mac: [2, 0, 0, 0, 0, 2],
+            dst_mac: [2, 0, 0, 0, 0, 1],
+            src: Ipv4Addr::new(198, 51, 100, 2),
+            dst: Ipv4Addr::new(198, 51, 100, 1),
+            ip_id: 3,
+        };
+        let csum_at = ETH_HDR + IPV4_HDR + 16;
+        let mut payload = *b"..zero checksum";
+        let mut buf = vec![0; frame_len(&h, payload.len())];
+        // The first two payload bytes pick the sum: exactly one value of them makes it zero.
+        let found = (0..=u16::MAX).find(|v| {
+            payload[..2].copy_from_slice(&v.to_be_bytes());
+            emit_frame(&a, &h, &payload, &mut buf);
+            buf[csum_at..csum_at + 2] == [0, 0]
+        });
+        assert!(found.is_some(), "no payload gives a zero checksum");
+        let (_, p) = parse_frame(&buf).expect("0x0000 verifies");
+        assert_eq!(p.payload, &payload[..]);
+        // The same segment as the kernel sends it.
+        buf[csum_at..csum_at + 2].copy_from_slice(&[0xff, 0xff]);
+        let (_, p) = parse_frame(&buf).expect("0xffff (negative zero) verifies");
+        assert_eq!(p.payload, &payload[..]);
+        // Negative zero is not a wildcard: the bytes must still sum to zero.
+        buf[csum_at + 10] ^= 1;
+        assert_eq!(parse_frame(&buf).unwrap_err(), ParseError::Checksum);
+    }
+
+    /// No segment is ever sent with 0xffff: `fold` complements a sum that cannot be zero
+    /// (the pseudo-header's protocol field alone is 6), so the field is at most 0xfffe.
+    #[test]
+    fn emitted_checksums_are_never_negative_zero() {
+        let h = TcpHeader { src_port: 1, dst_port: 2, flags: flags::ACK, ..TcpHeader::default() };
+        let a = FrameAddrs { src_mac: [0; 6], dst_mac: [0; 6], src: Ipv4Addr::UNSPECIFIED, dst: Ipv4Addr::UNSPECIFIED, ip_id: 0 };
+        let csum_at = ETH_HDR + IPV4_HDR + 16;
+        let mut buf = vec![0; frame_len(&h, 2)];
+        let mut zeros = 0;
+        for v in 0..=u16::MAX {
+            emit_frame(&a, &h, &v.to_be_bytes(), &mut buf);
+            let c = u16::from_be_bytes([buf[csum_at], buf[csum_at + 1]]);
+            assert_ne!(c, 0xffff, "payload {v:#06x} sent with checksum 0xffff");
+            zeros += usize::from(c == 0);
+        }
+        assert!(zeros > 0, "some payload value sums to zero (and is sent as 0x0000)");
+    }
+
     #[test]
     fn rejects_garbage() {
         assert_eq!(parse_frame(&[0; 10]).unwrap_err(), ParseError::Truncated);
