@@ -20,6 +20,7 @@ use super::mr::MrTable;
 use super::net::{Endpoint, Net};
 use super::qp::{Qp, QpInner, QpSpec};
 use super::qp_state;
+use super::transport::kernel::KernelStream;
 use super::srq::{Srq, SrqObj};
 use super::user_memory::UserMemory;
 
@@ -87,7 +88,7 @@ impl Context {
     /// reported through `cm`.
     pub fn cm_passive(&self, sock: TcpStream, cm: Arc<CmConn>) -> Result<()> {
         let net = self.net()?;
-        Ok(net.cm_passive(sock, cm)?)
+        Ok(net.cm_passive(Box::new(KernelStream::prepare(sock)?), cm)?)
     }
 
     // ---- protection domains ----
@@ -287,7 +288,7 @@ impl Context {
         {
             let mut inner = qp.inner.lock();
             if let Some(l) = inner.dp.link.as_ref() {
-                qp.net.unwatch(&l.sock);
+                qp.net.unwatch(&*l.stream);
             }
             qp.sync_stats(&mut inner);
             let env = qp.env(inner.attrs.qp_access_flags);

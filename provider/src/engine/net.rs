@@ -3,8 +3,8 @@
 //! into libibverbs still places data and answers Reads). Addressing: see [`super::transport`].
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, Read, Write};
-use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
+use std::io::{self, Write};
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,7 +16,9 @@ use uiw_kabi::sys::{Epoll, EPOLL_IN, EPOLL_SOCKET_EDGE};
 use uiw_wire::conn::{Connection, Role};
 
 use super::cm::{CmConn, CmStatus};
-use super::transport::{config, now_ms, prepare, Closing, Pending, QpHello, DEFAULT_PORT_BASE, INDEXES, SLOTS};
+use super::device::DeviceInfo;
+use super::transport::kernel::KernelTcp;
+use super::transport::{config, now_ms, Closing, Connector, Listener, Pending, QpHello, Stream, DEFAULT_PORT_BASE, INDEXES, SLOTS};
 use super::user_memory::UserMemory;
 
 /// What the progress thread made of a QP.
@@ -58,7 +60,7 @@ const LINGER_MS: u64 = 2_000;
 
 /// A failed QP's stream on its way out (see [`Net::linger`]).
 struct Lingering {
-    sock: TcpStream,
+    stream: Box<dyn Stream>,
     bytes: Vec<u8>,
     sent: usize,
     fin: bool,
@@ -83,7 +85,7 @@ pub struct Net {
     epoll: Epoll,
     /// One listening socket per address of the published devices (all on the port of our
     /// slot), or one on 0.0.0.0 when no device has an IPv4 address.
-    listeners: Mutex<Vec<(Ipv4Addr, TcpListener)>>,
+    listeners: Mutex<Vec<(Ipv4Addr, Box<dyn Listener>)>>,
     /// `accept` ran out of file descriptors: the listeners are out of the epoll set until
     /// then (engine ms; 0: not paused), so that a readable listener cannot spin the thread.
     accept_paused_until: AtomicU64,
@@ -203,8 +205,8 @@ impl Net {
                 break;
             };
             // The slot is ours if its port is free on every address.
-            let ls: Result<Vec<(Ipv4Addr, TcpListener)>, _> =
-                want.iter().map(|a| TcpListener::bind(SocketAddrV4::new(*a, port)).map(|l| (*a, l))).collect();
+            let ls: Result<Vec<(Ipv4Addr, Box<dyn Listener>)>, _> =
+                want.iter().map(|a| KernelTcp.listen(SocketAddrV4::new(*a, port)).map(|l| (*a, l))).collect();
             if let Ok(ls) = ls {
                 bound = Some((ls, slot));
                 break;
@@ -214,8 +216,7 @@ impl Net {
             bound.ok_or_else(|| format!("no free TCP port in {base}..{} for QP numbers (set UIW_PORT_BASE)", u32::from(base) + SLOTS))?;
         let epoll = Epoll::new().map_err(|e| e.to_string())?;
         for (_, l) in &listeners {
-            l.set_nonblocking(true).map_err(|e| e.to_string())?;
-            epoll.add(l.as_raw_fd(), TOKEN_LISTENER, EPOLL_IN).map_err(|e| e.to_string())?;
+            epoll.add(l.readiness(), TOKEN_LISTENER, EPOLL_IN).map_err(|e| e.to_string())?;
         }
         let waker = UnixStream::pair().map_err(|e| e.to_string())?;
         epoll.add(waker.1.as_raw_fd(), TOKEN_WAKE, EPOLL_IN).map_err(|e| e.to_string())?;
@@ -263,9 +264,14 @@ impl Net {
         self.qps.read().get(&qpn)?.upgrade()
     }
 
+    /// What opens the streams of `device`'s QPs.
+    pub fn connector(&self, _device: &DeviceInfo) -> &dyn Connector {
+        &KernelTcp
+    }
+
     /// Starts serving a QP's stream on the progress thread.
-    pub fn watch(&self, sock: &TcpStream, qpn: u32) -> io::Result<()> {
-        let fd = sock.as_raw_fd();
+    pub fn watch(&self, stream: &dyn Stream, qpn: u32) -> io::Result<()> {
+        let fd = stream.readiness();
         self.epoll
             .add(fd, KIND_QP | u64::from(qpn), EPOLL_SOCKET_EDGE)
             .or_else(|_| self.epoll.modify(fd, KIND_QP | u64::from(qpn), EPOLL_SOCKET_EDGE))?;
@@ -274,8 +280,8 @@ impl Net {
         Ok(())
     }
 
-    pub fn unwatch(&self, sock: &TcpStream) {
-        let _ = self.epoll.delete(sock.as_raw_fd());
+    pub fn unwatch(&self, stream: &dyn Stream) {
+        let _ = self.epoll.delete(stream.readiness());
     }
 
     /// The progress thread. It sleeps in `epoll_wait` until a socket is ready or a stream's
@@ -381,11 +387,10 @@ impl Net {
             if ls.iter().any(|(b, _)| b == a) {
                 continue;
             }
-            match TcpListener::bind(SocketAddrV4::new(*a, port)) {
+            match KernelTcp.listen(SocketAddrV4::new(*a, port)) {
                 Ok(l) => {
-                    let _ = l.set_nonblocking(true);
                     if self.accept_paused_until.load(Ordering::Acquire) == 0 {
-                        let _ = self.epoll.add(l.as_raw_fd(), TOKEN_LISTENER, EPOLL_IN);
+                        let _ = self.epoll.add(l.readiness(), TOKEN_LISTENER, EPOLL_IN);
                     }
                     ls.push((*a, l));
                 }
@@ -400,7 +405,7 @@ impl Net {
         for (_, l) in self.listeners.lock().iter() {
             loop {
                 match l.accept() {
-                    Ok((sock, _)) => accepted.push(sock),
+                    Ok(stream) => accepted.push(stream),
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     // Out of descriptors (or memory): the connection stays in the backlog and
                     // the listener readable; looking again at once would spin.
@@ -417,15 +422,14 @@ impl Net {
         if exhausted {
             self.pause_accepting();
         }
-        for sock in accepted {
-            let Ok(mss) = prepare(&sock) else { continue };
-            let conn = Connection::new(config(Role::Responder, 0, 0, Vec::new(), mss), now_ms());
+        for stream in accepted {
+            let conn = Connection::new(config(Role::Responder, 0, 0, Vec::new(), stream.mss()), now_ms());
             let id = self.next_pending.fetch_add(1, Ordering::Relaxed);
-            if self.epoll.add(sock.as_raw_fd(), KIND_PENDING | id, EPOLL_SOCKET_EDGE).is_err() {
+            if self.epoll.add(stream.readiness(), KIND_PENDING | id, EPOLL_SOCKET_EDGE).is_err() {
                 continue;
             }
             self.make_room();
-            self.pending.lock().insert(id, (Pending::new(conn, sock), None));
+            self.pending.lock().insert(id, (Pending::new(conn, stream), None));
             self.serve_pending(id);
         }
     }
@@ -436,7 +440,7 @@ impl Net {
     fn pause_accepting(&self) {
         crate::uiw_log!(Warn, "out of file descriptors: not accepting QP connections for {ACCEPT_PAUSE_MS} ms");
         for (_, l) in self.listeners.lock().iter() {
-            let _ = self.epoll.delete(l.as_raw_fd());
+            let _ = self.epoll.delete(l.readiness());
         }
         self.accept_paused_until.store(now_ms() + ACCEPT_PAUSE_MS, Ordering::Release);
         self.drop_oldest_pending();
@@ -448,7 +452,7 @@ impl Net {
         let oldest = pending.iter().filter(|(_, (_, cm))| cm.is_none()).map(|(id, _)| *id).min();
         if let Some(id) = oldest {
             if let Some((p, _)) = pending.remove(&id) {
-                self.unwatch(&p.sock);
+                self.unwatch(&*p.stream);
             }
         }
     }
@@ -463,12 +467,11 @@ impl Net {
     }
 
     /// A stream the librdmacm drop-in accepted: wait for its MPA Request, then report it.
-    pub fn cm_passive(&self, sock: TcpStream, cm: Arc<CmConn>) -> io::Result<()> {
-        let mss = prepare(&sock)?;
-        let conn = Connection::new(config(Role::Responder, 0, 0, Vec::new(), mss), now_ms());
+    pub fn cm_passive(&self, stream: Box<dyn Stream>, cm: Arc<CmConn>) -> io::Result<()> {
+        let conn = Connection::new(config(Role::Responder, 0, 0, Vec::new(), stream.mss()), now_ms());
         let id = self.next_pending.fetch_add(1, Ordering::Relaxed);
-        let fd = sock.as_raw_fd();
-        self.pending.lock().insert(id, (Pending::new(conn, sock), Some(cm)));
+        let fd = stream.readiness();
+        self.pending.lock().insert(id, (Pending::new(conn, stream), Some(cm)));
         if let Err(e) = self.epoll.add(fd, KIND_PENDING | id, EPOLL_SOCKET_EDGE) {
             self.pending.lock().remove(&id);
             return Err(e);
@@ -486,7 +489,7 @@ impl Net {
                 self.pending.lock().insert(id, (p, cm));
             }
             Some(Err(())) => {
-                self.unwatch(&p.sock);
+                self.unwatch(&*p.stream);
                 if let Some(cm) = &cm {
                     cm.ended(CmStatus::Reset);
                 }
@@ -500,12 +503,12 @@ impl Net {
             Some(Ok(req)) => match QpHello::parse(&req.private_data).and_then(|h| self.lookup(h.to_qpn).map(|q| (h, q))) {
                 Some((hello, qp)) => {
                     if let Err(p) = qp.offer(self, hello, p) {
-                        self.unwatch(&p.sock);
+                        self.unwatch(&*p.stream);
                         self.linger(p.rejected(&[]));
                     }
                 }
                 None => {
-                    self.unwatch(&p.sock);
+                    self.unwatch(&*p.stream);
                     self.linger(p.rejected(&[]));
                 }
             },
@@ -518,8 +521,8 @@ impl Net {
     /// reset the connection and could destroy the Terminate in flight) or [`LINGER_MS`].
     pub fn linger(&self, c: Closing) {
         let id = self.next_pending.fetch_add(1, Ordering::Relaxed);
-        let fd = c.sock.as_raw_fd();
-        let l = Lingering { sock: c.sock, bytes: c.bytes, sent: 0, fin: false, deadline: now_ms() + LINGER_MS };
+        let fd = c.stream.readiness();
+        let l = Lingering { stream: c.stream, bytes: c.bytes, sent: 0, fin: false, deadline: now_ms() + LINGER_MS };
         self.closing.lock().insert(id, l);
         if self.epoll.add(fd, KIND_CLOSING | id, EPOLL_SOCKET_EDGE).is_err() {
             self.closing.lock().remove(&id);
@@ -535,7 +538,7 @@ impl Net {
         let Some(l) = closing.get_mut(&id) else { return };
         let done = loop {
             if l.sent < l.bytes.len() {
-                match (&l.sock).write(&l.bytes[l.sent..]) {
+                match l.stream.write(&l.bytes[l.sent..]) {
                     Ok(n) => {
                         l.sent += n;
                         continue;
@@ -547,10 +550,10 @@ impl Net {
             }
             if !l.fin {
                 l.fin = true;
-                let _ = l.sock.shutdown(std::net::Shutdown::Write);
+                l.stream.shutdown_write();
             }
             let mut b = [0u8; 4096];
-            match (&l.sock).read(&mut b) {
+            match l.stream.recv(&mut b) {
                 Ok(0) => break true,
                 Ok(_) => continue,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -560,7 +563,7 @@ impl Net {
         };
         if done {
             if let Some(l) = closing.remove(&id) {
-                let _ = self.epoll.delete(l.sock.as_raw_fd());
+                let _ = self.epoll.delete(l.stream.readiness());
             }
         }
     }
@@ -578,7 +581,7 @@ impl Net {
             if now >= paused {
                 self.accept_paused_until.store(0, Ordering::Release);
                 for (_, l) in self.listeners.lock().iter() {
-                    let _ = self.epoll.add(l.as_raw_fd(), TOKEN_LISTENER, EPOLL_IN);
+                    let _ = self.epoll.add(l.readiness(), TOKEN_LISTENER, EPOLL_IN);
                 }
             } else {
                 due(Some(paused));
@@ -611,7 +614,7 @@ impl Net {
             }
             for id in &expired {
                 if let Some((p, _)) = pending.remove(id) {
-                    self.unwatch(&p.sock);
+                    self.unwatch(&*p.stream);
                 }
             }
         }

@@ -1,7 +1,6 @@
 //! A queue pair: its attributes and state (RC, `ibv_modify_qp`), its data path, the stream
 //! that carries it (opened at RTR or handed over by rdma_cm), and who drives it.
 
-use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -20,7 +19,8 @@ use super::net::{Endpoint, Net, Progress};
 use super::qp_state::{self, QpAttrs, QpState};
 use super::srq::SrqObj;
 use super::stats::QpStats;
-use super::transport::{config, is_initiator, now_ms, prepare, qp_address, Expected, Pending, QpHello, Verdict};
+use super::transport::kernel::KernelStream;
+use super::transport::{config, is_initiator, now_ms, qp_address, Expected, Pending, QpHello, Stream, Verdict};
 use super::wr::{PostError, RecvWqe, SendWqe};
 
 /// What `ibv_create_qp` asks for.
@@ -196,7 +196,7 @@ impl Qp {
             }
             QpState::Reset => {
                 if let Some(l) = inner.dp.link.as_ref() {
-                    self.net.unwatch(&l.sock);
+                    self.net.unwatch(&*l.stream);
                 }
                 inner.dp.reset();
                 self.drop_parked(&mut inner);
@@ -266,21 +266,19 @@ impl Qp {
         let Some(addr) = qp_address(remote, a.dest_qp_num, self.net.port_base) else {
             return Some(Fatal::Lost);
         };
-        let sock = match uiw_kabi::sys::tcp_connect_start(addr) {
+        let stream = match self.net.connector(&self.device).connect(addr) {
             Ok(s) => s,
             Err(e) => {
                 crate::uiw_log!(Warn, "{}: QP 0x{:06x}: cannot reach QP 0x{:06x} at {addr}: {e}", self.device.name, self.qpn, a.dest_qp_num);
                 return Some(Fatal::Lost);
             }
         };
-        let Ok(mss) = prepare(&sock) else {
-            return Some(Fatal::Lost);
-        };
+        let mss = stream.mss();
         let sq_psn = matches!(a.qp_state, QpState::Rts | QpState::Sqd).then_some(a.sq_psn);
         let hello = QpHello { to_qpn: a.dest_qp_num, from_qpn: self.qpn, rq_psn: a.rq_psn, sq_psn };
         let cfg = config(Role::Initiator, ird(&a), ord(&a), hello.encode(), mss);
-        let link = Link::new(Connection::new(cfg, now_ms()), sock);
-        if self.net.watch(&link.sock, self.qpn).is_err() {
+        let link = Link::new(Connection::new(cfg, now_ms()), stream);
+        if self.net.watch(&*link.stream, self.qpn).is_err() {
             return Some(Fatal::Lost);
         }
         inner.dp.link = Some(link);
@@ -289,7 +287,7 @@ impl Qp {
 
     /// Refuses a stream (MPA Reply with R=1, then FIN), without blocking.
     fn refuse(&self, p: Pending) {
-        self.net.unwatch(&p.sock);
+        self.net.unwatch(&*p.stream);
         self.net.linger(p.rejected(&[]));
     }
 
@@ -325,7 +323,7 @@ impl Qp {
             let (old, _) = inner.parked.remove(0);
             self.refuse(old);
         }
-        let _ = self.net.watch(&p.sock, self.qpn);
+        let _ = self.net.watch(&*p.stream, self.qpn);
         inner.parked.push((p, h));
     }
 
@@ -378,10 +376,10 @@ impl Qp {
         if p.conn.accept(ird(&a), ord(&a), &reply.encode(), now_ms()).is_err() {
             return Err(p);
         }
-        if self.net.watch(&p.sock, self.qpn).is_err() {
+        if self.net.watch(&*p.stream, self.qpn).is_err() {
             return Err(p);
         }
-        inner.dp.link = Some(Link::new(p.conn, p.sock));
+        inner.dp.link = Some(Link::new(p.conn, p.stream));
         Ok(())
     }
 
@@ -561,24 +559,24 @@ impl Qp {
         if p.conn.accept(ird, ord, private_data, now_ms()).is_err() {
             return Err(Error::Invalid);
         }
-        self.cm_attach(&mut inner, cm, Link::new(p.conn, p.sock))?;
+        self.cm_attach(&mut inner, cm, Link::new(p.conn, p.stream))?;
         self.serve_locked(inner);
         Ok(())
     }
 
     /// `rdma_connect`: MPA Request with `private_data` and our IRD/ORD on `sock` (connected or
     /// connecting); the QP (INIT or RTR) moves to RTS when the Reply accepts.
-    pub fn cm_connect(self: &Arc<Self>, cm: &Arc<CmConn>, sock: TcpStream, private_data: &[u8], ird: u16, ord: u16) -> Result<()> {
-        let r = self.cm_connect_unsettled(cm, sock, private_data, ird, ord);
+    pub fn cm_connect(self: &Arc<Self>, cm: &Arc<CmConn>, sock: std::net::TcpStream, private_data: &[u8], ird: u16, ord: u16) -> Result<()> {
+        let stream: Box<dyn Stream> = Box::new(KernelStream::prepare(sock)?);
+        let r = self.cm_connect_unsettled(cm, stream, private_data, ird, ord);
         self.settle();
         r
     }
 
-    fn cm_connect_unsettled(self: &Arc<Self>, cm: &Arc<CmConn>, sock: TcpStream, private_data: &[u8], ird: u16, ord: u16) -> Result<()> {
+    fn cm_connect_unsettled(self: &Arc<Self>, cm: &Arc<CmConn>, stream: Box<dyn Stream>, private_data: &[u8], ird: u16, ord: u16) -> Result<()> {
         let mut inner = self.cm_ready(ird, ord)?;
-        let mss = prepare(&sock)?;
-        let cfg = config(Role::Initiator, ird, ord, private_data.to_vec(), mss);
-        self.cm_attach(&mut inner, cm, Link::new(Connection::new(cfg, now_ms()), sock))?;
+        let cfg = config(Role::Initiator, ird, ord, private_data.to_vec(), stream.mss());
+        self.cm_attach(&mut inner, cm, Link::new(Connection::new(cfg, now_ms()), stream))?;
         self.serve_locked(inner);
         Ok(())
     }
@@ -598,7 +596,7 @@ impl Qp {
     /// Gives the QP its rdma_cm stream: served by the progress thread, the QP in RTR until MPA
     /// completes (then RTS, see `after`).
     fn cm_attach(self: &Arc<Self>, inner: &mut QpInner, cm: &Arc<CmConn>, link: Link) -> Result<()> {
-        self.net.watch(&link.sock, self.qpn)?;
+        self.net.watch(&*link.stream, self.qpn)?;
         inner.cm = Some(cm.clone());
         *cm.qp.lock() = Some(Arc::downgrade(&(self.clone() as Arc<dyn CmQp>)));
         inner.attrs.qp_state = QpState::Rtr;
@@ -643,7 +641,7 @@ impl Qp {
     /// Closes the stream and flushes everything outstanding.
     fn stop_locked(&self, inner: &mut QpInner) {
         if let Some(l) = inner.dp.link.as_ref() {
-            self.net.unwatch(&l.sock);
+            self.net.unwatch(&*l.stream);
         }
         self.sync_stats(inner);
         // What `shutdown` completes as flushed: send WRs still queued or held, receives.
@@ -772,7 +770,7 @@ impl Qp {
 
 /// The IPv4 address a stream comes from (`None` for anything else).
 fn peer_ipv4(p: &Pending) -> Option<std::net::Ipv4Addr> {
-    match p.sock.peer_addr().ok()? {
+    match p.stream.peer()? {
         std::net::SocketAddr::V4(a) => Some(*a.ip()),
         std::net::SocketAddr::V6(a) => a.ip().to_ipv4_mapped(),
     }

@@ -19,6 +19,7 @@ impl Errno for Error {
             Error::Exhausted => libc::ENOMEM,
             Error::Busy => libc::EBUSY,
             Error::NoTransport => libc::EADDRINUSE,
+            Error::NotSupported => libc::EOPNOTSUPP,
             Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
             Error::Create(e) => e.errno(),
         }

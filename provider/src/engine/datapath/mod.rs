@@ -8,7 +8,6 @@
 //! queue completion is released only once its last byte has been handed to TCP.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::net::TcpStream;
 
 use uiw_wire::conn::{Completion as WireCompletion, Connection, Event, Failure, SendFlags, State as ConnState, Tx, WcOpcode};
 use uiw_wire::placement::{Access, Memory, Placement};
@@ -20,6 +19,7 @@ use super::cq::{wc_flags, wc_opcode, wc_status, Completion, CqObj};
 use super::mr::{AccessError, MrTable, Span};
 use super::srq::SrqObj;
 pub use super::transport::Closing;
+use super::transport::Stream;
 use super::user_memory::UserMemory;
 use super::wr::{opcode, send_flags, Payload, PostError, RecvWqe, SendWqe, Sge};
 
@@ -104,10 +104,10 @@ pub enum Fatal {
 }
 
 
-/// One TCP stream carrying one QP's traffic.
+/// One stream (see `transport::Stream`) carrying one QP's traffic.
 pub struct Link {
     pub conn: Connection,
-    pub sock: TcpStream,
+    pub stream: Box<dyn Stream>,
     pub established: bool,
     tx: VecDeque<Piece>,
     /// Bytes of `tx.front()` already sent.
@@ -132,10 +132,10 @@ pub struct Link {
 }
 
 impl Link {
-    pub fn new(conn: Connection, sock: TcpStream) -> Link {
+    pub fn new(conn: Connection, stream: Box<dyn Stream>) -> Link {
         Link {
             conn,
-            sock,
+            stream,
             established: false,
             tx: VecDeque::new(),
             tx_skip: 0,
@@ -647,7 +647,7 @@ impl DataPath {
                     env.send_cq.push(c);
                 }
             }
-            closing = Some(Closing { sock: l.sock, bytes: tail });
+            closing = Some(Closing { stream: l.stream, bytes: tail });
         }
         self.sinks.clear();
         for (_, e) in std::mem::take(&mut self.sq) {
@@ -674,3 +674,6 @@ impl DataPath {
     }
 }
 
+
+#[cfg(test)]
+mod tests;
