@@ -12,7 +12,7 @@ use super::debug;
 use super::cm::CmConn;
 use super::cq::{Cq, CqObj, PolledQp};
 use super::datapath::DataPath;
-use super::device::DeviceInfo;
+use super::device::{DeviceInfo, TransportKind};
 use super::error::{Error, Result};
 use super::events::{AsyncSink, ChannelSink};
 use super::limits::DeviceLimits;
@@ -75,8 +75,7 @@ impl Context {
         if let Some(net) = n.as_ref() {
             return Ok(net.clone());
         }
-        let addrs: Vec<std::net::Ipv4Addr> = self.device.gids.iter().filter_map(super::device::gid_ipv4).collect();
-        let net = Net::acquire(self.user_mem, &addrs).map_err(|e| {
+        let net = Net::acquire(self.user_mem, &self.device).map_err(|e| {
             eprintln!("uiw: cannot create a QP: {e}");
             Error::NoTransport
         })?;
@@ -87,6 +86,10 @@ impl Context {
     /// `uiw_cm_passive_v1`: a stream the librdmacm drop-in accepted; its MPA Request is
     /// reported through `cm`.
     pub fn cm_passive(&self, sock: TcpStream, cm: Arc<CmConn>) -> Result<()> {
+        if self.device.transport != TransportKind::Tcp {
+            crate::uiw_log!(Warn, "{}: rdma_cm over the {:?} transport is not supported yet (EOPNOTSUPP); publish the device with --transport tcp", self.device.name, self.device.transport);
+            return Err(Error::NotSupported);
+        }
         let net = self.net()?;
         Ok(net.cm_passive(Box::new(KernelStream::prepare(sock)?), cm)?)
     }

@@ -16,8 +16,9 @@ use uiw_kabi::sys::{Epoll, EPOLL_IN, EPOLL_SOCKET_EDGE};
 use uiw_wire::conn::{Connection, Role};
 
 use super::cm::{CmConn, CmStatus};
-use super::device::DeviceInfo;
+use super::device::{gid_ipv4, DeviceInfo, TransportKind};
 use super::transport::kernel::KernelTcp;
+use super::transport::raw::RawTcp;
 use super::transport::{config, now_ms, Closing, Connector, Listener, Pending, QpHello, Stream, DEFAULT_PORT_BASE, INDEXES, SLOTS};
 use super::user_memory::UserMemory;
 
@@ -100,6 +101,10 @@ pub struct Net {
     /// Streams of stopped QPs still sending their last bytes (the Terminate) before FIN.
     closing: Mutex<HashMap<u64, Lingering>>,
     pub user_mem: &'static dyn UserMemory,
+    /// The kernel's TCP: what `--transport tcp` devices' QPs connect over.
+    kernel: Arc<dyn Connector>,
+    /// The raw-frame transports of `--transport xdp|packet` devices, by netdev.
+    raw: Mutex<HashMap<String, Arc<dyn Connector>>>,
     stop: AtomicBool,
     waker: (UnixStream, UnixStream),
 }
@@ -157,14 +162,26 @@ impl Net {
     /// `addrs`: the IPv4 addresses of the user's device, which the listener binds (never
     /// 0.0.0.0 while a device has an address: only a peer that can reach the published
     /// address can reach a QP).
-    pub fn acquire(user_mem: &'static dyn UserMemory, addrs: &[Ipv4Addr]) -> Result<Arc<Net>, String> {
+    ///
+    /// A device whose streams go over a raw-frame transport gets that transport (opened on
+    /// its netdev, listening on our slot's port at its address); the kernel listener then
+    /// only reserves the slot's port, on 127.0.0.1 (on the netdev's address it would answer
+    /// the SYNs that are the raw transport's).
+    pub fn acquire(user_mem: &'static dyn UserMemory, device: &DeviceInfo) -> Result<Arc<Net>, String> {
+        let addrs: Vec<Ipv4Addr> = match device.transport {
+            TransportKind::Tcp => device.gids.iter().filter_map(gid_ipv4).collect(),
+            TransportKind::Xdp | TransportKind::Packet => vec![Ipv4Addr::LOCALHOST],
+        };
+        let addrs = &addrs[..];
         let mut g = NET.lock();
         if let Some(r) = g.as_mut() {
+            r.net.attach_raw(device)?;
             r.users += 1;
             r.net.listen_on(addrs);
             return Ok(r.net.clone());
         }
         let net = Arc::new(Net::start(user_mem, addrs)?);
+        net.attach_raw(device)?;
         let n = net.clone();
         let thread = std::thread::Builder::new().name("uiw-progress".into()).spawn(move || n.run()).map_err(|e| e.to_string())?;
         *g = Some(Running { net: net.clone(), users: 1, thread: Some(thread) });
@@ -232,6 +249,8 @@ impl Net {
             next_pending: AtomicU64::new(1),
             closing: Mutex::new(HashMap::new()),
             user_mem,
+            kernel: Arc::new(KernelTcp),
+            raw: Mutex::new(HashMap::new()),
             stop: AtomicBool::new(false),
             waker,
         })
@@ -265,8 +284,38 @@ impl Net {
     }
 
     /// What opens the streams of `device`'s QPs.
-    pub fn connector(&self, _device: &DeviceInfo) -> &dyn Connector {
-        &KernelTcp
+    pub fn connector(&self, device: &DeviceInfo) -> Arc<dyn Connector> {
+        match device.transport {
+            TransportKind::Tcp => self.kernel.clone(),
+            _ => self.raw.lock().get(&device.netdev).cloned().unwrap_or_else(|| self.kernel.clone()),
+        }
+    }
+
+    /// Opens `device`'s raw-frame transport (once per netdev) and listens on it for QP
+    /// streams, on our slot's port at the netdev's address.
+    fn attach_raw(&self, device: &DeviceInfo) -> Result<(), String> {
+        let kind = match device.transport {
+            TransportKind::Tcp => return Ok(()),
+            TransportKind::Xdp => uiw_rawnet::probe::Kind::Xdp,
+            TransportKind::Packet => uiw_rawnet::probe::Kind::Packet,
+        };
+        let mut raw = self.raw.lock();
+        if raw.contains_key(&device.netdev) {
+            return Ok(());
+        }
+        let hi = (u32::from(self.port_base) + SLOTS - 1).min(0xffff) as u16;
+        let t = RawTcp::open(&device.netdev, kind, (self.port_base, hi))
+            .map_err(|e| format!("{}: cannot open the {kind} transport on {}: {e}", device.name, device.netdev))?;
+        let port = self.port_base + self.slot as u16;
+        let ip = device.gids.iter().find_map(gid_ipv4).unwrap_or(Ipv4Addr::UNSPECIFIED);
+        let l = t.listen(SocketAddrV4::new(ip, port)).map_err(|e| format!("{}: cannot listen on {ip}:{port} over {kind}: {e}", device.name))?;
+        if self.accept_paused_until.load(Ordering::Acquire) == 0 {
+            self.epoll.add(l.readiness(), TOKEN_LISTENER, EPOLL_IN).map_err(|e| e.to_string())?;
+        }
+        self.listeners.lock().push((ip, l));
+        crate::uiw_log!(Info, "{}: QP streams go over uiw's TCP on {} ({}), port {port}", device.name, device.netdev, t.driver());
+        raw.insert(device.netdev.clone(), Arc::new(t));
+        Ok(())
     }
 
     /// Starts serving a QP's stream on the progress thread.
@@ -359,6 +408,13 @@ impl Net {
         self.stop.store(true, Ordering::Release);
         if let Some(mut l) = self.listeners.try_lock() {
             l.clear();
+        }
+        // A raw transport's progress thread is the parent's: dropping it would join a thread
+        // that does not exist here.
+        if let Some(mut r) = self.raw.try_lock() {
+            for (_, t) in r.drain() {
+                std::mem::forget(t);
+            }
         }
         if let Some(mut p) = self.pending.try_lock() {
             p.clear();

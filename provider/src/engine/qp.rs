@@ -10,7 +10,7 @@ use uiw_wire::conn::{Connection, Role};
 use super::cm::{CmConn, CmQp, CmStatus};
 use super::cq::{CqObj, PolledQp};
 use super::datapath::{DataPath, Env, Fatal, Link, Notice};
-use super::device::{gid_ipv4, DeviceInfo};
+use super::device::{gid_ipv4, DeviceInfo, TransportKind};
 use super::error::{Error, Result};
 use super::events::{event_type, AsyncSink};
 use super::limits::DeviceLimits;
@@ -567,6 +567,10 @@ impl Qp {
     /// `rdma_connect`: MPA Request with `private_data` and our IRD/ORD on `sock` (connected or
     /// connecting); the QP (INIT or RTR) moves to RTS when the Reply accepts.
     pub fn cm_connect(self: &Arc<Self>, cm: &Arc<CmConn>, sock: std::net::TcpStream, private_data: &[u8], ird: u16, ord: u16) -> Result<()> {
+        if self.device.transport != TransportKind::Tcp {
+            crate::uiw_log!(Warn, "{}: rdma_cm over the {:?} transport is not supported yet (EOPNOTSUPP); publish the device with --transport tcp", self.device.name, self.device.transport);
+            return Err(Error::NotSupported);
+        }
         let stream: Box<dyn Stream> = Box::new(KernelStream::prepare(sock)?);
         let r = self.cm_connect_unsettled(cm, stream, private_data, ird, ord);
         self.settle();

@@ -23,6 +23,7 @@ use uiw_wire::TaggedError;
 pub mod kernel;
 #[cfg(test)]
 pub mod memory;
+pub mod raw;
 pub mod stream;
 
 pub use stream::{Connector, Listener, Stream};
