@@ -1,0 +1,142 @@
+//! Two hosts (`ci/testbed.sh`, as in `twohost.rs`) whose uiw devices carry their QPs over
+//! uiw's userspace TCP on raw frames (`uiw up --transport xdp|packet`): unmodified
+//! `ibv_rc_pingpong -g 0` and perftest's `ib_write_bw`, `ib_read_bw`, `ib_send_bw` between
+//! the namespaces with xdp on both hosts, with packet on both, and with xdp on one host and
+//! the kernel's TCP on the other. Each run checks from the provider's own log that the raw
+//! transport was the one opened.
+//!
+//! As root nothing here is skipped: a missing tool (ip, nft, ethtool, rdma-core's or
+//! perftest's programs) fails the test. Without root the tests are skipped (or fail under
+//! `UIW_TEST_REQUIRE=1`): raw sockets and XDP need CAP_NET_RAW, CAP_NET_ADMIN, CAP_BPF.
+
+use std::ffi::OsString;
+use std::time::{Duration, Instant};
+
+use uiw_examples::pair::{Finished, Running};
+use uiw_examples::testbed::{Host, Testbed};
+use uiw_examples::{device_lock, device_test_artifacts, have_program, is_root, skip};
+
+fn testbed(test: &str, opts: &[&str]) -> Option<(std::sync::MutexGuard<'static, ()>, Testbed)> {
+    if !is_root() {
+        skip(test, "raw-frame transports need root (CAP_NET_RAW, CAP_NET_ADMIN, CAP_BPF)");
+        return None;
+    }
+    let artifacts = device_test_artifacts(test)?;
+    for (p, pkg) in [
+        ("ip", "iproute2"),
+        ("nft", "nftables"),
+        ("ethtool", "ethtool"),
+        ("ibv_rc_pingpong", "ibverbs-utils"),
+        ("ib_write_bw", "perftest"),
+        ("ib_read_bw", "perftest"),
+        ("ib_send_bw", "perftest"),
+    ] {
+        assert!(
+            have_program(p) || std::path::Path::new("/usr/sbin").join(p).exists(),
+            "{test}: {p} is not installed (apt-get install {pkg})"
+        );
+    }
+    let lock = device_lock();
+    let tb = Testbed::up(&artifacts, opts).unwrap_or_else(|e| panic!("{test}: {e}"));
+    Some((lock, tb))
+}
+
+/// Waits until something on host B listens on TCP `port` (the tools' out-of-band exchange,
+/// over the kernel's TCP: only uiw's QP port range is the raw transport's).
+fn wait_listening(tb: &Testbed, port: u16, s: &Running) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let o = tb.ctl(&["exec", "b", "ss", "-Hltn", &format!("sport = :{port}")]);
+        if !String::from_utf8_lossy(&o.stdout).trim().is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "nothing listens on {port} on host B: {:?}", s.lines());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn os(v: &[&str]) -> Vec<OsString> {
+    v.iter().map(OsString::from).collect()
+}
+
+/// Runs `server` on B and, once it listens on `port`, `client` on A, with the provider's
+/// information messages on (they name the transport a device's QPs use).
+fn pair(tb: &Testbed, server: &[&str], client: &[&str], port: u16) -> (Finished, Finished) {
+    let mut s = tb.run_cmd(Host::B, &os(server));
+    s.env("VERBS_LOG_LEVEL", "3");
+    let s = Running::spawn("server", s);
+    wait_listening(tb, port, &s);
+    let mut c = tb.run_cmd(Host::A, &os(client));
+    c.env("VERBS_LOG_LEVEL", "3");
+    let c = Running::spawn("client", c);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let c = c.finish(deadline);
+    let s = s.finish(deadline);
+    let show = |f: &Finished| format!("{}{}", f.stdout, f.stderr);
+    assert!(!c.timed_out && !s.timed_out, "{client:?}: did not finish\nserver: {}\nclient: {}", show(&s), show(&c));
+    for f in [&s, &c] {
+        assert!(f.status.is_some_and(|st| st.success()), "{client:?}: {} failed\nserver: {}\nclient: {}", f.name, show(&s), show(&c));
+    }
+    (s, c)
+}
+
+/// The provider said the device's QPs go over `transport` (or, for `tcp`, opened none).
+fn assert_transport(side: &Finished, transport: &str) {
+    let text = format!("{}{}", side.stdout, side.stderr);
+    let raw = text.lines().find(|l| l.contains("QP streams go over uiw's TCP on veth0"));
+    match transport {
+        "tcp" => assert!(raw.is_none(), "{}: a raw transport was opened on a tcp device: {text}", side.name),
+        t => {
+            let l = raw.unwrap_or_else(|| panic!("{}: no raw transport was opened: {text}", side.name));
+            assert!(l.contains(&format!("({t}")), "{}: not the {t} transport: {l}", side.name);
+        }
+    }
+}
+
+/// `ibv_rc_pingpong -g 0` and the three perftest bandwidth tests, A (client) to B (server).
+fn tools(test: &str, opts: &[&str], transport_a: &str, transport_b: &str) {
+    let Some((_l, tb)) = testbed(test, opts) else { return };
+    let dev = tb.dev.clone();
+    let (s, c) = pair(
+        &tb,
+        &["ibv_rc_pingpong", "-d", &dev, "-g", "0", "-n", "200"],
+        &["ibv_rc_pingpong", "-d", &dev, "-g", "0", "-n", "200", &tb.addr_b],
+        18515,
+    );
+    for r in [&s, &c] {
+        assert!(r.stdout.contains("200 iters in"), "ibv_rc_pingpong {}: no result\n{}{}", r.name, r.stdout, r.stderr);
+    }
+    assert_transport(&c, transport_a);
+    assert_transport(&s, transport_b);
+    for prog in ["ib_write_bw", "ib_read_bw", "ib_send_bw"] {
+        let common = [prog, "-d", &dev, "-x", "0", "-n", "300", "-s", "65536", "-p", "7472"];
+        let mut cv = common.to_vec();
+        cv.push(&tb.addr_b);
+        let (s, c) = pair(&tb, &common, &cv, 7472);
+        assert!(
+            c.stdout.lines().any(|l| l.split_whitespace().next() == Some("65536") && l.split_whitespace().nth(1) == Some("300")),
+            "{prog}: no result line\nclient: {}{}\nserver: {}{}",
+            c.stdout,
+            c.stderr,
+            s.stdout,
+            s.stderr
+        );
+        assert_transport(&c, transport_a);
+        assert_transport(&s, transport_b);
+    }
+}
+
+#[test]
+fn tools_over_xdp_on_both_hosts() {
+    tools("tools_over_xdp_on_both_hosts", &["--transport", "xdp"], "xdp", "xdp");
+}
+
+#[test]
+fn tools_over_packet_on_both_hosts() {
+    tools("tools_over_packet_on_both_hosts", &["--transport", "packet"], "packet", "packet");
+}
+
+#[test]
+fn tools_between_xdp_and_kernel_tcp() {
+    tools("tools_between_xdp_and_kernel_tcp", &["--transport-a", "xdp", "--transport-b", "tcp"], "xdp", "tcp");
+}
