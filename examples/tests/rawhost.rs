@@ -140,3 +140,23 @@ fn tools_over_packet_on_both_hosts() {
 fn tools_between_xdp_and_kernel_tcp() {
     tools("tools_between_xdp_and_kernel_tcp", &["--transport-a", "xdp", "--transport-b", "tcp"], "xdp", "tcp");
 }
+
+/// rdma_cm cannot use a raw-frame transport yet (the librdmacm drop-in does its TCP with
+/// kernel sockets): `rdma_connect` on such a device fails with EOPNOTSUPP, and the provider
+/// says why on stderr, instead of carrying the QP over the kernel's TCP behind the device's
+/// back.
+#[test]
+fn rdma_cm_on_xdp_is_refused_with_eopnotsupp() {
+    let test = "rdma_cm_on_xdp_is_refused_with_eopnotsupp";
+    let Some((_l, tb)) = testbed(test, &["--transport", "xdp"]) else { return };
+    assert!(have_program("rping"), "{test}: rping is not installed (apt-get install rdmacm-utils)");
+    let s = Running::spawn("server", tb.run_cmd(Host::B, &["rping", "-s", "-a", &tb.addr_b, "-p", "7474", "-C", "1"]));
+    wait_listening(&tb, 7474, &s);
+    let c = Running::spawn("client", tb.run_cmd(Host::A, &["rping", "-c", "-a", &tb.addr_b, "-p", "7474", "-C", "1", "-v"]));
+    let c = c.finish(Instant::now() + Duration::from_secs(30));
+    let s = s.finish(Instant::now() + Duration::from_secs(2));
+    let text = format!("{}{}", c.stdout, c.stderr);
+    assert!(!c.status.is_some_and(|st| st.success()), "rping connected over an xdp device: {text}");
+    assert!(text.contains("rdma_cm is not supported yet on a device published with --transport xdp (EOPNOTSUPP)"), "no reason given: {text}");
+    assert!(text.contains("error -95"), "not EOPNOTSUPP: {text}\nserver: {}{}", s.stdout, s.stderr);
+}

@@ -87,7 +87,7 @@ impl Context {
     /// reported through `cm`.
     pub fn cm_passive(&self, sock: TcpStream, cm: Arc<CmConn>) -> Result<()> {
         if self.device.transport != TransportKind::Tcp {
-            crate::uiw_log!(Warn, "{}: rdma_cm over the {:?} transport is not supported yet (EOPNOTSUPP); publish the device with --transport tcp", self.device.name, self.device.transport);
+            super::transport::cm_refused(&self.device);
             return Err(Error::NotSupported);
         }
         let net = self.net()?;

@@ -27,6 +27,14 @@ pub enum TransportKind {
 impl TransportKind {
     /// The published name; an absent or unknown one reads as `tcp` (trees from before
     /// `--transport`).
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportKind::Tcp => "tcp",
+            TransportKind::Xdp => "xdp",
+            TransportKind::Packet => "packet",
+        }
+    }
+
     pub fn parse(s: &str) -> TransportKind {
         match s.trim() {
             "xdp" => TransportKind::Xdp,

@@ -568,7 +568,7 @@ impl Qp {
     /// connecting); the QP (INIT or RTR) moves to RTS when the Reply accepts.
     pub fn cm_connect(self: &Arc<Self>, cm: &Arc<CmConn>, sock: std::net::TcpStream, private_data: &[u8], ird: u16, ord: u16) -> Result<()> {
         if self.device.transport != TransportKind::Tcp {
-            crate::uiw_log!(Warn, "{}: rdma_cm over the {:?} transport is not supported yet (EOPNOTSUPP); publish the device with --transport tcp", self.device.name, self.device.transport);
+            super::transport::cm_refused(&self.device);
             return Err(Error::NotSupported);
         }
         let stream: Box<dyn Stream> = Box::new(KernelStream::prepare(sock)?);

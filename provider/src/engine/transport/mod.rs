@@ -193,6 +193,19 @@ pub const RNR_WAIT_MS: u64 = 5_000;
 /// enough for siw under an emulated CPU, a one-time cost per connection to a non-uiw peer.
 pub const FIRST_FPDU_HOLD_MS: u64 = 50;
 
+/// rdma_cm cannot use a raw-frame transport yet: the librdmacm drop-in listens and connects
+/// with kernel sockets, which on such a device would carry the QP's stream outside the
+/// device's transport. Says so on stderr (a configuration problem, shown whatever the log
+/// level) before the call fails with EOPNOTSUPP.
+pub fn cm_refused(device: &super::device::DeviceInfo) {
+    eprintln!(
+        "uiw: {}: rdma_cm is not supported yet on a device published with --transport {} (EOPNOTSUPP); \
+         connect with RTR (ibv_modify_qp, perftest without -R) or publish the device with --transport tcp",
+        device.name,
+        device.transport.name()
+    );
+}
+
 /// A stream to close in order (see `Net::linger`): `bytes` (the rest of the transmit backlog,
 /// then the Terminate or the MPA Reply that rejects, if any) go out first, then FIN.
 pub struct Closing {
