@@ -417,10 +417,14 @@ impl Net {
             }
         }
         if let Some(mut p) = self.pending.try_lock() {
-            p.clear();
+            for (_, (p, _)) in p.drain() {
+                p.stream.abandon();
+            }
         }
         if let Some(mut c) = self.closing.try_lock() {
-            c.clear();
+            for (_, l) in c.drain() {
+                l.stream.abandon();
+            }
         }
         let qps: Vec<Arc<dyn Endpoint>> = match self.qps.try_read() {
             Some(q) => q.values().filter_map(Weak::upgrade).collect(),

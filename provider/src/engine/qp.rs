@@ -812,8 +812,12 @@ impl Endpoint for Qp {
         // The child must not use the parent's QPs (rdma-core's fork rules): it only drops its
         // copies of the stream descriptors. Dropping a TcpStream closes; it never shuts down.
         if let Some(mut inner) = self.inner.try_lock() {
-            inner.dp.link = None;
-            inner.parked.clear();
+            if let Some(l) = inner.dp.link.take() {
+                l.stream.abandon();
+            }
+            for (p, _) in inner.parked.drain(..) {
+                p.stream.abandon();
+            }
             inner.open_at = None;
             inner.attrs.qp_state = QpState::Err;
         }

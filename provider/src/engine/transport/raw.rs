@@ -167,4 +167,10 @@ impl Stream for RawStreamIo {
     fn readiness(&self) -> RawFd {
         self.s.fd().unwrap_or(-1)
     }
+
+    /// The stack, its lock and its thread are the parent's: closing would take a lock a
+    /// parent thread may have held at the fork. The copy is left as it is.
+    fn abandon(self: Box<Self>) {
+        std::mem::forget(self);
+    }
 }

@@ -55,6 +55,13 @@ pub trait Stream: Send {
 
     /// The descriptor the progress thread waits on, edge-triggered (see the module doc).
     fn readiness(&self) -> RawFd;
+
+    /// In a forked child: lets go of the parent's stream without touching anything the
+    /// parent's threads may have held locked at the fork, and without ending the parent's
+    /// connection. A kernel socket just closes this process's descriptor (the default).
+    fn abandon(self: Box<Self>) {
+        drop(self);
+    }
 }
 
 /// Connections to one local address.
