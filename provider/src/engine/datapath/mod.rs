@@ -1,10 +1,14 @@
-//! The data path of one QP: its posted work requests, and the TCP stream that carries them
-//! through the sans-IO protocol core (`uiw_wire::conn::Connection`).
+//! The data path of one QP: its posted work requests, and the stream that carries them
+//! (a `transport::Stream`: the kernel's TCP, or uiw's own on raw frames) through the sans-IO
+//! protocol core (`uiw_wire::conn::Connection`). The data path holds no descriptor: it moves
+//! bytes through the `Stream` it is given, which is what lets `tests.rs` drive it with an
+//! in-memory stream (the clock it reads in two places, the first-FPDU hold and the time a
+//! peer's FIN was seen, is the engine's `transport::now_ms`).
 //!
-//! Transmit is zero-copy: FPDU headers and trailers are the engine's, payload goes to
-//! `sendmsg` straight from registered memory. Receive places payload straight into registered
-//! memory with `readv` (what follows the payload lands in a small staging buffer, so a stream of
-//! small messages costs one system call per batch). Completions follow the verbs rules: a send
+//! Transmit is zero-copy over the kernel's TCP: FPDU headers and trailers are the engine's,
+//! payload goes to `sendmsg` straight from registered memory. Receive places payload straight
+//! into registered memory with `readv` (what follows the payload lands in a small staging
+//! buffer, so a stream of small messages costs one system call per batch). Completions follow the verbs rules: a send
 //! queue completion is released only once its last byte has been handed to TCP.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
