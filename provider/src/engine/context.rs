@@ -17,7 +17,7 @@ use super::error::{Error, Result};
 use super::events::{AsyncSink, ChannelSink};
 use super::limits::DeviceLimits;
 use super::mr::MrTable;
-use super::net::{Endpoint, Net};
+use super::net::{AcquireError, Endpoint, Net};
 use super::qp::{Qp, QpInner, QpSpec};
 use super::qp_state;
 use super::transport::kernel::KernelStream;
@@ -77,7 +77,11 @@ impl Context {
         }
         let net = Net::acquire(self.user_mem, &self.device).map_err(|e| {
             eprintln!("uiw: cannot create a QP: {e}");
-            Error::NoTransport
+            match e {
+                AcquireError::Start(_) => Error::NoTransport,
+                // Its errno (EPERM without the privileges, ENODEV for a netdev gone).
+                AcquireError::Raw(_, e) => Error::Io(e),
+            }
         })?;
         *n = Some(net.clone());
         Ok(net)

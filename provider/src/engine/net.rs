@@ -109,6 +109,25 @@ pub struct Net {
     waker: (UnixStream, UnixStream),
 }
 
+/// Why [`Net::acquire`] failed.
+#[derive(Debug)]
+pub enum AcquireError {
+    /// No listening port or progress thread for QP numbers (`EADDRINUSE`, say).
+    Start(String),
+    /// The device's raw-frame transport could not be opened on its netdev (privileges,
+    /// interface, nftables): what to tell, and the error.
+    Raw(String, io::Error),
+}
+
+impl std::fmt::Display for AcquireError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AcquireError::Start(s) => f.write_str(s),
+            AcquireError::Raw(s, e) => write!(f, "{s}: {e}"),
+        }
+    }
+}
+
 /// The running transport and how many device contexts use it.
 struct Running {
     net: Arc<Net>,
@@ -167,7 +186,7 @@ impl Net {
     /// its netdev, listening on our slot's port at its address); the kernel listener then
     /// only reserves the slot's port, on 127.0.0.1 (on the netdev's address it would answer
     /// the SYNs that are the raw transport's).
-    pub fn acquire(user_mem: &'static dyn UserMemory, device: &DeviceInfo) -> Result<Arc<Net>, String> {
+    pub fn acquire(user_mem: &'static dyn UserMemory, device: &DeviceInfo) -> Result<Arc<Net>, AcquireError> {
         let addrs: Vec<Ipv4Addr> = match device.transport {
             TransportKind::Tcp => device.gids.iter().filter_map(gid_ipv4).collect(),
             TransportKind::Xdp | TransportKind::Packet => vec![Ipv4Addr::LOCALHOST],
@@ -180,10 +199,11 @@ impl Net {
             r.net.listen_on(addrs);
             return Ok(r.net.clone());
         }
-        let net = Arc::new(Net::start(user_mem, addrs)?);
+        let net = Arc::new(Net::start(user_mem, addrs).map_err(AcquireError::Start)?);
         net.attach_raw(device)?;
         let n = net.clone();
-        let thread = std::thread::Builder::new().name("uiw-progress".into()).spawn(move || n.run()).map_err(|e| e.to_string())?;
+        let thread =
+            std::thread::Builder::new().name("uiw-progress".into()).spawn(move || n.run()).map_err(|e| AcquireError::Start(e.to_string()))?;
         *g = Some(Running { net: net.clone(), users: 1, thread: Some(thread) });
         Ok(net)
     }
@@ -293,7 +313,7 @@ impl Net {
 
     /// Opens `device`'s raw-frame transport (once per netdev) and listens on it for QP
     /// streams, on our slot's port at the netdev's address.
-    fn attach_raw(&self, device: &DeviceInfo) -> Result<(), String> {
+    fn attach_raw(&self, device: &DeviceInfo) -> Result<(), AcquireError> {
         let kind = match device.transport {
             TransportKind::Tcp => return Ok(()),
             TransportKind::Xdp => uiw_rawnet::probe::Kind::Xdp,
@@ -305,12 +325,12 @@ impl Net {
         }
         let hi = (u32::from(self.port_base) + SLOTS - 1).min(0xffff) as u16;
         let t = RawTcp::open(&device.netdev, kind, (self.port_base, hi))
-            .map_err(|e| format!("{}: cannot open the {kind} transport on {}: {e}", device.name, device.netdev))?;
+            .map_err(|e| AcquireError::Raw(format!("{}: cannot open the {kind} transport on {}", device.name, device.netdev), e))?;
         let port = self.port_base + self.slot as u16;
         let ip = device.gids.iter().find_map(gid_ipv4).unwrap_or(Ipv4Addr::UNSPECIFIED);
-        let l = t.listen(SocketAddrV4::new(ip, port)).map_err(|e| format!("{}: cannot listen on {ip}:{port} over {kind}: {e}", device.name))?;
+        let l = t.listen(SocketAddrV4::new(ip, port)).map_err(|e| AcquireError::Raw(format!("{}: cannot listen on {ip}:{port} over {kind}", device.name), e))?;
         if self.accept_paused_until.load(Ordering::Acquire) == 0 {
-            self.epoll.add(l.readiness(), TOKEN_LISTENER, EPOLL_IN).map_err(|e| e.to_string())?;
+            self.epoll.add(l.readiness(), TOKEN_LISTENER, EPOLL_IN).map_err(|e| AcquireError::Raw(format!("{}: epoll", device.name), e))?;
         }
         self.listeners.lock().push((ip, l));
         crate::uiw_log!(Info, "{}: QP streams go over uiw's TCP on {} ({}), port {port}", device.name, device.netdev, t.driver());
