@@ -37,7 +37,7 @@ impl RawTcp {
     /// CAP_NET_ADMIN, and CAP_BPF for AF_XDP).
     pub fn open(netdev: &str, kind: Kind, ports: (u16, u16)) -> io::Result<RawTcp> {
         let iface = uiw_rawnet::Iface::lookup(netdev)?;
-        let mss = (iface.mtu as usize).saturating_sub(40).max(536);
+        let mss = iface.mtu.saturating_sub(40).max(536);
         let tcp = uiw_utcp::Config { mss: mss as u16, ..Default::default() };
         let transport = Transport::open(netdev, kind, ports, tcp)?;
         let name = match kind {
