@@ -160,3 +160,31 @@ fn rdma_cm_on_xdp_is_refused_with_eopnotsupp() {
     assert!(text.contains("rdma_cm is not supported yet on a device published with --transport xdp (EOPNOTSUPP)"), "no reason given: {text}");
     assert!(text.contains("error -95"), "not EOPNOTSUPP: {text}\nserver: {}{}", s.stdout, s.stderr);
 }
+
+/// A raw-transport peer killed in the middle of a transfer: its XDP socket and program go
+/// with it, nothing answers for its address and ports any more (no FIN, no RST). The
+/// survivor, streaming Writes and Sends over xdp, must see its QP fail — every WR completed
+/// in error, QP_FATAL — after about UIW_PEER_TIMEOUT (3 s here: the userspace TCP's
+/// retransmissions give up then), not after utcp's default of minutes; `faults` fails if
+/// nothing goes wrong for 20 s.
+#[test]
+fn a_killed_raw_peer_is_detected() {
+    let test = "a_killed_raw_peer_is_detected";
+    let Some((_l, tb)) = testbed(test, &["--transport", "xdp"]) else { return };
+    let exe = uiw_examples::build_c_example("faults", &uiw_examples::out_dir(env!("CARGO_TARGET_TMPDIR")));
+    let exe = exe.to_str().unwrap();
+    let mut cmd = tb.run_cmd(Host::B, &[exe, "-r", "survivor", "-m", "stream", "-p", "7475", "-d", &tb.dev, "-T", "20", "-t", "20", "-L"]);
+    cmd.env("UIW_PEER_TIMEOUT", "3");
+    let mut s = Running::spawn("survivor", cmd);
+    wait_listening(&tb, 7475, &s);
+    let mut cmd = tb.run_cmd(Host::A, &[exe, "-r", "peer", "-m", "sink", "-p", "7475", "-a", "kill", "-d", &tb.dev, &tb.addr_b]);
+    cmd.env("UIW_PEER_TIMEOUT", "3");
+    let mut peer = Running::spawn("peer", cmd);
+    s.wait_for_line("STREAMING", Duration::from_secs(60)).unwrap_or_else(|e| panic!("{e}: {:?}", s.lines()));
+    let killed = peer.kill();
+    let s = s.finish(Instant::now() + Duration::from_secs(60));
+    let first = s.lines.iter().find(|l| l.text.starts_with("FIRST_ERROR")).map(|l| l.at.saturating_duration_since(killed));
+    println!("survivor: first error {first:?} after the kill");
+    assert!(s.status.is_some_and(|st| st.success()), "survivor failed: {:?}\n{}", uiw_examples::failures(&s.stdout), s.stdout);
+    assert!(first.is_some(), "no FIRST_ERROR: {}", s.stdout);
+}

@@ -24,6 +24,31 @@ use crate::engine::user_memory::{IoPart, Pinned, UserMemory};
 /// How long opening a stream may wait for the kernel to resolve the peer's MAC (ARP).
 const ARP_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// The userspace TCP's settings: the interface's MSS, and retransmissions that give up on a
+/// silent peer after about `peer_timeout_ms` (`UIW_PEER_TIMEOUT`), as `TCP_USER_TIMEOUT` does
+/// on the kernel's sockets — not after the several minutes of utcp's defaults. The RTO backs off
+/// from its 200 ms floor up to a ceiling of a quarter of the timeout (at most 1 s, so that a
+/// lost segment on a LAN is resent soon), and the connection fails once the backed-off
+/// waits add up to the timeout (RFC 6298 §5.5, RFC 9293 §3.8.3's R2).
+pub fn tcp_config(mss: usize, peer_timeout_ms: u64) -> uiw_utcp::Config {
+    let d = uiw_utcp::Config::default();
+    let floor = d.rto_min.as_millis() as u64;
+    let ceiling = (peer_timeout_ms / 4).clamp(floor, 1000);
+    let (mut waited, mut rto, mut retries) = (0u64, floor, 0u32);
+    while waited < peer_timeout_ms {
+        waited += rto;
+        rto = (rto * 2).min(ceiling);
+        retries += 1;
+    }
+    uiw_utcp::Config {
+        mss: mss.min(usize::from(u16::MAX)) as u16,
+        rto_max: Duration::from_millis(ceiling),
+        // utcp fails the connection when a timeout finds `max_retries` already spent.
+        max_retries: retries.saturating_sub(1),
+        ..d
+    }
+}
+
 /// A raw-frame transport on one netdev.
 pub struct RawTcp {
     transport: Transport,
@@ -38,7 +63,7 @@ impl RawTcp {
     pub fn open(netdev: &str, kind: Kind, ports: (u16, u16)) -> io::Result<RawTcp> {
         let iface = uiw_rawnet::Iface::lookup(netdev)?;
         let mss = iface.mtu.saturating_sub(40).max(536);
-        let tcp = uiw_utcp::Config { mss: mss as u16, ..Default::default() };
+        let tcp = tcp_config(mss, super::peer_timeout_ms());
         let transport = Transport::open(netdev, kind, ports, tcp)?;
         let name = match kind {
             Kind::Xdp => "xdp",
@@ -172,5 +197,34 @@ impl Stream for RawStreamIo {
     /// parent thread may have held at the fork. The copy is left as it is.
     fn abandon(self: Box<Self>) {
         std::mem::forget(self);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The sum of the backed-off RTOs before the connection fails, from the floor (utcp
+    /// gives up at the timeout after the `max_retries`-th retransmission).
+    fn give_up_ms(c: &uiw_utcp::Config) -> u64 {
+        let (mut t, mut rto) = (0, c.rto_min.as_millis() as u64);
+        for _ in 0..=c.max_retries {
+            t += rto;
+            rto = (rto * 2).min(c.rto_max.as_millis() as u64);
+        }
+        t
+    }
+
+    #[test]
+    fn a_silent_peer_fails_the_stream_after_about_the_peer_timeout() {
+        for timeout in [1_000, 3_000, 10_000, 60_000] {
+            let c = tcp_config(1460, timeout);
+            let t = give_up_ms(&c);
+            assert!(t >= timeout && t < timeout + 1_000, "{timeout} ms: gives up after {t} ms ({c:?})");
+            assert!(c.rto_max <= Duration::from_secs(1) && c.rto_max >= c.rto_min);
+        }
+        // utcp's own default would wait minutes.
+        assert!(give_up_ms(&uiw_utcp::Config::default()) > 300_000);
+        assert_eq!(tcp_config(8960, 10_000).mss, 8960);
     }
 }
