@@ -2,8 +2,9 @@
 //! uiw's userspace TCP on raw frames (`uiw up --transport xdp|packet`): unmodified
 //! `ibv_rc_pingpong -g 0` and perftest's `ib_write_bw`, `ib_read_bw`, `ib_send_bw` between
 //! the namespaces with xdp on both hosts, with packet on both, and with xdp on one host and
-//! the kernel's TCP on the other. Each run checks from the provider's own log that the raw
-//! transport was the one opened.
+//! the kernel's TCP on the other; `integrity` between a packet host and an xdp host; a raw
+//! peer killed mid-stream; rdma_cm refused. Each run checks from the provider's own log
+//! that the raw transport was the one opened.
 //!
 //! As root nothing here is skipped: a missing tool (ip, nft, ethtool, rdma-core's or
 //! perftest's programs) fails the test. Without root the tests are skipped (or fail under
@@ -187,4 +188,21 @@ fn a_killed_raw_peer_is_detected() {
     println!("survivor: first error {first:?} after the kill");
     assert!(s.status.is_some_and(|st| st.success()), "survivor failed: {:?}\n{}", uiw_examples::failures(&s.stdout), s.stdout);
     assert!(first.is_some(), "no FIRST_ERROR: {}", s.stdout);
+}
+
+/// `examples/c/integrity.c` (every operation at every size, 0 B … 8 MiB, checked on both
+/// sides; RTR-connected, no rdma_cm) between a packet host and an xdp host.
+#[test]
+fn integrity_between_packet_and_xdp() {
+    let test = "integrity_between_packet_and_xdp";
+    let Some((_l, tb)) = testbed(test, &["--transport-a", "packet", "--transport-b", "xdp"]) else { return };
+    let exe = uiw_examples::build_c_example("integrity", &uiw_examples::out_dir(env!("CARGO_TARGET_TMPDIR")));
+    let exe = exe.to_str().unwrap();
+    let (s, c) = pair(&tb, &[exe, "-s", "-p", "7476", "-d", &tb.dev], &[exe, "-c", &tb.addr_b, "-p", "7476", "-d", &tb.dev], 7476);
+    for r in [&s, &c] {
+        let sum = uiw_examples::parse_summary(&r.stdout).unwrap_or_else(|| panic!("{}: no summary\n{}\n{}", r.name, r.stdout, r.stderr));
+        assert!(sum.failed == 0 && sum.passed > 2000, "{}: {sum:?}: {:?}", r.name, uiw_examples::failures(&r.stdout));
+    }
+    assert_transport(&c, "packet");
+    assert_transport(&s, "xdp");
 }
