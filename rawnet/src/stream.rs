@@ -1,8 +1,8 @@
 //! A raw-frame transport with the shape of the kernel's: `connect`/`listen`/`accept` giving
 //! streams that implement `std::io::Read` and `Write`, a progress thread that keeps the TCP
-//! running (ACKs, retransmissions, passive opens) while nobody reads or writes. This is the
-//! piece a transport interface in the engine would hold for a `--transport xdp|packet`
-//! device; it is built on the public `Host`/`Stack` API only.
+//! running (ACKs, retransmissions, passive opens) while nobody reads or writes. The
+//! provider's `--transport xdp|packet` devices hold one per netdev and use its streams
+//! without blocking ([`crate::nonblock`]); it is built on the public `Host`/`Stack` API only.
 //!
 //! One lock guards the host. Readers and writers take it, do their turn of the stack
 //! (`Host::poll`) themselves — an application thread waiting for data polls the rings
