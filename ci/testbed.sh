@@ -4,17 +4,18 @@
 #
 #   ci/testbed.sh [-p PREFIX] up [--mtu 1500|9000] [--loss PCT] [--net A.B.C] [--ifname NAME]
 #                                [--uiw PATH] [--transport tcp|packet|xdp]
+#                                [--transport-a T] [--transport-b T]
 #       create namespaces PREFIX-a and PREFIX-b, a veth pair (NAME in each, default veth0),
 #       addresses A.B.C.1/24 on host A and A.B.C.2/24 on host B (default 198.51.100, the
 #       RFC 5737 TEST-NET-2 range: it exists only inside these two namespaces), bring
 #       everything up and run `uiw up --netdev NAME` in each with UIW_STATE_DIR=STATE/{a,b}.
 #       The uiw device is uiw_NAME on both hosts. --loss as for `loss both PCT`.
-#       --transport is passed to `uiw up` (default tcp); for packet and xdp the veths'
-#       offloads (tx checksum, TSO, GSO, GRO) are turned off first, as uiw's userspace TCP
-#       needs (needs ethtool). uiw does not carry QPs over packet/xdp yet: `uiw up` refuses
-#       them (EOPNOTSUPP) and so does `up` here. The raw transports' own tests build their
-#       namespaces in Rust (rawnet/src/testbed.rs). Note: nftables loss applies to what a
-#       host's kernel sends; raw-socket frames pass no netfilter hook.
+#       --transport is passed to `uiw up` on both hosts (default tcp); --transport-a/-b set
+#       one host's (a mixed pair: xdp on A, tcp on B). When either host uses packet or xdp
+#       the veths' offloads (tx checksum, TSO, GSO, GRO) are turned off first, as uiw's
+#       userspace TCP needs (needs ethtool); programs run there as root (CAP_NET_RAW,
+#       CAP_NET_ADMIN, CAP_BPF). Note: nftables loss applies to what a host's kernel sends;
+#       raw-socket frames pass no netfilter hook.
 #   ci/testbed.sh [-p PREFIX] run a|b [--] CMD [ARGS...]
 #       run CMD on host A/B under `uiw run` (exec: the PID you get is CMD's)
 #   ci/testbed.sh [-p PREFIX] exec a|b [--] CMD [ARGS...]
@@ -121,7 +122,7 @@ teardown() {
 
 case $cmd in
 up)
-	mtu=1500 loss=0 net=198.51.100 ifname=veth0 transport=tcp
+	mtu=1500 loss=0 net=198.51.100 ifname=veth0 transport_a=tcp transport_b=tcp
 	uiw=${UIW:-}
 	while [[ $# -gt 0 ]]; do
 		case $1 in
@@ -130,7 +131,9 @@ up)
 		--net) net=$2; shift 2 ;;
 		--ifname) ifname=$2; shift 2 ;;
 		--uiw) uiw=$2; shift 2 ;;
-		--transport) transport=$2; shift 2 ;;
+		--transport) transport_a=$2 transport_b=$2; shift 2 ;;
+		--transport-a) transport_a=$2; shift 2 ;;
+		--transport-b) transport_b=$2; shift 2 ;;
 		*) die "up: unknown option $1" ;;
 		esac
 	done
@@ -138,8 +141,10 @@ up)
 	[[ $mtu =~ ^[0-9]+$ && $mtu -ge 1280 && $mtu -le 65535 ]] || die "--mtu $mtu: give 1280..65535 (1500, 9000)"
 	[[ $net =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "--net $net: give three octets, e.g. 198.51.100"
 	[[ ${#ifname} -le 15 ]] || die "--ifname: at most 15 characters"
-	[[ $transport =~ ^(tcp|packet|xdp)$ ]] || die "--transport $transport: say tcp, packet or xdp"
-	[[ $transport == tcp ]] || command -v ethtool >/dev/null || die "--transport $transport needs ethtool (apt-get install ethtool)"
+	for transport in "$transport_a" "$transport_b"; do
+		[[ $transport =~ ^(tcp|packet|xdp)$ ]] || die "--transport $transport: say tcp, packet or xdp"
+		[[ $transport == tcp ]] || command -v ethtool >/dev/null || die "--transport $transport needs ethtool (apt-get install ethtool)"
+	done
 	command -v nft >/dev/null || die "nftables is not installed (apt-get install nftables)"
 	if [[ -z $uiw ]]; then
 		for p in "$repo/target/${CARGO_PROFILE:-debug}/uiw" "$repo/target/debug/uiw" "$repo/target/release/uiw"; do
@@ -183,7 +188,7 @@ EOF
 			ip -n "$ns_b" -o link show "$ifname" | grep -q 'state UP'; then break; fi
 		sleep 0.1
 	done
-	if [[ $transport != tcp ]]; then
+	if [[ $transport_a != tcp || $transport_b != tcp ]]; then
 		# uiw's userspace TCP computes every checksum and needs frames no larger than the MTU.
 		for h in a b; do
 			ip netns exec "$(ns_of $h)" ethtool -K "$ifname" tx off tso off gso off gro off >/dev/null
@@ -191,11 +196,12 @@ EOF
 	fi
 	for h in a b; do
 		st=$([[ $h == a ]] && echo "$TB_STATE_A" || echo "$TB_STATE_B")
+		transport=$([[ $h == a ]] && echo "$transport_a" || echo "$transport_b")
 		ip netns exec "$(ns_of $h)" env UIW_STATE_DIR="$st" "$uiw" up --netdev "$ifname" --transport "$transport" >/dev/null
 	done
 	[[ $loss == 0 ]] || { set_loss "$ns_a" "$loss"; set_loss "$ns_b" "$loss"; }
 	trap - ERR
-	echo "testbed $prefix: host a $ns_a $TB_ADDR_A, host b $ns_b $TB_ADDR_B, device $TB_DEV, mtu $mtu, loss ${loss}%"
+	echo "testbed $prefix: host a $ns_a $TB_ADDR_A ($transport_a), host b $ns_b $TB_ADDR_B ($transport_b), device $TB_DEV, mtu $mtu, loss ${loss}%"
 	;;
 run|exec)
 	load

@@ -144,11 +144,15 @@ OPTIONS
     --transport T   What carries the devices' iWARP streams. `tcp` (default):
                     the kernel's TCP sockets. `xdp` (AF_XDP) and `packet`
                     (AF_PACKET): uiw's own userspace TCP on raw Ethernet frames,
-                    bypassing the kernel's TCP; they need --netdev (not lo) and
-                    root (CAP_NET_RAW, CAP_NET_ADMIN, CAP_BPF for xdp). Not
-                    supported yet: the provider cannot carry queue pairs over
-                    them, and `up` refuses them (EOPNOTSUPP), saying so.
-                    `uiw show` prints each device's transport.
+                    bypassing the kernel's TCP; they need --netdev (not lo), and
+                    programs using the device need root (CAP_NET_RAW,
+                    CAP_NET_ADMIN, CAP_BPF for xdp): each process opens the
+                    transport on the netdev when it creates its first QP (one
+                    such process per netdev at a time). QP numbers, MPA and RTR
+                    connects are as over tcp, and a tcp peer interoperates.
+                    rdma_cm is not supported on them yet (EOPNOTSUPP, with a
+                    message). The devices named take the transport given
+                    (tcp if none); `uiw show` prints each device's transport.
     --config FILE   Also the network devices FILE names (white-space separated,
                     `#` starts a comment; a file naming none is an error). The
                     Debian package's uiw.service runs

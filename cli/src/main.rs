@@ -94,7 +94,7 @@ fn real_main(args: Vec<OsString>) -> Res {
             let (rest, transport) = transport_opt(rest)?;
             let want = netdev_opts(&rest, "up")?;
             check_transport(transport, &want)?;
-            cmd_up(&paths, want, true, rootless)
+            cmd_up(&paths, want, true, rootless, transport)
         }
         "down" => cmd_down(&paths, netdev_opts(&rest, "down")?),
         "show" | "list" => cmd_show(&paths, parse_show(&rest)?),
@@ -126,6 +126,15 @@ enum Transport {
     Raw(uiw_rawnet::probe::Kind),
 }
 
+impl std::fmt::Display for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Transport::Tcp => f.write_str("tcp"),
+            Transport::Raw(k) => write!(f, "{k}"),
+        }
+    }
+}
+
 /// Take `--transport X` / `--transport=X` out of `rest`.
 fn transport_opt(rest: Vec<OsString>) -> Res<(Vec<OsString>, Transport)> {
     let mut out = Vec::new();
@@ -153,8 +162,9 @@ fn transport_opt(rest: Vec<OsString>) -> Res<(Vec<OsString>, Transport)> {
     Ok((out, t))
 }
 
-/// Refuse a raw-frame transport, saying why: no interface named, missing privileges, or —
-/// once those are fine — that the provider cannot use it yet.
+/// Refuse a raw-frame transport that cannot run, saying why: no interface named, or missing
+/// privileges (the provider opens the transport in each process that uses the device, and
+/// needs CAP_NET_RAW, CAP_NET_ADMIN and, for xdp, CAP_BPF there).
 fn check_transport(t: Transport, netdevs: &[String]) -> Res {
     let Transport::Raw(kind) = t else { return Ok(()) };
     if netdevs.is_empty() || netdevs.iter().any(|n| n == "lo") {
@@ -165,11 +175,7 @@ fn check_transport(t: Transport, netdevs: &[String]) -> Res {
     if let Err(e) = uiw_rawnet::probe::probe(kind) {
         return fail(format!("up: --transport {kind}: {e}; use --transport tcp (the kernel's TCP), which needs no privileges"));
     }
-    fail(format!(
-        "up: --transport {kind}: not supported yet (EOPNOTSUPP). uiw's userspace TCP (utcp/) and its AF_XDP and \
-         AF_PACKET drivers (rawnet/) exist and are tested against the kernel's TCP, but the provider's engine \
-         cannot carry its queue pairs over them until its transport interface lands; use --transport tcp"
-    ))
+    Ok(())
 }
 
 fn netdev_opts(rest: &[OsString], cmd: &str) -> Res<Vec<String>> {
@@ -354,7 +360,7 @@ opens of /dev/infiniband and /sys/class/infiniband from this state directory. Ot
 /// `uiw up`: add `want` (default lo, when nothing is published yet) and refresh all.
 /// `rootless`: publish without /dev/infiniband nodes (also chosen by itself when this user
 /// cannot create them).
-fn cmd_up(paths: &Paths, mut want: Vec<String>, verbose: bool, rootless: bool) -> Res {
+fn cmd_up(paths: &Paths, mut want: Vec<String>, verbose: bool, rootless: bool, transport: Transport) -> Res {
     for c in [':', ';'] {
         if paths.state.to_string_lossy().contains(c) {
             return fail(format!("state directory {} must not contain '{c}' (RDMAV_DRIVERS splits on it)", paths.state.display()));
@@ -386,9 +392,18 @@ fn cmd_up(paths: &Paths, mut want: Vec<String>, verbose: bool, rootless: bool) -
     }
     // Devices: previously published ones (refreshed), then the new ones.
     let mut entries: Vec<Entry> = old.clone();
+    // The devices named now take the transport asked for (tcp unless said); the others keep
+    // theirs.
     for n in &want {
-        if !entries.iter().any(|e| &e.netdev == n) {
-            entries.push(Entry { ibdev: ibdev_for(n), netdev: n.clone(), uverbs: u32::MAX, rootless });
+        match entries.iter_mut().find(|e| &e.netdev == n) {
+            Some(e) => e.transport = transport.to_string(),
+            None => entries.push(Entry {
+                ibdev: ibdev_for(n),
+                netdev: n.clone(),
+                uverbs: u32::MAX,
+                rootless,
+                transport: transport.to_string(),
+            }),
         }
     }
     let mut netdevs = Vec::new();
@@ -446,7 +461,7 @@ fn cmd_up(paths: &Paths, mut want: Vec<String>, verbose: bool, rootless: bool) -
                 rdev
             }
         };
-        devices.push(tree::Device { ibdev: e.ibdev.clone(), uverbs: e.uverbs, rdev, netdev: nd });
+        devices.push(tree::Device { ibdev: e.ibdev.clone(), uverbs: e.uverbs, rdev, netdev: nd, transport: e.transport.clone() });
     }
     let mirror = tree::scan_kernel(&paths.host_sysfs, &devices);
     tree::publish(&paths.sysfs(), &devices, &mirror, &paths.host_sysfs).map_err(|e| io_fail("up: cannot write", &paths.sysfs(), e))?;
@@ -568,7 +583,7 @@ fn cmd_down(paths: &Paths, which: Vec<String>) -> Res {
     release(&gone);
     drop(reg);
     // Rebuild the tree from what is left (also refreshes it).
-    cmd_up(paths, Vec::new(), false, false)
+    cmd_up(paths, Vec::new(), false, false, Transport::Tcp)
 }
 
 fn remove_state(paths: &Paths) {
@@ -749,7 +764,7 @@ fn cmd_run(paths: &Paths, rest: Vec<OsString>) -> Res {
     }
     if state::read_manifest(&paths.manifest()).is_empty() {
         eprintln!("uiw: run: no device published yet; publishing uiw_lo (uiw up)");
-        cmd_up(paths, Vec::new(), false, false)?;
+        cmd_up(paths, Vec::new(), false, false, Transport::Tcp)?;
     }
     let mut cmd = std::process::Command::new(&argv[0]);
     cmd.args(&argv[1..]);

@@ -130,6 +130,8 @@ pub struct Entry {
     /// Published without a /dev/infiniband node (rootless mode): the shim answers for it,
     /// and the node registry does not know this state directory.
     pub rootless: bool,
+    /// What carries its QPs' streams (`uiw up --transport`): `tcp`, `xdp` or `packet`.
+    pub transport: String,
 }
 
 pub fn read_manifest(path: &Path) -> Vec<Entry> {
@@ -140,16 +142,28 @@ pub fn read_manifest(path: &Path) -> Vec<Entry> {
             let ibdev = it.next()?.to_string();
             let netdev = it.next()?.to_string();
             let uverbs = it.next()?.strip_prefix("uverbs")?.parse().ok()?;
-            let rootless = it.next() == Some("rootless");
-            Some(Entry { ibdev, netdev, uverbs, rootless })
+            let mut rootless = false;
+            let mut transport = "tcp".to_string();
+            for w in it {
+                match w {
+                    "rootless" => rootless = true,
+                    _ => {
+                        if let Some(t) = w.strip_prefix("transport=") {
+                            transport = t.to_string();
+                        }
+                    }
+                }
+            }
+            Some(Entry { ibdev, netdev, uverbs, rootless, transport })
         })
         .collect()
 }
 
 pub fn write_manifest(path: &Path, entries: &[Entry]) -> std::io::Result<()> {
-    let mut s = String::from("# uiw devices published from this state dir: <ibdev> <netdev> <uverbs node> [rootless]\n");
+    let mut s = String::from("# uiw devices published from this state dir: <ibdev> <netdev> <uverbs node> [rootless] [transport=T]\n");
     for e in entries {
-        s.push_str(&format!("{} {} uverbs{}{}\n", e.ibdev, e.netdev, e.uverbs, if e.rootless { " rootless" } else { "" }));
+        let transport = if e.transport == "tcp" { String::new() } else { format!(" transport={}", e.transport) };
+        s.push_str(&format!("{} {} uverbs{}{}{transport}\n", e.ibdev, e.netdev, e.uverbs, if e.rootless { " rootless" } else { "" }));
     }
     let tmp = path.with_extension("tmp");
     fs::write(&tmp, s)?;

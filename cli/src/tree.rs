@@ -28,6 +28,8 @@ pub struct Device {
     /// (major, minor) of /dev/infiniband/uverbsN as stat(2) reports it.
     pub rdev: (u32, u32),
     pub netdev: Netdev,
+    /// What carries its QPs' streams (`tcp`, `xdp`, `packet`).
+    pub transport: String,
 }
 
 /// The node GUID, like siw: the MAC in the first six bytes and zeros after it. Netdevs
@@ -143,8 +145,8 @@ pub fn render(dev: &Device) -> Vec<(String, String)> {
     f.extend([
         (format!("{d}/uiw/format"), UIW_FORMAT.into()),
         (format!("{d}/uiw/netdev"), nd.name.clone()),
-        // What carries the streams (`uiw up --transport`); only the kernel's TCP so far.
-        (format!("{d}/uiw/transport"), "tcp".into()),
+        // What carries the streams (`uiw up --transport`): the provider reads it.
+        (format!("{d}/uiw/transport"), dev.transport.clone()),
         (format!("{d}/uiw/mtu"), nd.mtu.to_string()),
         (format!("{d}/uiw/ifindex"), nd.ifindex.to_string()),
         (format!("{d}/uiw/mac"), mac),

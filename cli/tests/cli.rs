@@ -555,11 +555,13 @@ fn help_and_usage() {
 }
 
 /// `uiw up --transport xdp|packet`: bad values and missing --netdev are usage errors; without
-/// the privileges the transport needs it says which and suggests tcp; with them it refuses
-/// with EOPNOTSUPP, since the provider cannot use it yet. Nothing is published either way.
+/// the privileges the transport needs it says which and suggests tcp (nothing is published
+/// either way). With them the device is published with its transport in `uiw/transport`
+/// (what the provider reads), kept by a refreshing `up`, shown by `show`, and a later `up`
+/// naming the device without --transport puts it back on tcp.
 #[test]
-fn raw_transports_are_refused_clearly() {
-    let e = Env::new("transport");
+fn raw_transports_are_checked_and_recorded() {
+    let mut e = Env::new("transport");
     let o = e.run(&["up", "--transport", "rdma"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("say tcp, packet or xdp"));
@@ -574,10 +576,6 @@ fn raw_transports_are_refused_clearly() {
         return;
     }
     for t in ["xdp", "packet"] {
-        let o = e.run(&["up", "--transport", t, "--netdev", "eth9"]);
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(1), "{err}");
-        assert!(err.contains(&format!("--transport {t}: not supported yet (EOPNOTSUPP)")) && err.contains("use --transport tcp"), "{err}");
         let o = Command::new("setpriv")
             .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", UIW, "up", "--transport", t, "--netdev", "eth9"])
             .env("UIW_STATE_DIR", e.state())
@@ -588,6 +586,24 @@ fn raw_transports_are_refused_clearly() {
         assert!(err.contains(&format!("--transport {t}: needs CAP_NET_RAW")) && err.contains("use --transport tcp"), "{err}");
     }
     assert!(!e.state().exists(), "refusals publish nothing");
+    // An Ethernet-like netdev faked through UIW_HOST_SYSFS.
+    e.fake_host(false);
+    let n = e.host.clone().unwrap().join("class/net/dummy9");
+    fs::create_dir_all(&n).unwrap();
+    for (f, v) in [("address", "02:00:00:00:00:09"), ("mtu", "1500"), ("ifindex", "99"), ("flags", "0x1003"), ("carrier", "1")] {
+        fs::write(n.join(f), format!("{v}\n")).unwrap();
+    }
+    let transport = |e: &Env| fs::read_to_string(e.state().join("sysfs/class/infiniband/uiw_dummy9/uiw/transport")).unwrap();
+    for t in ["xdp", "packet"] {
+        e.ok(&["up", "--transport", t, "--netdev", "dummy9"]);
+        assert_eq!(transport(&e), format!("{t}\n"));
+        assert_eq!(e.ok(&["show"]), format!("link uiw_dummy9/1 state ACTIVE physical_state LINK_UP netdev dummy9 transport {t}\n"));
+        e.ok(&["up"]);
+        assert_eq!(transport(&e), format!("{t}\n"), "a refreshing up keeps the transport");
+    }
+    e.ok(&["up", "--netdev", "dummy9"]);
+    assert_eq!(transport(&e), "tcp\n");
+    e.ok(&["down"]);
 }
 
 // ---------------------------------------------------------------------------

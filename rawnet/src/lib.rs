@@ -22,10 +22,12 @@
 
 pub mod afpacket;
 pub mod ebpf;
+pub mod eventfd;
 pub mod guard;
 pub mod host;
 pub mod iface;
 pub mod neigh;
+pub mod nonblock;
 pub mod netns;
 pub mod probe;
 pub mod stream;

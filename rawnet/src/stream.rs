@@ -1,8 +1,8 @@
 //! A raw-frame transport with the shape of the kernel's: `connect`/`listen`/`accept` giving
 //! streams that implement `std::io::Read` and `Write`, a progress thread that keeps the TCP
-//! running (ACKs, retransmissions, passive opens) while nobody reads or writes. This is the
-//! piece a transport interface in the engine would hold for a `--transport xdp|packet`
-//! device; it is built on the public `Host`/`Stack` API only.
+//! running (ACKs, retransmissions, passive opens) while nobody reads or writes. The
+//! provider's `--transport xdp|packet` devices hold one per netdev and use its streams
+//! without blocking ([`crate::nonblock`]); it is built on the public `Host`/`Stack` API only.
 //!
 //! One lock guards the host. Readers and writers take it, do their turn of the stack
 //! (`Host::poll`) themselves — an application thread waiting for data polls the rings
@@ -10,9 +10,10 @@
 //! turn that moved something; the progress thread sleeps in poll(2) on the socket, outside
 //! the lock, bounded by the stack's next timer.
 
+use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -20,32 +21,42 @@ use std::time::{Duration, Instant};
 use uiw_utcp::{Config, Handle, StackConfig, State};
 
 use crate::afpacket::PacketSocket;
+use crate::eventfd::EventFd;
+use crate::nonblock::Watch;
 use crate::guard::RstGuard;
 use crate::probe::Kind;
 use crate::xdp::XskSocket;
 use crate::{neigh, FrameIo, Host, Iface};
 
-type Dyn = Host<Box<dyn FrameIo>>;
+pub(crate) type Dyn = Host<Box<dyn FrameIo>>;
 
-struct Shared {
-    host: Mutex<Dyn>,
+pub(crate) struct Shared {
+    pub(crate) host: Mutex<Dyn>,
     /// Connections whose stream was dropped: removed from the stack once CLOSED (lock
     /// order: `host`, then `orphans`).
     orphans: Mutex<Vec<Handle>>,
     moved: Condvar,
     stop: AtomicBool,
     fd: i32,
+    /// Streams used without blocking (see [`crate::nonblock`]): what their readiness
+    /// descriptor waits for (lock order: `host`, then `watches`).
+    pub(crate) watches: Mutex<HashMap<Handle, Watch>>,
+    /// The non-blocking listener's readiness descriptor, if one was made.
+    pub(crate) listen_ev: Mutex<Option<Arc<EventFd>>>,
+    /// The port range steered to this transport (local ports of connections it opens).
+    pub(crate) ports: (u16, u16),
+    pub(crate) next_port: AtomicU32,
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Dyn> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Dyn> {
         self.host.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 /// A userspace TCP on one interface, with its progress thread.
 pub struct Transport {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
     progress: Option<JoinHandle<()>>,
     kind: &'static str,
     _guard: RstGuard,
@@ -72,7 +83,18 @@ impl Transport {
         let name = io.kind();
         let fd = io.fd();
         let cfg = StackConfig { mac: iface.mac, ip: iface.ip, mtu: iface.mtu, tcp, seed: seed() };
-        let shared = Arc::new(Shared { host: Mutex::new(Host::new(cfg, io)), orphans: Mutex::new(Vec::new()), moved: Condvar::new(), stop: AtomicBool::new(false), fd });
+        let first = seed() as u32;
+        let shared = Arc::new(Shared {
+            host: Mutex::new(Host::new(cfg, io)),
+            orphans: Mutex::new(Vec::new()),
+            moved: Condvar::new(),
+            stop: AtomicBool::new(false),
+            fd,
+            watches: Mutex::new(HashMap::new()),
+            listen_ev: Mutex::new(None),
+            ports,
+            next_port: AtomicU32::new(first),
+        });
         let s = shared.clone();
         let progress = std::thread::Builder::new().name("uiw-rawnet".into()).spawn(move || progress(s))?;
         Ok(Transport { shared, progress: Some(progress), kind: name, _guard: guard })
@@ -94,7 +116,7 @@ impl Transport {
         let mut host = self.shared.lock();
         loop {
             if let Some(h) = host.stack.accept() {
-                return Ok(RawStream { shared: self.shared.clone(), h, timeout: None });
+                return Ok(RawStream { shared: self.shared.clone(), h, timeout: None, ev: None });
             }
             host = self.wait(host, end)?;
         }
@@ -114,7 +136,7 @@ impl Transport {
         loop {
             host.poll(64)?;
             match host.stack.tcb(h).map(|t| t.state()) {
-                Some(State::Established) => return Ok(RawStream { shared: self.shared.clone(), h, timeout: None }),
+                Some(State::Established) => return Ok(RawStream { shared: self.shared.clone(), h, timeout: None, ev: None }),
                 Some(State::SynSent) => {}
                 _ => {
                     host.stack.remove(h);
@@ -172,6 +194,7 @@ fn progress(s: Arc<Shared>) {
                 _ => true,
             });
             drop(orphans);
+            crate::nonblock::notify(&mut host, &s);
             (moved, host.stack.poll_timeout())
         };
         s.moved.notify_all();
@@ -192,9 +215,17 @@ fn progress(s: Arc<Shared>) {
 
 /// One connection; `Read`/`Write` block (up to the timeout, if set) like a TCP socket's.
 pub struct RawStream {
-    shared: Arc<Shared>,
-    h: Handle,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) h: Handle,
     timeout: Option<Duration>,
+    /// Readiness descriptor of a stream used without blocking (see [`crate::nonblock`]).
+    pub(crate) ev: Option<Arc<EventFd>>,
+}
+
+impl RawStream {
+    pub(crate) fn nonblocking(shared: Arc<Shared>, h: Handle, ev: Arc<EventFd>) -> RawStream {
+        RawStream { shared, h, timeout: None, ev: Some(ev) }
+    }
 }
 
 impl RawStream {
@@ -292,5 +323,8 @@ impl Drop for RawStream {
             t.close();
         }
         self.shared.orphans.lock().unwrap_or_else(|p| p.into_inner()).push(self.h);
+        if self.ev.is_some() {
+            self.shared.watches.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.h);
+        }
     }
 }

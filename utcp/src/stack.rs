@@ -132,6 +132,12 @@ impl Stack {
         None
     }
 
+    /// Whether a connection may be waiting for [`Stack::accept`] (a readiness hint: the
+    /// queue may still hold connections removed since).
+    pub fn acceptable(&self) -> bool {
+        !self.accept_q.is_empty()
+    }
+
     /// Open a connection from `local_port` to `remote`. The remote's MAC must be known
     /// (`set_neighbour`) before anything is sent.
     pub fn connect(&mut self, local_port: u16, remote: SocketAddrV4) -> Handle {

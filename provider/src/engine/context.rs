@@ -10,16 +10,17 @@ use parking_lot::Mutex;
 
 use super::debug;
 use super::cm::CmConn;
-use super::cq::{Cq, CqObj, PolledQp};
+use super::cq::{CqObj, PolledQp};
 use super::datapath::DataPath;
-use super::device::DeviceInfo;
+use super::device::{DeviceInfo, TransportKind};
 use super::error::{Error, Result};
 use super::events::{AsyncSink, ChannelSink};
 use super::limits::DeviceLimits;
 use super::mr::MrTable;
-use super::net::{Endpoint, Net};
+use super::net::{AcquireError, Endpoint, Net};
 use super::qp::{Qp, QpInner, QpSpec};
 use super::qp_state;
+use super::transport::kernel::KernelStream;
 use super::srq::{Srq, SrqObj};
 use super::user_memory::UserMemory;
 
@@ -74,10 +75,13 @@ impl Context {
         if let Some(net) = n.as_ref() {
             return Ok(net.clone());
         }
-        let addrs: Vec<std::net::Ipv4Addr> = self.device.gids.iter().filter_map(super::device::gid_ipv4).collect();
-        let net = Net::acquire(self.user_mem, &addrs).map_err(|e| {
+        let net = Net::acquire(self.user_mem, &self.device).map_err(|e| {
             eprintln!("uiw: cannot create a QP: {e}");
-            Error::NoTransport
+            match e {
+                AcquireError::Start(_) => Error::NoTransport,
+                // Its errno (EPERM without the privileges, ENODEV for a netdev gone).
+                AcquireError::Raw(_, e) => Error::Io(e),
+            }
         })?;
         *n = Some(net.clone());
         Ok(net)
@@ -86,8 +90,12 @@ impl Context {
     /// `uiw_cm_passive_v1`: a stream the librdmacm drop-in accepted; its MPA Request is
     /// reported through `cm`.
     pub fn cm_passive(&self, sock: TcpStream, cm: Arc<CmConn>) -> Result<()> {
+        if self.device.transport != TransportKind::Tcp {
+            super::transport::cm_refused(&self.device);
+            return Err(Error::NotSupported);
+        }
         let net = self.net()?;
-        Ok(net.cm_passive(sock, cm)?)
+        Ok(net.cm_passive(Box::new(KernelStream::prepare(sock)?), cm)?)
     }
 
     // ---- protection domains ----
@@ -155,21 +163,7 @@ impl Context {
             return Err(Error::Exhausted);
         }
         c.cqs += 1;
-        Ok(Arc::new(CqObj {
-            handle: AtomicU64::new(0),
-            q: Mutex::new(Cq::new(cqe as usize)),
-            channel,
-            async_sink: self.async_sink.clone(),
-            comp_events_reported: AtomicU32::new(0),
-            async_events_reported: AtomicU32::new(0),
-            users: AtomicU32::new(0),
-            qps: Mutex::new(Vec::new()),
-            renew_at: AtomicU64::new(0),
-            deferred: std::sync::atomic::AtomicBool::new(false),
-            polls: AtomicU64::new(0),
-            empty_since: AtomicU64::new(0),
-            polled_at: AtomicU64::new(0),
-        }))
+        Ok(Arc::new(CqObj::new(cqe as usize, channel, self.async_sink.clone())))
     }
 
     pub fn destroy_cq(&self, cq: &CqObj) -> Result<()> {
@@ -294,7 +288,7 @@ impl Context {
         {
             let mut inner = qp.inner.lock();
             if let Some(l) = inner.dp.link.as_ref() {
-                qp.unwatch_link(&l.sock);
+                qp.unwatch_link(&*l.stream);
             }
             qp.sync_stats(&mut inner);
             let env = qp.env(inner.attrs.qp_access_flags);

@@ -209,6 +209,25 @@ pub struct CqObj {
 }
 
 impl CqObj {
+    /// A CQ of `capacity` entries, its events to `channel` (if any) and `async_sink`.
+    pub fn new(capacity: usize, channel: Option<Arc<ChannelSink>>, async_sink: Arc<AsyncSink>) -> CqObj {
+        CqObj {
+            handle: AtomicU64::new(0),
+            q: Mutex::new(Cq::new(capacity)),
+            channel,
+            async_sink,
+            comp_events_reported: AtomicU32::new(0),
+            async_events_reported: AtomicU32::new(0),
+            users: AtomicU32::new(0),
+            qps: Mutex::new(Vec::new()),
+            renew_at: AtomicU64::new(0),
+            deferred: AtomicBool::new(false),
+            polls: AtomicU64::new(0),
+            empty_since: AtomicU64::new(0),
+            polled_at: AtomicU64::new(0),
+        }
+    }
+
     /// Completion events the application read for this CQ (what its destroy waits to see
     /// acked); unread ones are taken back from the channel.
     pub fn comp_events_to_ack(&self) -> u32 {

@@ -13,6 +13,37 @@ pub const IBV_MTU_4096: u32 = 5;
 pub const IB_SPEED_SDR: u8 = 1;
 pub const IB_WIDTH_1X: u8 = 1;
 
+/// What carries a device's streams (`uiw up --transport`, published as `uiw/transport`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportKind {
+    /// The kernel's TCP sockets.
+    Tcp,
+    /// uiw's userspace TCP over AF_XDP on the netdev.
+    Xdp,
+    /// uiw's userspace TCP over AF_PACKET on the netdev.
+    Packet,
+}
+
+impl TransportKind {
+    /// The published name; an absent or unknown one reads as `tcp` (trees from before
+    /// `--transport`).
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportKind::Tcp => "tcp",
+            TransportKind::Xdp => "xdp",
+            TransportKind::Packet => "packet",
+        }
+    }
+
+    pub fn parse(s: &str) -> TransportKind {
+        match s.trim() {
+            "xdp" => TransportKind::Xdp,
+            "packet" => TransportKind::Packet,
+            _ => TransportKind::Tcp,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {
     /// `uiw_<netdev>`.
@@ -36,6 +67,8 @@ pub struct DeviceInfo {
     /// reads as 1X SDR, the kernel's answer for a netdev without a speed (lo).
     pub active_speed: u8,
     pub active_width: u8,
+    /// What carries its QPs' streams (`uiw/transport`).
+    pub transport: TransportKind,
 }
 
 impl DeviceInfo {
@@ -72,7 +105,19 @@ impl DeviceInfo {
         let enum_file = |rel: &str| read(rel).ok().and_then(|v| v.parse::<u8>().ok()).filter(|&v| v != 0);
         let active_speed = enum_file("uiw/active_speed").unwrap_or(IB_SPEED_SDR);
         let active_width = enum_file("uiw/active_width").unwrap_or(IB_WIDTH_1X);
-        Ok(DeviceInfo { name, netdev, node_guid, gids, netdev_mtu, gid_tbl_len, active_speed, active_width, ibdev_path: ibdev_path.to_path_buf() })
+        let transport = read("uiw/transport").map(|t| TransportKind::parse(&t)).unwrap_or(TransportKind::Tcp);
+        Ok(DeviceInfo {
+            name,
+            netdev,
+            node_guid,
+            gids,
+            netdev_mtu,
+            gid_tbl_len,
+            active_speed,
+            active_width,
+            transport,
+            ibdev_path: ibdev_path.to_path_buf(),
+        })
     }
 
     /// `ibv_port_attr.active_mtu`: the largest IB MTU that fits the netdev MTU, as siw reports.

@@ -18,6 +18,9 @@ pub enum Error {
     Busy,
     /// The process's transport could not start: no free port for QP numbers (`EADDRINUSE`).
     NoTransport,
+    /// Not available on this device yet (`EOPNOTSUPP`): rdma_cm on a device whose streams
+    /// go over a raw-frame transport.
+    NotSupported,
     /// A socket operation failed (its errno, or `EIO`).
     Io(io::Error),
     /// `ibv_create_qp` refused (`CreateError` says which errno).
@@ -39,6 +42,7 @@ impl fmt::Display for Error {
             Error::Exhausted => f.write_str("device limit reached"),
             Error::Busy => f.write_str("object still in use"),
             Error::NoTransport => f.write_str("no free TCP port for QP numbers"),
+            Error::NotSupported => f.write_str("not supported on this device yet"),
             Error::Io(e) => write!(f, "{e}"),
             Error::Create(e) => write!(f, "{e}"),
         }

@@ -3,7 +3,8 @@
 //!
 //! Imports go one way, from the top of this list to the bottom: `context` (the verbs objects
 //! of one device context) → `qp` → `net` (listener, progress thread) → `datapath` (a QP's work
-//! requests and stream: `rx`, `tx`) and `cm` → `transport` (sockets, addressing) → `cq`, `srq`,
+//! requests and stream: `rx`, `tx`) and `cm` → `transport` (the `Stream`/`Connector` seam and
+//! its implementations, addressing) → `cq`, `srq`,
 //! `mr`, `wr`, `events`, `lease`, `clock`, `user_memory`, `error` and the pure tables (`access`, `limits`,
 //! `qp_state`, `device`). The progress thread and the CQs know QPs only through the traits
 //! [`net::Endpoint`] and [`cq::PolledQp`], rdma_cm through [`cm::CmQp`].

@@ -3,8 +3,8 @@
 //! into libibverbs still places data and answers Reads). Addressing: see [`super::transport`].
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::io::{self, Read, Write};
-use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
+use std::io::{self, Write};
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,8 +16,11 @@ use uiw_kabi::sys::{Epoll, EPOLL_IN, EPOLL_SOCKET_EDGE};
 use uiw_wire::conn::{Connection, Role};
 
 use super::cm::{CmConn, CmStatus};
+use super::device::{gid_ipv4, DeviceInfo, TransportKind};
 use super::lease::{Arming, Check};
-use super::transport::{config, now_ms, now_us, prepare, Closing, Pending, QpHello, DEFAULT_PORT_BASE, INDEXES, SLOTS};
+use super::transport::kernel::KernelTcp;
+use super::transport::raw::RawTcp;
+use super::transport::{config, now_ms, now_us, Closing, Connector, Listener, Pending, QpHello, Stream, DEFAULT_PORT_BASE, INDEXES, SLOTS};
 use super::user_memory::UserMemory;
 
 /// What the progress thread made of a QP.
@@ -62,7 +65,7 @@ const LINGER_MS: u64 = 2_000;
 
 /// A failed QP's stream on its way out (see [`Net::linger`]).
 struct Lingering {
-    sock: TcpStream,
+    stream: Box<dyn Stream>,
     bytes: Vec<u8>,
     sent: usize,
     fin: bool,
@@ -87,7 +90,7 @@ pub struct Net {
     epoll: Epoll,
     /// One listening socket per address of the published devices (all on the port of our
     /// slot), or one on 0.0.0.0 when no device has an IPv4 address.
-    listeners: Mutex<Vec<(Ipv4Addr, TcpListener)>>,
+    listeners: Mutex<Vec<(Ipv4Addr, Box<dyn Listener>)>>,
     /// `accept` ran out of file descriptors: the listeners are out of the epoll set until
     /// then (engine ms; 0: not paused), so that a readable listener cannot spin the thread.
     accept_paused_until: AtomicU64,
@@ -108,8 +111,31 @@ pub struct Net {
     leased: Mutex<HashSet<u32>>,
     /// A lease was claimed: the progress thread must take its deadline.
     lease_news: AtomicBool,
+    /// The kernel's TCP: what `--transport tcp` devices' QPs connect over.
+    kernel: Arc<dyn Connector>,
+    /// The raw-frame transports of `--transport xdp|packet` devices, by netdev.
+    raw: Mutex<HashMap<String, Arc<dyn Connector>>>,
     stop: AtomicBool,
     waker: (UnixStream, UnixStream),
+}
+
+/// Why [`Net::acquire`] failed.
+#[derive(Debug)]
+pub enum AcquireError {
+    /// No listening port or progress thread for QP numbers (`EADDRINUSE`, say).
+    Start(String),
+    /// The device's raw-frame transport could not be opened on its netdev (privileges,
+    /// interface, nftables): what to tell, and the error.
+    Raw(String, io::Error),
+}
+
+impl std::fmt::Display for AcquireError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AcquireError::Start(s) => f.write_str(s),
+            AcquireError::Raw(s, e) => write!(f, "{s}: {e}"),
+        }
+    }
 }
 
 /// The running transport and how many device contexts use it.
@@ -165,16 +191,29 @@ impl Net {
     /// `addrs`: the IPv4 addresses of the user's device, which the listener binds (never
     /// 0.0.0.0 while a device has an address: only a peer that can reach the published
     /// address can reach a QP).
-    pub fn acquire(user_mem: &'static dyn UserMemory, addrs: &[Ipv4Addr]) -> Result<Arc<Net>, String> {
+    ///
+    /// A device whose streams go over a raw-frame transport gets that transport (opened on
+    /// its netdev, listening on our slot's port at its address); the kernel listener then
+    /// only reserves the slot's port, on 127.0.0.1 (on the netdev's address it would answer
+    /// the SYNs that are the raw transport's).
+    pub fn acquire(user_mem: &'static dyn UserMemory, device: &DeviceInfo) -> Result<Arc<Net>, AcquireError> {
+        let addrs: Vec<Ipv4Addr> = match device.transport {
+            TransportKind::Tcp => device.gids.iter().filter_map(gid_ipv4).collect(),
+            TransportKind::Xdp | TransportKind::Packet => vec![Ipv4Addr::LOCALHOST],
+        };
+        let addrs = &addrs[..];
         let mut g = NET.lock();
         if let Some(r) = g.as_mut() {
+            r.net.attach_raw(device)?;
             r.users += 1;
             r.net.listen_on(addrs);
             return Ok(r.net.clone());
         }
-        let net = Arc::new(Net::start(user_mem, addrs)?);
+        let net = Arc::new(Net::start(user_mem, addrs).map_err(AcquireError::Start)?);
+        net.attach_raw(device)?;
         let n = net.clone();
-        let thread = std::thread::Builder::new().name("uiw-progress".into()).spawn(move || n.run()).map_err(|e| e.to_string())?;
+        let thread =
+            std::thread::Builder::new().name("uiw-progress".into()).spawn(move || n.run()).map_err(|e| AcquireError::Start(e.to_string()))?;
         *g = Some(Running { net: net.clone(), users: 1, thread: Some(thread) });
         Ok(net)
     }
@@ -213,8 +252,8 @@ impl Net {
                 break;
             };
             // The slot is ours if its port is free on every address.
-            let ls: Result<Vec<(Ipv4Addr, TcpListener)>, _> =
-                want.iter().map(|a| TcpListener::bind(SocketAddrV4::new(*a, port)).map(|l| (*a, l))).collect();
+            let ls: Result<Vec<(Ipv4Addr, Box<dyn Listener>)>, _> =
+                want.iter().map(|a| KernelTcp.listen(SocketAddrV4::new(*a, port)).map(|l| (*a, l))).collect();
             if let Ok(ls) = ls {
                 bound = Some((ls, slot));
                 break;
@@ -224,8 +263,7 @@ impl Net {
             bound.ok_or_else(|| format!("no free TCP port in {base}..{} for QP numbers (set UIW_PORT_BASE)", u32::from(base) + SLOTS))?;
         let epoll = Epoll::new().map_err(|e| e.to_string())?;
         for (_, l) in &listeners {
-            l.set_nonblocking(true).map_err(|e| e.to_string())?;
-            epoll.add(l.as_raw_fd(), TOKEN_LISTENER, EPOLL_IN).map_err(|e| e.to_string())?;
+            epoll.add(l.readiness(), TOKEN_LISTENER, EPOLL_IN).map_err(|e| e.to_string())?;
         }
         let waker = UnixStream::pair().map_err(|e| e.to_string())?;
         epoll.add(waker.1.as_raw_fd(), TOKEN_WAKE, EPOLL_IN).map_err(|e| e.to_string())?;
@@ -243,6 +281,8 @@ impl Net {
             user_mem,
             leased: Mutex::new(HashSet::new()),
             lease_news: AtomicBool::new(false),
+            kernel: Arc::new(KernelTcp),
+            raw: Mutex::new(HashMap::new()),
             stop: AtomicBool::new(false),
             waker,
         })
@@ -275,9 +315,44 @@ impl Net {
         self.qps.read().get(&qpn)?.upgrade()
     }
 
+    /// What opens the streams of `device`'s QPs.
+    pub fn connector(&self, device: &DeviceInfo) -> Arc<dyn Connector> {
+        match device.transport {
+            TransportKind::Tcp => self.kernel.clone(),
+            _ => self.raw.lock().get(&device.netdev).cloned().unwrap_or_else(|| self.kernel.clone()),
+        }
+    }
+
+    /// Opens `device`'s raw-frame transport (once per netdev) and listens on it for QP
+    /// streams, on our slot's port at the netdev's address.
+    fn attach_raw(&self, device: &DeviceInfo) -> Result<(), AcquireError> {
+        let kind = match device.transport {
+            TransportKind::Tcp => return Ok(()),
+            TransportKind::Xdp => uiw_rawnet::probe::Kind::Xdp,
+            TransportKind::Packet => uiw_rawnet::probe::Kind::Packet,
+        };
+        let mut raw = self.raw.lock();
+        if raw.contains_key(&device.netdev) {
+            return Ok(());
+        }
+        let hi = (u32::from(self.port_base) + SLOTS - 1).min(0xffff) as u16;
+        let t = RawTcp::open(&device.netdev, kind, (self.port_base, hi))
+            .map_err(|e| AcquireError::Raw(format!("{}: cannot open the {kind} transport on {}", device.name, device.netdev), e))?;
+        let port = self.port_base + self.slot as u16;
+        let ip = device.gids.iter().find_map(gid_ipv4).unwrap_or(Ipv4Addr::UNSPECIFIED);
+        let l = t.listen(SocketAddrV4::new(ip, port)).map_err(|e| AcquireError::Raw(format!("{}: cannot listen on {ip}:{port} over {kind}", device.name), e))?;
+        if self.accept_paused_until.load(Ordering::Acquire) == 0 {
+            self.epoll.add(l.readiness(), TOKEN_LISTENER, EPOLL_IN).map_err(|e| AcquireError::Raw(format!("{}: epoll", device.name), e))?;
+        }
+        self.listeners.lock().push((ip, l));
+        crate::uiw_log!(Info, "{}: QP streams go over uiw's TCP on {} ({}), port {port}", device.name, device.netdev, t.driver());
+        raw.insert(device.netdev.clone(), Arc::new(t));
+        Ok(())
+    }
+
     /// Starts serving a QP's stream on the progress thread.
-    pub fn watch(&self, sock: &TcpStream, qpn: u32) -> io::Result<()> {
-        let fd = sock.as_raw_fd();
+    pub fn watch(&self, stream: &dyn Stream, qpn: u32) -> io::Result<()> {
+        let fd = stream.readiness();
         self.epoll
             .add(fd, KIND_QP | u64::from(qpn), EPOLL_SOCKET_EDGE)
             .or_else(|_| self.epoll.modify(fd, KIND_QP | u64::from(qpn), EPOLL_SOCKET_EDGE))?;
@@ -286,8 +361,8 @@ impl Net {
         Ok(())
     }
 
-    pub fn unwatch(&self, sock: &TcpStream) {
-        let _ = self.epoll.delete(sock.as_raw_fd());
+    pub fn unwatch(&self, stream: &dyn Stream) {
+        let _ = self.epoll.delete(stream.readiness());
     }
 
     /// A lease transition of QP `qpn` (called under its lease lock): its socket leaves the
@@ -424,11 +499,22 @@ impl Net {
         if let Some(mut l) = self.listeners.try_lock() {
             l.clear();
         }
+        // A raw transport's progress thread is the parent's: dropping it would join a thread
+        // that does not exist here.
+        if let Some(mut r) = self.raw.try_lock() {
+            for (_, t) in r.drain() {
+                std::mem::forget(t);
+            }
+        }
         if let Some(mut p) = self.pending.try_lock() {
-            p.clear();
+            for (_, (p, _)) in p.drain() {
+                p.stream.abandon();
+            }
         }
         if let Some(mut c) = self.closing.try_lock() {
-            c.clear();
+            for (_, l) in c.drain() {
+                l.stream.abandon();
+            }
         }
         let qps: Vec<Arc<dyn Endpoint>> = match self.qps.try_read() {
             Some(q) => q.values().filter_map(Weak::upgrade).collect(),
@@ -451,11 +537,10 @@ impl Net {
             if ls.iter().any(|(b, _)| b == a) {
                 continue;
             }
-            match TcpListener::bind(SocketAddrV4::new(*a, port)) {
+            match KernelTcp.listen(SocketAddrV4::new(*a, port)) {
                 Ok(l) => {
-                    let _ = l.set_nonblocking(true);
                     if self.accept_paused_until.load(Ordering::Acquire) == 0 {
-                        let _ = self.epoll.add(l.as_raw_fd(), TOKEN_LISTENER, EPOLL_IN);
+                        let _ = self.epoll.add(l.readiness(), TOKEN_LISTENER, EPOLL_IN);
                     }
                     ls.push((*a, l));
                 }
@@ -470,7 +555,7 @@ impl Net {
         for (_, l) in self.listeners.lock().iter() {
             loop {
                 match l.accept() {
-                    Ok((sock, _)) => accepted.push(sock),
+                    Ok(stream) => accepted.push(stream),
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     // Out of descriptors (or memory): the connection stays in the backlog and
                     // the listener readable; looking again at once would spin.
@@ -487,15 +572,14 @@ impl Net {
         if exhausted {
             self.pause_accepting();
         }
-        for sock in accepted {
-            let Ok(mss) = prepare(&sock) else { continue };
-            let conn = Connection::new(config(Role::Responder, 0, 0, Vec::new(), mss), now_ms());
+        for stream in accepted {
+            let conn = Connection::new(config(Role::Responder, 0, 0, Vec::new(), stream.mss()), now_ms());
             let id = self.next_pending.fetch_add(1, Ordering::Relaxed);
-            if self.epoll.add(sock.as_raw_fd(), KIND_PENDING | id, EPOLL_SOCKET_EDGE).is_err() {
+            if self.epoll.add(stream.readiness(), KIND_PENDING | id, EPOLL_SOCKET_EDGE).is_err() {
                 continue;
             }
             self.make_room();
-            self.pending.lock().insert(id, (Pending::new(conn, sock), None));
+            self.pending.lock().insert(id, (Pending::new(conn, stream), None));
             self.serve_pending(id);
         }
     }
@@ -506,7 +590,7 @@ impl Net {
     fn pause_accepting(&self) {
         crate::uiw_log!(Warn, "out of file descriptors: not accepting QP connections for {ACCEPT_PAUSE_MS} ms");
         for (_, l) in self.listeners.lock().iter() {
-            let _ = self.epoll.delete(l.as_raw_fd());
+            let _ = self.epoll.delete(l.readiness());
         }
         self.accept_paused_until.store(now_ms() + ACCEPT_PAUSE_MS, Ordering::Release);
         self.drop_oldest_pending();
@@ -518,7 +602,7 @@ impl Net {
         let oldest = pending.iter().filter(|(_, (_, cm))| cm.is_none()).map(|(id, _)| *id).min();
         if let Some(id) = oldest {
             if let Some((p, _)) = pending.remove(&id) {
-                self.unwatch(&p.sock);
+                self.unwatch(&*p.stream);
             }
         }
     }
@@ -533,12 +617,11 @@ impl Net {
     }
 
     /// A stream the librdmacm drop-in accepted: wait for its MPA Request, then report it.
-    pub fn cm_passive(&self, sock: TcpStream, cm: Arc<CmConn>) -> io::Result<()> {
-        let mss = prepare(&sock)?;
-        let conn = Connection::new(config(Role::Responder, 0, 0, Vec::new(), mss), now_ms());
+    pub fn cm_passive(&self, stream: Box<dyn Stream>, cm: Arc<CmConn>) -> io::Result<()> {
+        let conn = Connection::new(config(Role::Responder, 0, 0, Vec::new(), stream.mss()), now_ms());
         let id = self.next_pending.fetch_add(1, Ordering::Relaxed);
-        let fd = sock.as_raw_fd();
-        self.pending.lock().insert(id, (Pending::new(conn, sock), Some(cm)));
+        let fd = stream.readiness();
+        self.pending.lock().insert(id, (Pending::new(conn, stream), Some(cm)));
         if let Err(e) = self.epoll.add(fd, KIND_PENDING | id, EPOLL_SOCKET_EDGE) {
             self.pending.lock().remove(&id);
             return Err(e);
@@ -556,7 +639,7 @@ impl Net {
                 self.pending.lock().insert(id, (p, cm));
             }
             Some(Err(())) => {
-                self.unwatch(&p.sock);
+                self.unwatch(&*p.stream);
                 if let Some(cm) = &cm {
                     cm.ended(CmStatus::Reset);
                 }
@@ -570,12 +653,12 @@ impl Net {
             Some(Ok(req)) => match QpHello::parse(&req.private_data).and_then(|h| self.lookup(h.to_qpn).map(|q| (h, q))) {
                 Some((hello, qp)) => {
                     if let Err(p) = qp.offer(self, hello, p) {
-                        self.unwatch(&p.sock);
+                        self.unwatch(&*p.stream);
                         self.linger(p.rejected(&[]));
                     }
                 }
                 None => {
-                    self.unwatch(&p.sock);
+                    self.unwatch(&*p.stream);
                     self.linger(p.rejected(&[]));
                 }
             },
@@ -588,8 +671,8 @@ impl Net {
     /// reset the connection and could destroy the Terminate in flight) or [`LINGER_MS`].
     pub fn linger(&self, c: Closing) {
         let id = self.next_pending.fetch_add(1, Ordering::Relaxed);
-        let fd = c.sock.as_raw_fd();
-        let l = Lingering { sock: c.sock, bytes: c.bytes, sent: 0, fin: false, deadline: now_ms() + LINGER_MS };
+        let fd = c.stream.readiness();
+        let l = Lingering { stream: c.stream, bytes: c.bytes, sent: 0, fin: false, deadline: now_ms() + LINGER_MS };
         self.closing.lock().insert(id, l);
         if self.epoll.add(fd, KIND_CLOSING | id, EPOLL_SOCKET_EDGE).is_err() {
             self.closing.lock().remove(&id);
@@ -605,7 +688,7 @@ impl Net {
         let Some(l) = closing.get_mut(&id) else { return };
         let done = loop {
             if l.sent < l.bytes.len() {
-                match (&l.sock).write(&l.bytes[l.sent..]) {
+                match l.stream.write(&l.bytes[l.sent..]) {
                     Ok(n) => {
                         l.sent += n;
                         continue;
@@ -617,10 +700,10 @@ impl Net {
             }
             if !l.fin {
                 l.fin = true;
-                let _ = l.sock.shutdown(std::net::Shutdown::Write);
+                l.stream.shutdown_write();
             }
             let mut b = [0u8; 4096];
-            match (&l.sock).read(&mut b) {
+            match l.stream.recv(&mut b) {
                 Ok(0) => break true,
                 Ok(_) => continue,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -630,7 +713,7 @@ impl Net {
         };
         if done {
             if let Some(l) = closing.remove(&id) {
-                let _ = self.epoll.delete(l.sock.as_raw_fd());
+                let _ = self.epoll.delete(l.stream.readiness());
             }
         }
     }
@@ -648,7 +731,7 @@ impl Net {
             if now >= paused {
                 self.accept_paused_until.store(0, Ordering::Release);
                 for (_, l) in self.listeners.lock().iter() {
-                    let _ = self.epoll.add(l.as_raw_fd(), TOKEN_LISTENER, EPOLL_IN);
+                    let _ = self.epoll.add(l.readiness(), TOKEN_LISTENER, EPOLL_IN);
                 }
             } else {
                 due(Some(paused));
@@ -681,7 +764,7 @@ impl Net {
             }
             for id in &expired {
                 if let Some((p, _)) = pending.remove(id) {
-                    self.unwatch(&p.sock);
+                    self.unwatch(&*p.stream);
                 }
             }
         }

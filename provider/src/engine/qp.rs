@@ -1,7 +1,6 @@
 //! A queue pair: its attributes and state (RC, `ibv_modify_qp`), its data path, the stream
 //! that carries it (opened at RTR or handed over by rdma_cm), and who drives it.
 
-use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -11,7 +10,7 @@ use uiw_wire::conn::{Connection, Role};
 use super::cm::{CmConn, CmQp, CmStatus};
 use super::cq::{CqObj, PolledQp, Poller};
 use super::datapath::{DataPath, Env, Fatal, Link, Notice};
-use super::device::{gid_ipv4, DeviceInfo};
+use super::device::{gid_ipv4, DeviceInfo, TransportKind};
 use super::error::{Error, Result};
 use super::events::{event_type, AsyncSink};
 use super::lease::{Arming, Check, Lease};
@@ -21,7 +20,8 @@ use super::net::{Endpoint, Net, Progress};
 use super::qp_state::{self, QpAttrs, QpState};
 use super::srq::SrqObj;
 use super::stats::QpStats;
-use super::transport::{config, is_initiator, now_ms, now_us, prepare, qp_address, Expected, Pending, QpHello, Verdict};
+use super::transport::kernel::KernelStream;
+use super::transport::{config, is_initiator, now_ms, now_us, qp_address, Expected, Pending, QpHello, Stream, Verdict};
 use super::wr::{PostError, RecvWqe, SendWqe};
 
 /// What `ibv_create_qp` asks for.
@@ -202,7 +202,7 @@ impl Qp {
             }
             QpState::Reset => {
                 if let Some(l) = inner.dp.link.as_ref() {
-                    self.unwatch_link(&l.sock);
+                    self.unwatch_link(&*l.stream);
                 }
                 inner.dp.reset();
                 self.drop_parked(&mut inner);
@@ -272,21 +272,19 @@ impl Qp {
         let Some(addr) = qp_address(remote, a.dest_qp_num, self.net.port_base) else {
             return Some(Fatal::Lost);
         };
-        let sock = match uiw_kabi::sys::tcp_connect_start(addr) {
+        let stream = match self.net.connector(&self.device).connect(addr) {
             Ok(s) => s,
             Err(e) => {
                 crate::uiw_log!(Warn, "{}: QP 0x{:06x}: cannot reach QP 0x{:06x} at {addr}: {e}", self.device.name, self.qpn, a.dest_qp_num);
                 return Some(Fatal::Lost);
             }
         };
-        let Ok(mss) = prepare(&sock) else {
-            return Some(Fatal::Lost);
-        };
+        let mss = stream.mss();
         let sq_psn = matches!(a.qp_state, QpState::Rts | QpState::Sqd).then_some(a.sq_psn);
         let hello = QpHello { to_qpn: a.dest_qp_num, from_qpn: self.qpn, rq_psn: a.rq_psn, sq_psn };
         let cfg = config(Role::Initiator, ird(&a), ord(&a), hello.encode(), mss);
-        let link = Link::new(Connection::new(cfg, now_ms()), sock);
-        if self.watch_link(&link.sock).is_err() {
+        let link = Link::new(Connection::new(cfg, now_ms()), stream);
+        if self.watch_link(&*link.stream).is_err() {
             return Some(Fatal::Lost);
         }
         inner.dp.link = Some(link);
@@ -295,7 +293,7 @@ impl Qp {
 
     /// Refuses a stream (MPA Reply with R=1, then FIN), without blocking.
     fn refuse(&self, p: Pending) {
-        self.net.unwatch(&p.sock);
+        self.net.unwatch(&*p.stream);
         self.net.linger(p.rejected(&[]));
     }
 
@@ -331,7 +329,7 @@ impl Qp {
             let (old, _) = inner.parked.remove(0);
             self.refuse(old);
         }
-        let _ = self.net.watch(&p.sock, self.qpn);
+        let _ = self.net.watch(&*p.stream, self.qpn);
         inner.parked.push((p, h));
     }
 
@@ -384,10 +382,10 @@ impl Qp {
         if p.conn.accept(ird(&a), ord(&a), &reply.encode(), now_ms()).is_err() {
             return Err(p);
         }
-        if self.watch_link(&p.sock).is_err() {
+        if self.watch_link(&*p.stream).is_err() {
             return Err(p);
         }
-        inner.dp.link = Some(Link::new(p.conn, p.sock));
+        inner.dp.link = Some(Link::new(p.conn, p.stream));
         Ok(())
     }
 
@@ -416,16 +414,16 @@ impl Qp {
     }
 
     /// The progress thread serves the stream's socket from now on (it is armed: not leased).
-    fn watch_link(&self, sock: &TcpStream) -> std::io::Result<()> {
-        self.net.watch(sock, self.qpn)?;
-        self.lease.attach(std::os::fd::AsRawFd::as_raw_fd(sock));
+    fn watch_link(&self, stream: &dyn Stream) -> std::io::Result<()> {
+        self.net.watch(stream, self.qpn)?;
+        self.lease.attach(stream.readiness());
         Ok(())
     }
 
     /// The stream's socket leaves the progress thread, and any lease on it ends.
-    pub(crate) fn unwatch_link(&self, sock: &TcpStream) {
+    pub(crate) fn unwatch_link(&self, stream: &dyn Stream) {
         self.lease.detach(|a| self.net.apply_arming(self.qpn, a));
-        self.net.unwatch(sock);
+        self.net.unwatch(stream);
     }
 
     fn pump_locked(&self, inner: &mut QpInner) -> Option<(bool, Option<Fatal>)> {
@@ -599,24 +597,28 @@ impl Qp {
         if p.conn.accept(ird, ord, private_data, now_ms()).is_err() {
             return Err(Error::Invalid);
         }
-        self.cm_attach(&mut inner, cm, Link::new(p.conn, p.sock))?;
+        self.cm_attach(&mut inner, cm, Link::new(p.conn, p.stream))?;
         self.serve_locked(inner);
         Ok(())
     }
 
     /// `rdma_connect`: MPA Request with `private_data` and our IRD/ORD on `sock` (connected or
     /// connecting); the QP (INIT or RTR) moves to RTS when the Reply accepts.
-    pub fn cm_connect(self: &Arc<Self>, cm: &Arc<CmConn>, sock: TcpStream, private_data: &[u8], ird: u16, ord: u16) -> Result<()> {
-        let r = self.cm_connect_unsettled(cm, sock, private_data, ird, ord);
+    pub fn cm_connect(self: &Arc<Self>, cm: &Arc<CmConn>, sock: std::net::TcpStream, private_data: &[u8], ird: u16, ord: u16) -> Result<()> {
+        if self.device.transport != TransportKind::Tcp {
+            super::transport::cm_refused(&self.device);
+            return Err(Error::NotSupported);
+        }
+        let stream: Box<dyn Stream> = Box::new(KernelStream::prepare(sock)?);
+        let r = self.cm_connect_unsettled(cm, stream, private_data, ird, ord);
         self.settle();
         r
     }
 
-    fn cm_connect_unsettled(self: &Arc<Self>, cm: &Arc<CmConn>, sock: TcpStream, private_data: &[u8], ird: u16, ord: u16) -> Result<()> {
+    fn cm_connect_unsettled(self: &Arc<Self>, cm: &Arc<CmConn>, stream: Box<dyn Stream>, private_data: &[u8], ird: u16, ord: u16) -> Result<()> {
         let mut inner = self.cm_ready(ird, ord)?;
-        let mss = prepare(&sock)?;
-        let cfg = config(Role::Initiator, ird, ord, private_data.to_vec(), mss);
-        self.cm_attach(&mut inner, cm, Link::new(Connection::new(cfg, now_ms()), sock))?;
+        let cfg = config(Role::Initiator, ird, ord, private_data.to_vec(), stream.mss());
+        self.cm_attach(&mut inner, cm, Link::new(Connection::new(cfg, now_ms()), stream))?;
         self.serve_locked(inner);
         Ok(())
     }
@@ -636,7 +638,7 @@ impl Qp {
     /// Gives the QP its rdma_cm stream: served by the progress thread, the QP in RTR until MPA
     /// completes (then RTS, see `after`).
     fn cm_attach(self: &Arc<Self>, inner: &mut QpInner, cm: &Arc<CmConn>, link: Link) -> Result<()> {
-        self.watch_link(&link.sock)?;
+        self.watch_link(&*link.stream)?;
         inner.cm = Some(cm.clone());
         *cm.qp.lock() = Some(Arc::downgrade(&(self.clone() as Arc<dyn CmQp>)));
         inner.attrs.qp_state = QpState::Rtr;
@@ -681,7 +683,7 @@ impl Qp {
     /// Closes the stream and flushes everything outstanding.
     fn stop_locked(&self, inner: &mut QpInner) {
         if let Some(l) = inner.dp.link.as_ref() {
-            self.unwatch_link(&l.sock);
+            self.unwatch_link(&*l.stream);
         }
         self.sync_stats(inner);
         // What `shutdown` completes as flushed: send WRs still queued or held, receives.
@@ -854,7 +856,7 @@ fn lease_enabled() -> bool {
 
 /// The IPv4 address a stream comes from (`None` for anything else).
 fn peer_ipv4(p: &Pending) -> Option<std::net::Ipv4Addr> {
-    match p.sock.peer_addr().ok()? {
+    match p.stream.peer()? {
         std::net::SocketAddr::V4(a) => Some(*a.ip()),
         std::net::SocketAddr::V6(a) => a.ip().to_ipv4_mapped(),
     }
@@ -900,8 +902,12 @@ impl Endpoint for Qp {
         // The child must not use the parent's QPs (rdma-core's fork rules): it only drops its
         // copies of the stream descriptors. Dropping a TcpStream closes; it never shuts down.
         if let Some(mut inner) = self.inner.try_lock() {
-            inner.dp.link = None;
-            inner.parked.clear();
+            if let Some(l) = inner.dp.link.take() {
+                l.stream.abandon();
+            }
+            for (p, _) in inner.parked.drain(..) {
+                p.stream.abandon();
+            }
             inner.open_at = None;
             inner.attrs.qp_state = QpState::Err;
         }

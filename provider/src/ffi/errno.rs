@@ -19,7 +19,12 @@ impl Errno for Error {
             Error::Exhausted => libc::ENOMEM,
             Error::Busy => libc::EBUSY,
             Error::NoTransport => libc::EADDRINUSE,
-            Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+            Error::NotSupported => libc::EOPNOTSUPP,
+            Error::Io(e) => e.raw_os_error().unwrap_or(match e.kind() {
+                // A raw-frame transport that could not be set up without privileges (nft).
+                std::io::ErrorKind::PermissionDenied => libc::EPERM,
+                _ => libc::EIO,
+            }),
             Error::Create(e) => e.errno(),
         }
     }

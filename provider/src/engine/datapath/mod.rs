@@ -1,14 +1,17 @@
-//! The data path of one QP: its posted work requests, and the TCP stream that carries them
-//! through the sans-IO protocol core (`uiw_wire::conn::Connection`).
+//! The data path of one QP: its posted work requests, and the stream that carries them
+//! (a `transport::Stream`: the kernel's TCP, or uiw's own on raw frames) through the sans-IO
+//! protocol core (`uiw_wire::conn::Connection`). The data path holds no descriptor: it moves
+//! bytes through the `Stream` it is given, which is what lets `tests.rs` drive it with an
+//! in-memory stream (the clock it reads in two places, the first-FPDU hold and the time a
+//! peer's FIN was seen, is the engine's `transport::now_ms`).
 //!
-//! Transmit is zero-copy: FPDU headers and trailers are the engine's, payload goes to
-//! `sendmsg` straight from registered memory. Receive places payload straight into registered
-//! memory with `readv` (what follows the payload lands in a small staging buffer, so a stream of
-//! small messages costs one system call per batch). Completions follow the verbs rules: a send
+//! Transmit is zero-copy over the kernel's TCP: FPDU headers and trailers are the engine's,
+//! payload goes to `sendmsg` straight from registered memory. Receive places payload straight
+//! into registered memory with `readv` (what follows the payload lands in a small staging
+//! buffer, so a stream of small messages costs one system call per batch). Completions follow the verbs rules: a send
 //! queue completion is released only once its last byte has been handed to TCP.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::net::TcpStream;
 
 use uiw_wire::conn::{Completion as WireCompletion, Connection, Event, Failure, SendFlags, State as ConnState, Tx, WcOpcode};
 use uiw_wire::placement::{Access, Memory, Placement};
@@ -20,6 +23,7 @@ use super::cq::{wc_flags, wc_opcode, wc_status, Completion, CqObj};
 use super::mr::{AccessError, MrTable, Span};
 use super::srq::SrqObj;
 pub use super::transport::Closing;
+use super::transport::Stream;
 use super::user_memory::UserMemory;
 use super::wr::{opcode, send_flags, Payload, PostError, RecvWqe, SendWqe, Sge};
 
@@ -111,10 +115,10 @@ pub enum Fatal {
 }
 
 
-/// One TCP stream carrying one QP's traffic.
+/// One stream (see `transport::Stream`) carrying one QP's traffic.
 pub struct Link {
     pub conn: Connection,
-    pub sock: TcpStream,
+    pub stream: Box<dyn Stream>,
     pub established: bool,
     tx: VecDeque<Piece>,
     /// Bytes of `tx.front()` already sent.
@@ -139,10 +143,10 @@ pub struct Link {
 }
 
 impl Link {
-    pub fn new(conn: Connection, sock: TcpStream) -> Link {
+    pub fn new(conn: Connection, stream: Box<dyn Stream>) -> Link {
         Link {
             conn,
-            sock,
+            stream,
             established: false,
             tx: VecDeque::new(),
             tx_skip: 0,
@@ -673,7 +677,7 @@ impl DataPath {
                     env.send_cq.push(c);
                 }
             }
-            closing = Some(Closing { sock: l.sock, bytes: tail });
+            closing = Some(Closing { stream: l.stream, bytes: tail });
         }
         self.sinks.clear();
         for (_, e) in std::mem::take(&mut self.sq) {
@@ -700,3 +704,6 @@ impl DataPath {
     }
 }
 
+
+#[cfg(test)]
+mod tests;

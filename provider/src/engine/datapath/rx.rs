@@ -2,8 +2,7 @@
 //! registered memory (RFC 5041 §4 tagged, §5 untagged placement) or through a small staging
 //! buffer for short pieces.
 
-use std::io::{self, Read};
-use std::os::fd::AsRawFd;
+use std::io;
 
 use uiw_wire::conn::RxWant;
 use uiw_wire::placement::Placement;
@@ -99,7 +98,7 @@ impl DataPath {
                                 // What follows the payload (trailer, next header) lands in
                                 // a short tail: a longer one would pull the next FPDU's payload
                                 // through the staging copy.
-                                match env.user_mem.recv(l.sock.as_raw_fd(), &p, &mut l.stage[..DIRECT_TAIL]) {
+                                match l.stream.recv_placed(env.user_mem, &p, &mut l.stage[..DIRECT_TAIL]) {
                                     Ok(0) => Ok(0),
                                     Ok(n) => {
                                         l.drained = n < want + DIRECT_TAIL && !l.peer_hup;
@@ -175,7 +174,7 @@ fn refill(l: &mut Link) -> io::Result<usize> {
     }
     l.st_lo = 0;
     l.st_hi = 0;
-    let n = (&l.sock).read(&mut l.stage)?;
+    let n = l.stream.recv(&mut l.stage)?;
     l.st_hi = n;
     l.drained = n < l.stage.len() && !l.peer_hup;
     Ok(n)

@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 use std::io;
-use std::os::fd::AsRawFd;
 
 use uiw_wire::conn::Tx;
 use uiw_wire::placement::Source;
@@ -130,7 +129,7 @@ impl DataPath {
                     None => IoPart::Bytes(p.bytes(if i == 0 { l.tx_skip } else { 0 }).unwrap_or_default()),
                 })
                 .collect();
-            let sent = env.user_mem.send(l.sock.as_raw_fd(), &parts);
+            let sent = l.stream.send(env.user_mem, &parts);
             drop(parts);
             drop(pins);
             match sent {

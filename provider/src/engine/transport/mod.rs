@@ -1,6 +1,7 @@
-//! The kernel-TCP transport's pieces that every layer above uses: the engine clock, how a
-//! stream socket is set up, the protocol settings of a connection, QP-number addressing, and a
-//! stream accepted but not yet matched to a QP ([`Pending`]).
+//! The transport's pieces that every layer above uses: the engine clock, the protocol
+//! settings of a connection, QP-number addressing, a stream accepted but not yet matched to a
+//! QP ([`Pending`]), and the seam ([`stream`]) between the engine and what carries its byte
+//! streams — the kernel's TCP ([`kernel`]) today.
 //!
 //! **Addressing without rdma_cm.** A QP number is `slot << 12 | index`: the process listens on
 //! `UIW_PORT_BASE + slot` (default base 20000; the first free port of 4096), so a peer that
@@ -10,14 +11,22 @@
 //! names both QPs ([`QpHello`]), so the listener hands the stream to the right QP, parking it
 //! until that QP reaches RTR if it has not yet.
 
-use std::io::{self, Read, Write};
-use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
+use std::io;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use uiw_wire::conn::{Config, ConnectRequest, Connection, Event, Role, RxWant};
 use uiw_wire::placement::{Access, Memory};
 use uiw_wire::TaggedError;
+
+pub mod kernel;
+#[cfg(test)]
+pub mod memory;
+pub mod raw;
+pub mod stream;
+
+pub use stream::{Connector, Listener, Stream};
 
 /// Default first port of the QP-number port range (`UIW_PORT_BASE`).
 pub const DEFAULT_PORT_BASE: u16 = 20000;
@@ -180,26 +189,30 @@ pub const RNR_WAIT_MS: u64 = 5_000;
 /// enough for siw under an emulated CPU, a one-time cost per connection to a non-uiw peer.
 pub const FIRST_FPDU_HOLD_MS: u64 = 50;
 
-/// Sets up a stream socket as the data path wants it: non-blocking, no Nagle, dead-peer
-/// detection ([`peer_timeout_ms`]). Returns the MSS.
-pub fn prepare(s: &TcpStream) -> io::Result<usize> {
-    s.set_nonblocking(true)?;
-    s.set_nodelay(true)?;
-    uiw_kabi::sys::set_peer_timeout(s, peer_timeout_ms().min(u64::from(u32::MAX)) as u32)?;
-    Ok(uiw_kabi::sys::tcp_maxseg(s).unwrap_or(1460) as usize)
+/// rdma_cm cannot use a raw-frame transport yet: the librdmacm drop-in listens and connects
+/// with kernel sockets, which on such a device would carry the QP's stream outside the
+/// device's transport. Says so on stderr (a configuration problem, shown whatever the log
+/// level) before the call fails with EOPNOTSUPP.
+pub fn cm_refused(device: &super::device::DeviceInfo) {
+    eprintln!(
+        "uiw: {}: rdma_cm is not supported yet on a device published with --transport {} (EOPNOTSUPP); \
+         connect with RTR (ibv_modify_qp, perftest without -R) or publish the device with --transport tcp",
+        device.name,
+        device.transport.name()
+    );
 }
 
 /// A stream to close in order (see `Net::linger`): `bytes` (the rest of the transmit backlog,
 /// then the Terminate or the MPA Reply that rejects, if any) go out first, then FIN.
 pub struct Closing {
-    pub sock: TcpStream,
+    pub stream: Box<dyn Stream>,
     pub bytes: Vec<u8>,
 }
 
 /// A stream accepted by the listener whose MPA Request has not been matched to a QP yet.
 pub struct Pending {
     pub conn: Connection,
-    pub sock: TcpStream,
+    pub stream: Box<dyn Stream>,
     stage: Vec<u8>,
 }
 
@@ -210,8 +223,8 @@ impl std::fmt::Debug for Pending {
 }
 
 impl Pending {
-    pub fn new(conn: Connection, sock: TcpStream) -> Pending {
-        Pending { conn, sock, stage: Vec::new() }
+    pub fn new(conn: Connection, stream: Box<dyn Stream>) -> Pending {
+        Pending { conn, stream, stage: Vec::new() }
     }
 
     /// Rejects the stream's Request (MPA Reply with R=1 and `private_data`, best effort) and
@@ -222,10 +235,7 @@ impl Pending {
         while let Some(uiw_wire::conn::Tx::Bytes(b)) = self.conn.next_tx() {
             out.extend_from_slice(&b);
         }
-        let _ = self.sock.set_nonblocking(false);
-        let _ = self.sock.set_write_timeout(Some(Duration::from_millis(200)));
-        let _ = self.sock.write_all(&out);
-        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        self.stream.close_with(&out, Duration::from_millis(200));
     }
 
     /// [`Pending::reject`] for the progress thread, which must never block: the MPA Reply
@@ -236,7 +246,7 @@ impl Pending {
         while let Some(uiw_wire::conn::Tx::Bytes(b)) = self.conn.next_tx() {
             bytes.extend_from_slice(&b);
         }
-        Closing { sock: self.sock, bytes }
+        Closing { stream: self.stream, bytes }
     }
 
     /// Reads the MPA Request; `Some(Ok(request))` once it has arrived, `Some(Err(()))` if the
@@ -256,7 +266,7 @@ impl Pending {
                 _ => return Some(Err(())),
             };
             self.stage.resize(n, 0);
-            match self.sock.read(&mut self.stage[..n]) {
+            match self.stream.recv(&mut self.stage[..n]) {
                 Ok(0) => return Some(Err(())),
                 Ok(k) => {
                     let chunk = self.stage[..k].to_vec();

@@ -1,0 +1,208 @@
+//! Two hosts (`ci/testbed.sh`, as in `twohost.rs`) whose uiw devices carry their QPs over
+//! uiw's userspace TCP on raw frames (`uiw up --transport xdp|packet`): unmodified
+//! `ibv_rc_pingpong -g 0` and perftest's `ib_write_bw`, `ib_read_bw`, `ib_send_bw` between
+//! the namespaces with xdp on both hosts, with packet on both, and with xdp on one host and
+//! the kernel's TCP on the other; `integrity` between a packet host and an xdp host; a raw
+//! peer killed mid-stream; rdma_cm refused. Each run checks from the provider's own log
+//! that the raw transport was the one opened.
+//!
+//! As root nothing here is skipped: a missing tool (ip, nft, ethtool, rdma-core's or
+//! perftest's programs) fails the test. Without root the tests are skipped (or fail under
+//! `UIW_TEST_REQUIRE=1`): raw sockets and XDP need CAP_NET_RAW, CAP_NET_ADMIN, CAP_BPF.
+
+use std::ffi::OsString;
+use std::time::{Duration, Instant};
+
+use uiw_examples::pair::{Finished, Running};
+use uiw_examples::testbed::{Host, Testbed};
+use uiw_examples::{device_lock, device_test_artifacts, have_program, is_root, skip};
+
+fn testbed(test: &str, opts: &[&str]) -> Option<(std::sync::MutexGuard<'static, ()>, Testbed)> {
+    if !is_root() {
+        skip(test, "raw-frame transports need root (CAP_NET_RAW, CAP_NET_ADMIN, CAP_BPF)");
+        return None;
+    }
+    let artifacts = device_test_artifacts(test)?;
+    for (p, pkg) in [
+        ("ip", "iproute2"),
+        ("nft", "nftables"),
+        ("ethtool", "ethtool"),
+        ("ibv_rc_pingpong", "ibverbs-utils"),
+        ("ib_write_bw", "perftest"),
+        ("ib_read_bw", "perftest"),
+        ("ib_send_bw", "perftest"),
+    ] {
+        assert!(
+            have_program(p) || std::path::Path::new("/usr/sbin").join(p).exists(),
+            "{test}: {p} is not installed (apt-get install {pkg})"
+        );
+    }
+    let lock = device_lock();
+    let tb = Testbed::up(&artifacts, opts).unwrap_or_else(|e| panic!("{test}: {e}"));
+    Some((lock, tb))
+}
+
+/// Waits until something on host B listens on TCP `port` (the tools' out-of-band exchange,
+/// over the kernel's TCP: only uiw's QP port range is the raw transport's).
+fn wait_listening(tb: &Testbed, port: u16, s: &Running) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let o = tb.ctl(&["exec", "b", "ss", "-Hltn", &format!("sport = :{port}")]);
+        if !String::from_utf8_lossy(&o.stdout).trim().is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "nothing listens on {port} on host B: {:?}", s.lines());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn os(v: &[&str]) -> Vec<OsString> {
+    v.iter().map(OsString::from).collect()
+}
+
+/// Runs `server` on B and, once it listens on `port`, `client` on A, with the provider's
+/// information messages on (they name the transport a device's QPs use).
+fn pair(tb: &Testbed, server: &[&str], client: &[&str], port: u16) -> (Finished, Finished) {
+    let mut s = tb.run_cmd(Host::B, &os(server));
+    s.env("VERBS_LOG_LEVEL", "3");
+    let s = Running::spawn("server", s);
+    wait_listening(tb, port, &s);
+    let mut c = tb.run_cmd(Host::A, &os(client));
+    c.env("VERBS_LOG_LEVEL", "3");
+    let c = Running::spawn("client", c);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let c = c.finish(deadline);
+    let s = s.finish(deadline);
+    let show = |f: &Finished| format!("{}{}", f.stdout, f.stderr);
+    assert!(!c.timed_out && !s.timed_out, "{client:?}: did not finish\nserver: {}\nclient: {}", show(&s), show(&c));
+    for f in [&s, &c] {
+        assert!(f.status.is_some_and(|st| st.success()), "{client:?}: {} failed\nserver: {}\nclient: {}", f.name, show(&s), show(&c));
+    }
+    (s, c)
+}
+
+/// The provider said the device's QPs go over `transport` (or, for `tcp`, opened none).
+fn assert_transport(side: &Finished, transport: &str) {
+    let text = format!("{}{}", side.stdout, side.stderr);
+    let raw = text.lines().find(|l| l.contains("QP streams go over uiw's TCP on veth0"));
+    match transport {
+        "tcp" => assert!(raw.is_none(), "{}: a raw transport was opened on a tcp device: {text}", side.name),
+        t => {
+            let l = raw.unwrap_or_else(|| panic!("{}: no raw transport was opened: {text}", side.name));
+            assert!(l.contains(&format!("({t}")), "{}: not the {t} transport: {l}", side.name);
+        }
+    }
+}
+
+/// `ibv_rc_pingpong -g 0` and the three perftest bandwidth tests, A (client) to B (server).
+fn tools(test: &str, opts: &[&str], transport_a: &str, transport_b: &str) {
+    let Some((_l, tb)) = testbed(test, opts) else { return };
+    let dev = tb.dev.clone();
+    let (s, c) = pair(
+        &tb,
+        &["ibv_rc_pingpong", "-d", &dev, "-g", "0", "-n", "200"],
+        &["ibv_rc_pingpong", "-d", &dev, "-g", "0", "-n", "200", &tb.addr_b],
+        18515,
+    );
+    for r in [&s, &c] {
+        assert!(r.stdout.contains("200 iters in"), "ibv_rc_pingpong {}: no result\n{}{}", r.name, r.stdout, r.stderr);
+    }
+    assert_transport(&c, transport_a);
+    assert_transport(&s, transport_b);
+    for prog in ["ib_write_bw", "ib_read_bw", "ib_send_bw"] {
+        let common = [prog, "-d", &dev, "-x", "0", "-n", "300", "-s", "65536", "-p", "7472"];
+        let mut cv = common.to_vec();
+        cv.push(&tb.addr_b);
+        let (s, c) = pair(&tb, &common, &cv, 7472);
+        assert!(
+            c.stdout.lines().any(|l| l.split_whitespace().next() == Some("65536") && l.split_whitespace().nth(1) == Some("300")),
+            "{prog}: no result line\nclient: {}{}\nserver: {}{}",
+            c.stdout,
+            c.stderr,
+            s.stdout,
+            s.stderr
+        );
+        assert_transport(&c, transport_a);
+        assert_transport(&s, transport_b);
+    }
+}
+
+#[test]
+fn tools_over_xdp_on_both_hosts() {
+    tools("tools_over_xdp_on_both_hosts", &["--transport", "xdp"], "xdp", "xdp");
+}
+
+#[test]
+fn tools_over_packet_on_both_hosts() {
+    tools("tools_over_packet_on_both_hosts", &["--transport", "packet"], "packet", "packet");
+}
+
+#[test]
+fn tools_between_xdp_and_kernel_tcp() {
+    tools("tools_between_xdp_and_kernel_tcp", &["--transport-a", "xdp", "--transport-b", "tcp"], "xdp", "tcp");
+}
+
+/// rdma_cm cannot use a raw-frame transport yet (the librdmacm drop-in does its TCP with
+/// kernel sockets): `rdma_connect` on such a device fails with EOPNOTSUPP, and the provider
+/// says why on stderr, instead of carrying the QP over the kernel's TCP behind the device's
+/// back.
+#[test]
+fn rdma_cm_on_xdp_is_refused_with_eopnotsupp() {
+    let test = "rdma_cm_on_xdp_is_refused_with_eopnotsupp";
+    let Some((_l, tb)) = testbed(test, &["--transport", "xdp"]) else { return };
+    assert!(have_program("rping"), "{test}: rping is not installed (apt-get install rdmacm-utils)");
+    let s = Running::spawn("server", tb.run_cmd(Host::B, &["rping", "-s", "-a", &tb.addr_b, "-p", "7474", "-C", "1"]));
+    wait_listening(&tb, 7474, &s);
+    let c = Running::spawn("client", tb.run_cmd(Host::A, &["rping", "-c", "-a", &tb.addr_b, "-p", "7474", "-C", "1", "-v"]));
+    let c = c.finish(Instant::now() + Duration::from_secs(30));
+    let s = s.finish(Instant::now() + Duration::from_secs(2));
+    let text = format!("{}{}", c.stdout, c.stderr);
+    assert!(!c.status.is_some_and(|st| st.success()), "rping connected over an xdp device: {text}");
+    assert!(text.contains("rdma_cm is not supported yet on a device published with --transport xdp (EOPNOTSUPP)"), "no reason given: {text}");
+    assert!(text.contains("error -95"), "not EOPNOTSUPP: {text}\nserver: {}{}", s.stdout, s.stderr);
+}
+
+/// A raw-transport peer killed in the middle of a transfer: its XDP socket and program go
+/// with it, nothing answers for its address and ports any more (no FIN, no RST). The
+/// survivor, streaming Writes and Sends over xdp, must see its QP fail — every WR completed
+/// in error, QP_FATAL — after about UIW_PEER_TIMEOUT (3 s here: the userspace TCP's
+/// retransmissions give up then), not after utcp's default of minutes; `faults` fails if
+/// nothing goes wrong for 20 s.
+#[test]
+fn a_killed_raw_peer_is_detected() {
+    let test = "a_killed_raw_peer_is_detected";
+    let Some((_l, tb)) = testbed(test, &["--transport", "xdp"]) else { return };
+    let exe = uiw_examples::build_c_example("faults", &uiw_examples::out_dir(env!("CARGO_TARGET_TMPDIR")));
+    let exe = exe.to_str().unwrap();
+    let mut cmd = tb.run_cmd(Host::B, &[exe, "-r", "survivor", "-m", "stream", "-p", "7475", "-d", &tb.dev, "-T", "20", "-t", "20", "-L"]);
+    cmd.env("UIW_PEER_TIMEOUT", "3");
+    let mut s = Running::spawn("survivor", cmd);
+    wait_listening(&tb, 7475, &s);
+    let mut cmd = tb.run_cmd(Host::A, &[exe, "-r", "peer", "-m", "sink", "-p", "7475", "-a", "kill", "-d", &tb.dev, &tb.addr_b]);
+    cmd.env("UIW_PEER_TIMEOUT", "3");
+    let mut peer = Running::spawn("peer", cmd);
+    s.wait_for_line("STREAMING", Duration::from_secs(60)).unwrap_or_else(|e| panic!("{e}: {:?}", s.lines()));
+    let killed = peer.kill();
+    let s = s.finish(Instant::now() + Duration::from_secs(60));
+    let first = s.lines.iter().find(|l| l.text.starts_with("FIRST_ERROR")).map(|l| l.at.saturating_duration_since(killed));
+    println!("survivor: first error {first:?} after the kill");
+    assert!(s.status.is_some_and(|st| st.success()), "survivor failed: {:?}\n{}", uiw_examples::failures(&s.stdout), s.stdout);
+    assert!(first.is_some(), "no FIRST_ERROR: {}", s.stdout);
+}
+
+/// `examples/c/integrity.c` (every operation at every size, 0 B … 8 MiB, checked on both
+/// sides; RTR-connected, no rdma_cm) between a packet host and an xdp host.
+#[test]
+fn integrity_between_packet_and_xdp() {
+    let test = "integrity_between_packet_and_xdp";
+    let Some((_l, tb)) = testbed(test, &["--transport-a", "packet", "--transport-b", "xdp"]) else { return };
+    let exe = uiw_examples::build_c_example("integrity", &uiw_examples::out_dir(env!("CARGO_TARGET_TMPDIR")));
+    let exe = exe.to_str().unwrap();
+    let (s, c) = pair(&tb, &[exe, "-s", "-p", "7476", "-d", &tb.dev], &[exe, "-c", &tb.addr_b, "-p", "7476", "-d", &tb.dev], 7476);
+    for r in [&s, &c] {
+        let sum = uiw_examples::parse_summary(&r.stdout).unwrap_or_else(|| panic!("{}: no summary\n{}\n{}", r.name, r.stdout, r.stderr));
+        assert!(sum.failed == 0 && sum.passed > 2000, "{}: {sum:?}: {:?}", r.name, uiw_examples::failures(&r.stdout));
+    }
+    assert_transport(&c, "packet");
+    assert_transport(&s, "xdp");
+}

@@ -1,0 +1,133 @@
+//! A [`Stream`] in memory, for tests: the two ends of a pair of byte pipes, each call moving
+//! at most `max_io` bytes (the short reads and writes a real socket makes at any byte
+//! boundary), each direction holding at most `capacity` bytes (a full send buffer). It lets
+//! the data path be driven, both ends in one thread, with no socket and no clock.
+
+use std::collections::VecDeque;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::os::fd::RawFd;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::stream::Stream;
+use crate::engine::user_memory::{IoPart, Pinned, UserMemory};
+
+#[derive(Default)]
+struct Pipe {
+    bytes: VecDeque<u8>,
+    /// The writer shut its direction down.
+    fin: bool,
+}
+
+/// One end of an in-memory stream.
+pub struct MemStream {
+    rx: Arc<Mutex<Pipe>>,
+    tx: Arc<Mutex<Pipe>>,
+    max_io: usize,
+    capacity: usize,
+}
+
+/// Two connected ends.
+pub fn pair(max_io: usize, capacity: usize) -> (MemStream, MemStream) {
+    let (a, b) = (Arc::new(Mutex::new(Pipe::default())), Arc::new(Mutex::new(Pipe::default())));
+    (MemStream { rx: a.clone(), tx: b.clone(), max_io, capacity }, MemStream { rx: b, tx: a, max_io, capacity })
+}
+
+impl MemStream {
+    fn room(&self) -> usize {
+        let p = self.tx.lock().unwrap();
+        self.capacity.saturating_sub(p.bytes.len()).min(self.max_io)
+    }
+
+    fn push(&self, b: &[u8]) {
+        self.tx.lock().unwrap().bytes.extend(b);
+    }
+
+    /// Up to `n` received bytes (`None`: nothing now, the peer still open).
+    fn take(&self, n: usize) -> Option<Vec<u8>> {
+        let mut p = self.rx.lock().unwrap();
+        let k = n.min(self.max_io).min(p.bytes.len());
+        if k == 0 && !p.fin && n > 0 {
+            return None;
+        }
+        Some(p.bytes.drain(..k).collect())
+    }
+}
+
+fn would_block() -> io::Error {
+    io::ErrorKind::WouldBlock.into()
+}
+
+impl Stream for MemStream {
+    fn send(&mut self, mem: &dyn UserMemory, parts: &[IoPart<'_>]) -> io::Result<usize> {
+        let total: usize = parts.iter().map(IoPart::len).sum();
+        let mut room = self.room().min(total);
+        if room == 0 && total > 0 {
+            return Err(would_block());
+        }
+        let mut sent = 0;
+        for p in parts {
+            if room == 0 {
+                break;
+            }
+            let k = p.len().min(room);
+            match p {
+                IoPart::Bytes(b) => self.push(&b[..k]),
+                IoPart::User(pin) => {
+                    let mut buf = vec![0u8; k];
+                    mem.read(pin, &mut buf);
+                    self.push(&buf);
+                }
+            }
+            room -= k;
+            sent += k;
+        }
+        Ok(sent)
+    }
+
+    fn recv_placed(&mut self, mem: &dyn UserMemory, dst: &Pinned, tail: &mut [u8]) -> io::Result<usize> {
+        let got = self.take(dst.len() + tail.len()).ok_or_else(would_block)?;
+        let k = got.len().min(dst.len());
+        mem.write(dst, &got[..k]);
+        tail[..got.len() - k].copy_from_slice(&got[k..]);
+        Ok(got.len())
+    }
+
+    fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let got = self.take(buf.len()).ok_or_else(would_block)?;
+        buf[..got.len()].copy_from_slice(&got);
+        Ok(got.len())
+    }
+
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let k = self.room().min(buf.len());
+        if k == 0 && !buf.is_empty() {
+            return Err(would_block());
+        }
+        self.push(&buf[..k]);
+        Ok(k)
+    }
+
+    fn shutdown_write(&mut self) {
+        self.tx.lock().unwrap().fin = true;
+    }
+
+    fn close_with(&mut self, bytes: &[u8], _timeout: Duration) {
+        self.push(bytes);
+        self.shutdown_write();
+    }
+
+    fn mss(&self) -> usize {
+        1460
+    }
+
+    fn peer(&self) -> Option<SocketAddr> {
+        Some(SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 1)))
+    }
+
+    /// No progress thread serves it: the test drives both ends.
+    fn readiness(&self) -> RawFd {
+        -1
+    }
+}

@@ -1,0 +1,230 @@
+//! uiw's userspace TCP (`uiw-utcp`) over raw frames (`uiw-rawnet`: AF_XDP or AF_PACKET on
+//! one netdev) behind the [`Stream`] seam: what a `uiw up --transport xdp|packet` device's QPs
+//! connect over. The same QP numbering, MPA and RTR connect as over the kernel's TCP; an
+//! application cannot tell.
+//!
+//! The stack runs in this process: its own progress thread keeps TCP going (ACKs,
+//! retransmissions, handshakes), and each stream and the listener have an eventfd that the
+//! provider's progress thread waits on like a socket (see `uiw_rawnet::nonblock`). Payload is
+//! copied between application memory and the stack's buffers (`UserMemory::read`/`write`):
+//! the stack owns its buffers, as AF_XDP copy mode and AF_PACKET copy every frame anyway.
+
+use std::io;
+use std::net::{SocketAddr, SocketAddrV4};
+use std::os::fd::RawFd;
+use std::time::{Duration, Instant};
+
+use uiw_rawnet::nonblock::RawListener;
+use uiw_rawnet::probe::Kind;
+use uiw_rawnet::stream::{RawStream, Transport};
+
+use super::stream::{Connector, Listener, Stream};
+use crate::engine::user_memory::{IoPart, Pinned, UserMemory};
+
+/// How long opening a stream may wait for the kernel to resolve the peer's MAC (ARP).
+const ARP_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The userspace TCP's settings: the interface's MSS, and retransmissions that give up on a
+/// silent peer after about `peer_timeout_ms` (`UIW_PEER_TIMEOUT`), as `TCP_USER_TIMEOUT` does
+/// on the kernel's sockets — not after the several minutes of utcp's defaults. The RTO backs off
+/// from its 200 ms floor up to a ceiling of a quarter of the timeout (at most 1 s, so that a
+/// lost segment on a LAN is resent soon), and the connection fails once the backed-off
+/// waits add up to the timeout (RFC 6298 §5.5, RFC 9293 §3.8.3's R2).
+pub fn tcp_config(mss: usize, peer_timeout_ms: u64) -> uiw_utcp::Config {
+    let d = uiw_utcp::Config::default();
+    let floor = d.rto_min.as_millis() as u64;
+    let ceiling = (peer_timeout_ms / 4).clamp(floor, 1000);
+    let (mut waited, mut rto, mut retries) = (0u64, floor, 0u32);
+    while waited < peer_timeout_ms {
+        waited += rto;
+        rto = (rto * 2).min(ceiling);
+        retries += 1;
+    }
+    uiw_utcp::Config {
+        mss: mss.min(usize::from(u16::MAX)) as u16,
+        rto_max: Duration::from_millis(ceiling),
+        // utcp fails the connection when a timeout finds `max_retries` already spent.
+        max_retries: retries.saturating_sub(1),
+        ..d
+    }
+}
+
+/// A raw-frame transport on one netdev.
+pub struct RawTcp {
+    transport: Transport,
+    name: &'static str,
+    /// The MSS the interface allows (MTU − 40), used until a handshake tells the peer's.
+    mss: usize,
+}
+
+impl RawTcp {
+    /// Opens `kind` on `netdev` for uiw's port range `ports` (needs CAP_NET_RAW and
+    /// CAP_NET_ADMIN, and CAP_BPF for AF_XDP).
+    pub fn open(netdev: &str, kind: Kind, ports: (u16, u16)) -> io::Result<RawTcp> {
+        let iface = uiw_rawnet::Iface::lookup(netdev)?;
+        let mss = iface.mtu.saturating_sub(40).max(536);
+        let tcp = tcp_config(mss, super::peer_timeout_ms());
+        let transport = Transport::open(netdev, kind, ports, tcp)?;
+        let name = match kind {
+            Kind::Xdp => "xdp",
+            Kind::Packet => "packet",
+        };
+        Ok(RawTcp { transport, name, mss })
+    }
+
+    /// The driver in use (`xdp (native, copy)`, `packet`).
+    pub fn driver(&self) -> &'static str {
+        self.transport.kind()
+    }
+}
+
+impl Connector for RawTcp {
+    fn connect(&self, to: SocketAddrV4) -> io::Result<Box<dyn Stream>> {
+        let s = self.transport.connect_start(to, ARP_TIMEOUT)?;
+        Ok(Box::new(RawStreamIo { s, mss: self.mss, buf: Vec::new() }))
+    }
+
+    fn listen(&self, at: SocketAddrV4) -> io::Result<Box<dyn Listener>> {
+        let l = self.transport.listen_nonblocking(at.port())?;
+        Ok(Box::new(RawListenerIo { l, mss: self.mss }))
+    }
+
+    fn name(&self) -> &'static str {
+        self.name
+    }
+}
+
+struct RawListenerIo {
+    l: RawListener,
+    mss: usize,
+}
+
+impl Listener for RawListenerIo {
+    fn accept(&self) -> io::Result<Box<dyn Stream>> {
+        let s = self.l.try_accept()?;
+        Ok(Box::new(RawStreamIo { s, mss: self.mss, buf: Vec::new() }))
+    }
+
+    fn readiness(&self) -> RawFd {
+        self.l.fd()
+    }
+}
+
+/// One raw-transport stream.
+struct RawStreamIo {
+    s: RawStream,
+    mss: usize,
+    /// Bytes copied between application memory and the stack (kept between calls).
+    buf: Vec<u8>,
+}
+
+impl Stream for RawStreamIo {
+    fn send(&mut self, mem: &dyn UserMemory, parts: &[IoPart<'_>]) -> io::Result<usize> {
+        let total: usize = parts.iter().map(IoPart::len).sum();
+        // Copy no more than the stack takes now; with no room, offer one byte, which either
+        // goes (room appeared meanwhile) or registers the wait for room.
+        let want = total.min(self.s.send_capacity().max(1));
+        self.buf.clear();
+        for p in parts {
+            let k = p.len().min(want - self.buf.len());
+            if k == 0 {
+                break;
+            }
+            match p {
+                IoPart::Bytes(b) => self.buf.extend_from_slice(&b[..k]),
+                IoPart::User(pin) => {
+                    let at = self.buf.len();
+                    self.buf.resize(at + k, 0);
+                    mem.read(pin, &mut self.buf[at..]);
+                }
+            }
+        }
+        self.s.try_write(&self.buf)
+    }
+
+    fn recv_placed(&mut self, mem: &dyn UserMemory, dst: &Pinned, tail: &mut [u8]) -> io::Result<usize> {
+        self.buf.resize(dst.len() + tail.len(), 0);
+        let n = self.s.try_read(&mut self.buf)?;
+        let k = n.min(dst.len());
+        mem.write(dst, &self.buf[..k]);
+        tail[..n - k].copy_from_slice(&self.buf[k..n]);
+        Ok(n)
+    }
+
+    fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.s.try_read(buf)
+    }
+
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.s.try_write(buf)
+    }
+
+    fn shutdown_write(&mut self) {
+        self.s.shutdown_write();
+    }
+
+    fn close_with(&mut self, bytes: &[u8], timeout: Duration) {
+        let end = Instant::now() + timeout;
+        let mut at = 0;
+        while at < bytes.len() && Instant::now() < end {
+            match self.s.try_write(&bytes[at..]) {
+                Ok(n) => at += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(1)),
+                Err(_) => break,
+            }
+        }
+        self.s.shutdown_write();
+    }
+
+    fn mss(&self) -> usize {
+        let m = self.s.mss();
+        if m > 536 {
+            m
+        } else {
+            self.mss
+        }
+    }
+
+    fn peer(&self) -> Option<SocketAddr> {
+        self.s.peer().map(SocketAddr::V4)
+    }
+
+    fn readiness(&self) -> RawFd {
+        self.s.fd().unwrap_or(-1)
+    }
+
+    /// The stack, its lock and its thread are the parent's: closing would take a lock a
+    /// parent thread may have held at the fork. The copy is left as it is.
+    fn abandon(self: Box<Self>) {
+        std::mem::forget(self);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The sum of the backed-off RTOs before the connection fails, from the floor (utcp
+    /// gives up at the timeout after the `max_retries`-th retransmission).
+    fn give_up_ms(c: &uiw_utcp::Config) -> u64 {
+        let (mut t, mut rto) = (0, c.rto_min.as_millis() as u64);
+        for _ in 0..=c.max_retries {
+            t += rto;
+            rto = (rto * 2).min(c.rto_max.as_millis() as u64);
+        }
+        t
+    }
+
+    #[test]
+    fn a_silent_peer_fails_the_stream_after_about_the_peer_timeout() {
+        for timeout in [1_000, 3_000, 10_000, 60_000] {
+            let c = tcp_config(1460, timeout);
+            let t = give_up_ms(&c);
+            assert!(t >= timeout && t < timeout + 1_000, "{timeout} ms: gives up after {t} ms ({c:?})");
+            assert!(c.rto_max <= Duration::from_secs(1) && c.rto_max >= c.rto_min);
+        }
+        // utcp's own default would wait minutes.
+        assert!(give_up_ms(&uiw_utcp::Config::default()) > 300_000);
+        assert_eq!(tcp_config(8960, 10_000).mss, 8960);
+    }
+}
