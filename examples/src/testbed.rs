@@ -79,6 +79,21 @@ impl Testbed {
             .output()
             .unwrap_or_else(|e| panic!("run {}: {e}", self.script.display()))
     }
+
+    /// Waits until something on host B listens on TCP `port` (a tool's out-of-band exchange,
+    /// over the kernel's TCP whatever the device's transport); `s` is that tool, whose output
+    /// the failure shows.
+    pub fn wait_listening_b(&self, port: u16, s: &crate::pair::Running) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let o = self.ctl(&["exec", "b", "ss", "-Hltn", &format!("sport = :{port}")]);
+            if !String::from_utf8_lossy(&o.stdout).trim().is_empty() {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "nothing listens on {port} on host B: {:?}", s.lines());
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
 }
 
 impl Drop for Testbed {

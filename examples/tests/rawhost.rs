@@ -42,19 +42,6 @@ fn testbed(test: &str, opts: &[&str]) -> Option<(std::sync::MutexGuard<'static, 
     Some((lock, tb))
 }
 
-/// Waits until something on host B listens on TCP `port` (the tools' out-of-band exchange,
-/// over the kernel's TCP: only uiw's QP port range is the raw transport's).
-fn wait_listening(tb: &Testbed, port: u16, s: &Running) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let o = tb.ctl(&["exec", "b", "ss", "-Hltn", &format!("sport = :{port}")]);
-        if !String::from_utf8_lossy(&o.stdout).trim().is_empty() {
-            return;
-        }
-        assert!(Instant::now() < deadline, "nothing listens on {port} on host B: {:?}", s.lines());
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 fn os(v: &[&str]) -> Vec<OsString> {
     v.iter().map(OsString::from).collect()
@@ -66,7 +53,7 @@ fn pair(tb: &Testbed, server: &[&str], client: &[&str], port: u16) -> (Finished,
     let mut s = tb.run_cmd(Host::B, &os(server));
     s.env("VERBS_LOG_LEVEL", "3");
     let s = Running::spawn("server", s);
-    wait_listening(tb, port, &s);
+    tb.wait_listening_b(port, &s);
     let mut c = tb.run_cmd(Host::A, &os(client));
     c.env("VERBS_LOG_LEVEL", "3");
     let c = Running::spawn("client", c);
@@ -152,7 +139,7 @@ fn rdma_cm_on_xdp_is_refused_with_eopnotsupp() {
     let Some((_l, tb)) = testbed(test, &["--transport", "xdp"]) else { return };
     assert!(have_program("rping"), "{test}: rping is not installed (apt-get install rdmacm-utils)");
     let s = Running::spawn("server", tb.run_cmd(Host::B, &["rping", "-s", "-a", &tb.addr_b, "-p", "7474", "-C", "1"]));
-    wait_listening(&tb, 7474, &s);
+    tb.wait_listening_b(7474, &s);
     let c = Running::spawn("client", tb.run_cmd(Host::A, &["rping", "-c", "-a", &tb.addr_b, "-p", "7474", "-C", "1", "-v"]));
     let c = c.finish(Instant::now() + Duration::from_secs(30));
     let s = s.finish(Instant::now() + Duration::from_secs(2));
@@ -177,7 +164,7 @@ fn a_killed_raw_peer_is_detected() {
     let mut cmd = tb.run_cmd(Host::B, &[exe, "-r", "survivor", "-m", "stream", "-p", "7475", "-d", &tb.dev, "-T", "20", "-t", "20", "-L"]);
     cmd.env("UIW_PEER_TIMEOUT", "3");
     let mut s = Running::spawn("survivor", cmd);
-    wait_listening(&tb, 7475, &s);
+    tb.wait_listening_b(7475, &s);
     let mut cmd = tb.run_cmd(Host::A, &[exe, "-r", "peer", "-m", "sink", "-p", "7475", "-a", "kill", "-d", &tb.dev, &tb.addr_b]);
     cmd.env("UIW_PEER_TIMEOUT", "3");
     let mut peer = Running::spawn("peer", cmd);

@@ -24,24 +24,12 @@ fn testbed(test: &str, opts: &[&str]) -> Option<(std::sync::MutexGuard<'static, 
     Some((lock, tb))
 }
 
-/// Waits until something on host B listens on TCP `port`.
-fn wait_listening(tb: &Testbed, port: u16, s: &Running) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let o = tb.ctl(&["exec", "b", "ss", "-Hltn", &format!("sport = :{port}")]);
-        if !String::from_utf8_lossy(&o.stdout).trim().is_empty() {
-            return;
-        }
-        assert!(Instant::now() < deadline, "nothing listens on {port} on host B: {:?}", s.lines());
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 /// Runs a server on B and, once it listens on `port`, its client on A, both to completion
 /// within `limit` (all of their output read).
 fn pair(tb: &Testbed, server: &[OsString], client: &[OsString], port: u16, limit: Duration) -> (Finished, Finished) {
     let s = Running::spawn("server", tb.run_cmd(Host::B, server));
-    wait_listening(tb, port, &s);
+    tb.wait_listening_b(port, &s);
     let c = Running::spawn("client", tb.run_cmd(Host::A, client));
     let deadline = Instant::now() + limit;
     let c = c.finish(deadline);
@@ -115,7 +103,7 @@ fn a_vanished_peer_is_detected() {
     let mut cmd = tb.run_cmd(Host::B, &[exe, "-r", "survivor", "-m", "stream", "-p", "7473", "-d", &tb.dev, "-T", "20", "-t", "20", "-L"]);
     cmd.env("UIW_PEER_TIMEOUT", "3");
     let mut s = Running::spawn("survivor", cmd);
-    wait_listening(&tb, 7473, &s);
+    tb.wait_listening_b(7473, &s);
     let mut cmd = tb.run_cmd(Host::A, &[exe, "-r", "peer", "-m", "sink", "-p", "7473", "-a", "kill", "-d", &tb.dev, &tb.addr_b]);
     cmd.env("UIW_PEER_TIMEOUT", "3");
     let _peer = Running::spawn("peer", cmd);

@@ -205,3 +205,24 @@ impl Drop for Bed {
         let _ = run(&["ip", "netns", "del", &self.b]);
     }
 }
+
+/// A kernel TCP echo server in namespace `ns` on `addr` (a thread): it reads the whole stream,
+/// writes it back, and returns how many bytes it echoed. Returns once it listens.
+pub fn kernel_echo_server(ns: &str, addr: std::net::SocketAddrV4) -> std::thread::JoinHandle<usize> {
+    use std::io::{Read, Write};
+    let (tx, rx) = std::sync::mpsc::channel();
+    let ns = ns.to_string();
+    let server = std::thread::spawn(move || {
+        crate::netns::enter(&ns).unwrap();
+        let l = std::net::TcpListener::bind(addr).unwrap();
+        tx.send(()).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(60))).unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).unwrap();
+        s.write_all(&got).unwrap();
+        got.len()
+    });
+    rx.recv().unwrap();
+    server
+}

@@ -6,7 +6,7 @@
 //! exchange, which the watchdog turns into a failure. Needs root.
 
 use std::io::{self, Read, Write};
-use std::net::{SocketAddrV4, TcpListener, TcpStream};
+use std::net::{SocketAddrV4, TcpStream};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -103,20 +103,7 @@ fn passive(kind: Kind) {
 fn active(kind: Kind) {
     let bed = Bed::new(1500);
     bed.loss(1.0);
-    let (tx, rx) = mpsc::channel();
-    let b = bed.b.clone();
-    let server = std::thread::spawn(move || {
-        netns::enter(&b).unwrap();
-        let l = TcpListener::bind(SocketAddrV4::new(B_IP, 7301)).unwrap();
-        tx.send(()).unwrap();
-        let (mut s, _) = l.accept().unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-        let mut got = Vec::new();
-        s.read_to_end(&mut got).unwrap();
-        s.write_all(&got).unwrap();
-        got.len()
-    });
-    rx.recv().unwrap();
+    let server = bed::kernel_echo_server(&bed.b, SocketAddrV4::new(B_IP, 7301));
     netns::enter(&bed.a).unwrap();
     let t = Transport::open(IF, kind, DEFAULT_PORTS, small()).unwrap();
     let mut s = t.connect_start(SocketAddrV4::new(B_IP, 7301), Duration::from_secs(5)).unwrap();

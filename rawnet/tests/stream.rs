@@ -3,7 +3,7 @@
 //! connection set-up, 1 MiB each way under 1 % loss). Needs root.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddrV4, TcpListener, TcpStream};
+use std::net::{SocketAddrV4, TcpStream};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -22,20 +22,7 @@ fn data() -> Vec<u8> {
 fn active(kind: Kind) {
     let bed = Bed::new(1500);
     bed.loss(1.0);
-    let (tx, rx) = mpsc::channel();
-    let b = bed.b.clone();
-    let server = std::thread::spawn(move || {
-        netns::enter(&b).unwrap();
-        let l = TcpListener::bind(SocketAddrV4::new(B_IP, 7300)).unwrap();
-        tx.send(()).unwrap();
-        let (mut s, _) = l.accept().unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-        let mut got = Vec::new();
-        s.read_to_end(&mut got).unwrap();
-        s.write_all(&got).unwrap();
-        got.len()
-    });
-    rx.recv().unwrap();
+    let server = bed::kernel_echo_server(&bed.b, SocketAddrV4::new(B_IP, 7300));
     netns::enter(&bed.a).unwrap();
     let t = Transport::open(IF, kind, DEFAULT_PORTS, Config::default()).unwrap();
     let mut s = t.connect(DEFAULT_PORTS.0 + 50, SocketAddrV4::new(B_IP, 7300), Duration::from_secs(10)).unwrap();
