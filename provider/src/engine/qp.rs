@@ -122,11 +122,11 @@ impl Qp {
         }
     }
 
-    /// Serves the QP's stream now, from whichever thread has news for it: the progress thread
-    /// on readiness, an application thread in `ibv_poll_cq`. Never waits for a thread that
-    /// holds the QP: that thread serves the stream again before it lets go (`kick`, then
-    /// `settle`), so no arrival waits for a timer. Returns `More` when the receive budget ran
-    /// out with input left (the progress thread comes back to it after the other QPs).
+    /// Serves the QP's stream now, for the progress thread, which has news for it (readiness
+    /// was reported). Never waits for a thread that holds the QP: that thread serves the stream
+    /// again before it lets go (`kick`, then `settle`), so no arrival waits for a timer. Returns
+    /// `More` when the receive budget ran out with input left (the progress thread comes back
+    /// to it after the other QPs).
     ///
     /// `rotate`: the progress thread, which comes back to a QP whose receive budget ran out
     /// after the other QPs; an application thread serves on (letting go of the QP between
@@ -134,12 +134,36 @@ impl Qp {
     pub fn serve(&self, rotate: bool) -> Progress {
         self.kick.store(true, Ordering::SeqCst);
         std::sync::atomic::fence(Ordering::SeqCst);
+        match self.inner.try_lock() {
+            Some(inner) => self.serve_held(inner, false, rotate),
+            None => Progress::Done,
+        }
+    }
+
+    /// `ibv_poll_cq` found nothing: serve the stream here unless another thread holds the QP.
+    ///
+    /// A poll is not news, so it never raises `kick`. Whoever holds the QP reads the stream
+    /// until it would block anyway, and whatever arrives meanwhile is reported to the progress
+    /// thread, which raises `kick` itself. Were a poll to raise it, an application spinning on
+    /// an empty CQ would raise it again during every pump of the thread holding the QP, and
+    /// that thread would serve this QP for as long as the spinning lasts: the progress thread
+    /// would never get back to its other streams, listener and deadlines — and when the
+    /// completions the application waits for depend on those (the peer QP's MPA Reply, the
+    /// accepted stream, a timeout), the spinning never ends (0 completions, a hang).
+    pub fn try_progress(&self) {
+        if let Some(inner) = self.inner.try_lock() {
+            self.serve_held(inner, true, false);
+        }
+    }
+
+    /// Serves the stream while holding the QP: once on our own account (`poll`), then again
+    /// for as long as `kick` is up, and once more after letting go if it went up just then
+    /// (the thread that raised it found the QP taken).
+    fn serve_held<'a>(&'a self, mut inner: parking_lot::MutexGuard<'a, QpInner>, mut poll: bool, rotate: bool) -> Progress {
         loop {
-            let Some(mut inner) = self.inner.try_lock() else {
-                return Progress::Done;
-            };
             let mut more = false;
-            while !more && self.kick.swap(false, Ordering::SeqCst) {
+            // `|`, not `||`: a poll's pump answers a kick that is up as well.
+            while !more && (std::mem::take(&mut poll) | self.kick.swap(false, Ordering::SeqCst)) {
                 match self.pump_locked(&mut inner) {
                     Some((_, Some(f))) => {
                         self.fail_locked(inner, f);
@@ -154,13 +178,18 @@ impl Qp {
                 if rotate {
                     return Progress::More;
                 }
+                // Input is left (the receive budget ran out): serve on after letting go, as
+                // for a kick.
                 self.kick.store(true, Ordering::SeqCst);
-                continue;
             }
             std::sync::atomic::fence(Ordering::SeqCst);
             if !self.kick.load(Ordering::SeqCst) {
                 return Progress::Done;
             }
+            inner = match self.inner.try_lock() {
+                Some(i) => i,
+                None => return Progress::Done,
+            };
         }
     }
 
@@ -383,11 +412,6 @@ impl Qp {
         }
         inner.dp.link = Some(Link::new(p.conn, p.sock));
         Ok(())
-    }
-
-    /// `ibv_poll_cq` found nothing: serve the stream here unless another thread is at it.
-    pub fn try_progress(&self) {
-        self.serve(false);
     }
 
     fn pump_locked(&self, inner: &mut QpInner) -> Option<(bool, Option<Fatal>)> {
@@ -830,5 +854,139 @@ impl PolledQp for Qp {
 impl CmQp for Qp {
     fn cm_disconnect(&self) {
         Qp::cm_disconnect(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+    use std::os::fd::RawFd;
+    use std::os::unix::net::UnixStream;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex, Weak};
+
+    use super::super::context::Context;
+    use super::super::device::DeviceInfo;
+    use super::super::events::EventQueue;
+    use super::super::limits::DeviceLimits;
+    use super::super::net::Endpoint;
+    use super::super::qp_state::{mask, qp_type, QpAttrs, QpCap, QpState};
+    use super::super::user_memory::{AtomicOp, IoPart, Pinned, UserMemory};
+    use super::{Qp, QpSpec};
+
+    /// How many polls [`PollDuringPump`] makes before it stops: far more than serving a QP
+    /// with nothing to read ever needs.
+    const POLLS: usize = 1000;
+
+    /// The socket never takes a byte, and every attempt to send is accompanied by a poll of
+    /// the QP — what an application spinning on an empty CQ in another thread does while the
+    /// thread that holds the QP pumps it. No payload is ever placed or gathered here.
+    struct PollDuringPump {
+        qp: Mutex<Weak<Qp>>,
+        polls: AtomicUsize,
+    }
+
+    impl UserMemory for PollDuringPump {
+        fn recv(&self, _: RawFd, _: &Pinned, _: &mut [u8]) -> io::Result<usize> {
+            Err(io::ErrorKind::WouldBlock.into())
+        }
+        fn send(&self, _: RawFd, _: &[IoPart<'_>]) -> io::Result<usize> {
+            if self.polls.fetch_add(1, Ordering::SeqCst) < POLLS {
+                let qp = self.qp.lock().unwrap().upgrade();
+                if let Some(qp) = qp {
+                    qp.try_progress();
+                }
+            }
+            Err(io::ErrorKind::WouldBlock.into())
+        }
+        fn read(&self, _: &Pinned, _: &mut [u8]) {
+            unreachable!("no payload in this test")
+        }
+        fn write(&self, _: &Pinned, _: &[u8]) {
+            unreachable!("no payload in this test")
+        }
+        fn atomic(&self, _: &Pinned, _: AtomicOp, _: u64, _: u64) -> u64 {
+            unreachable!("no payload in this test")
+        }
+    }
+
+    static MEM: PollDuringPump = PollDuringPump { qp: Mutex::new(Weak::new()), polls: AtomicUsize::new(0) };
+
+    fn loopback() -> [u8; 16] {
+        let mut g = [0u8; 16];
+        g[10] = 0xff;
+        g[11] = 0xff;
+        g[12..].copy_from_slice(&[127, 0, 0, 1]);
+        g
+    }
+
+    /// The CI hang of `dereg_race` under valgrind ("writes round 0: completions: timed out
+    /// after 0 of 16"): the application spins on `ibv_poll_cq` of QP a's empty CQ while the
+    /// progress thread holds a. A poll used to raise `kick`, so the holder served a again after
+    /// every pump, for as long as the application spun — and it spun because the progress thread,
+    /// stuck there, never accepted the stream and sent the peer's MPA Reply.
+    ///
+    /// Here the thread holding the QP is polled during each of its pumps (see
+    /// [`PollDuringPump`]); it must let go of the QP after serving what there is, not serve on
+    /// until the poller gives up.
+    #[test]
+    fn a_poll_during_a_pump_does_not_keep_the_holder_serving() {
+        let (app, ours) = UnixStream::pair().unwrap();
+        let sink = EventQueue::new(ours, app.try_clone().unwrap(), 16);
+        let device = DeviceInfo {
+            name: "uiw_unit".into(),
+            netdev: "lo".into(),
+            node_guid: 0,
+            gids: vec![loopback()],
+            netdev_mtu: 1500,
+            gid_tbl_len: 1,
+            // No published tree: its statistics directory cannot be made (see `stats`).
+            ibdev_path: "/nonexistent-uiw-unit-test/state/sysfs/class/infiniband/uiw_unit".into(),
+            active_speed: 1,
+            active_width: 1,
+        };
+        let limits = DeviceLimits::UIW;
+        let ctx = Context::new(Arc::new(device), limits.clone(), sink, &MEM);
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16, None).unwrap();
+        let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+        let spec = || QpSpec { pd, qp_type: qp_type::RC, cap, sq_sig_all: false, send_cq: cq.clone(), recv_cq: cq.clone(), srq: None };
+        // The peer: the last QP number of our own slot, so that this QP (a lower number) opens
+        // the stream, to our own listener, which waits for an MPA Request that never comes.
+        let mut qp = ctx.create_qp(spec()).unwrap();
+        if qp.qpn & 0xfff == 0xfff {
+            let other = ctx.create_qp(spec()).unwrap();
+            ctx.destroy_qp(&qp);
+            qp = other;
+        }
+        let peer = qp.qpn | 0xfff;
+
+        let init = QpAttrs { qp_state: QpState::Init, port_num: 1, ..QpAttrs::default() };
+        qp.modify(&init, mask::STATE | mask::PKEY_INDEX | mask::PORT | mask::ACCESS_FLAGS, &limits).unwrap();
+        let mut rtr = QpAttrs { qp_state: QpState::Rtr, path_mtu: 3, dest_qp_num: peer, max_dest_rd_atomic: 1, ..QpAttrs::default() };
+        rtr.ah.is_global = 1;
+        rtr.ah.dgid = loopback();
+        rtr.ah.hop_limit = 1;
+        rtr.ah.port_num = 1;
+        let rtr_mask = mask::STATE | mask::AV | mask::PATH_MTU | mask::DEST_QPN | mask::RQ_PSN | mask::MAX_DEST_RD_ATOMIC | mask::MIN_RNR_TIMER;
+        qp.modify(&rtr, rtr_mask, &limits).unwrap();
+
+        *MEM.qp.lock().unwrap() = Arc::downgrade(&qp);
+        // RTS opens the stream and pumps it (the MPA Request does not go out: every pump
+        // tries again, with a poll); then the progress thread's way in, readiness.
+        let rts = QpAttrs { qp_state: QpState::Rts, timeout: 14, retry_cnt: 7, rnr_retry: 7, max_rd_atomic: 1, ..QpAttrs::default() };
+        qp.modify(&rts, mask::STATE | mask::TIMEOUT | mask::RETRY_CNT | mask::RNR_RETRY | mask::SQ_PSN | mask::MAX_QP_RD_ATOMIC, &limits)
+            .unwrap();
+        let _ = Endpoint::progress(&*qp, false);
+        let polls = MEM.polls.load(Ordering::SeqCst);
+        *MEM.qp.lock().unwrap() = Weak::new();
+
+        assert!(polls > 0, "the stream was never pumped: the test did not test anything");
+        assert!(
+            polls < POLLS,
+            "the thread holding the QP served it again for every poll ({polls} pumps): a spinning \
+             application keeps it there"
+        );
+        ctx.destroy_qp(&qp);
     }
 }
