@@ -265,6 +265,7 @@ impl Context {
             net: net.clone(),
             destroyed: AtomicBool::new(false),
             kick: AtomicBool::new(false),
+            timer: AtomicBool::new(false),
             hup: AtomicBool::new(false),
             stats: super::stats::QpStats::new(&self.device.name, &self.device.ibdev_path, qpn),
             inner: Mutex::new(QpInner { attrs: qp_state::init_attrs_from_create(&cap), dp: DataPath::default(), parked: Vec::new(), open_at: None, cm: None }),
