@@ -88,9 +88,6 @@ pub struct Qp {
     pub inner: Mutex<QpInner>,
 }
 
-/// Pumps the progress thread gives one QP per turn before it looks at the others again.
-const TURN_PUMPS: u32 = 8;
-
 /// Streams a QP keeps waiting for its decision (a peer that connects early, strangers).
 const MAX_PARKED: usize = 4;
 
@@ -157,17 +154,21 @@ impl Qp {
         }
     }
 
-    /// A poll serves the stream here, or leaves its news (`kick`) to the thread that holds the
-    /// QP, which serves again before it lets go. An application spinning on an empty CQ raises
-    /// that news again during every pump of the holder: were the holder the progress thread, it
-    /// would serve this QP for as long as the spinning lasts and never get back to its other
-    /// streams, listener and deadlines — a hang when the completions the application waits for
-    /// depend on those (the peer QP's MPA Reply, an accepted stream, a timeout). So the
-    /// progress thread serves a QP at most [`TURN_PUMPS`] times a turn (see `serve_held`).
-    /// (A poll that raised no news at all hung `ib_send_lat` one run in about ten: a message
-    /// the holder had not seen stayed unread.)
+    /// A poll serves the stream here unless another thread holds the QP.
+    ///
+    /// A poll is not news, so it never raises `kick`. Whoever holds the QP reads the stream
+    /// until it would block anyway, and whatever arrives meanwhile is reported to the progress
+    /// thread, which raises `kick` itself (or, while the QP is leased, read by the poller's
+    /// next poll or after the lease lapses). Were a poll to raise it, an application spinning on
+    /// an empty CQ would raise it again during every pump of the thread holding the QP, and
+    /// that thread would serve this QP for as long as the spinning lasts: the progress thread
+    /// would never get back to its other streams, listener and deadlines — and when the
+    /// completions the application waits for depend on those (the peer QP's MPA Reply, the
+    /// accepted stream, a timeout), the spinning never ends (0 completions, a hang).
     fn try_serve(&self) {
-        self.serve(false);
+        if let Some(inner) = self.inner.try_lock() {
+            self.serve_held(inner, true, false);
+        }
     }
 
     /// Serves the stream while holding the QP: once on our own account (`poll`), then again
@@ -175,7 +176,6 @@ impl Qp {
     /// (the thread that raised it found the QP taken). Deadlines the sweep left to us
     /// (`timer`) are handled first.
     fn serve_held<'a>(&'a self, mut inner: parking_lot::MutexGuard<'a, QpInner>, mut poll: bool, rotate: bool) -> Progress {
-        let mut pumps = 0;
         loop {
             let mut more = false;
             loop {
@@ -189,16 +189,6 @@ impl Qp {
                 if more || !(std::mem::take(&mut poll) | self.kick.swap(false, Ordering::SeqCst)) {
                     break;
                 }
-                if rotate && pumps >= TURN_PUMPS {
-                    // The progress thread has served this QP enough for one turn (an
-                    // application polling the QP's CQ keeps raising `kick`): the news stays up,
-                    // and the QP comes back after the other streams, the listener and the
-                    // deadlines had theirs.
-                    self.kick.store(true, Ordering::SeqCst);
-                    more = true;
-                    break;
-                }
-                pumps += 1;
                 match self.pump_locked(&mut inner) {
                     Some((_, Some(f))) => {
                         self.fail_locked(inner, f);
@@ -1125,17 +1115,15 @@ mod tests {
         let rts = QpAttrs { qp_state: QpState::Rts, timeout: 14, retry_cnt: 7, rnr_retry: 7, max_rd_atomic: 1, ..QpAttrs::default() };
         let m = mask::STATE | mask::TIMEOUT | mask::RETRY_CNT | mask::RNR_RETRY | mask::SQ_PSN | mask::MAX_QP_RD_ATOMIC;
         qp.modify(&rts, m, &ctx.limits).unwrap();
-        // The progress thread's turn, with an application polling during each of its pumps.
-        MEM.polls.store(0, Ordering::SeqCst);
         let _ = Endpoint::progress(&*qp, false);
         let polls = MEM.polls.load(Ordering::SeqCst);
         *MEM.qp.lock().unwrap() = Weak::new();
 
         assert!(polls > 0, "the stream was never pumped: the test did not test anything");
         assert!(
-            polls <= super::TURN_PUMPS as usize,
-            "the progress thread served the QP again for every poll ({polls} pumps in one turn): a \
-             spinning application keeps it there"
+            polls < POLLS,
+            "the thread holding the QP served it again for every poll ({polls} pumps): a spinning \
+             application keeps it there"
         );
         ctx.destroy_qp(&qp);
     }

@@ -60,10 +60,7 @@ impl DataPath {
             let l = link.as_mut().unwrap();
             let mut mem = Mem { mrs: env.mrs, pd: env.pd, qp_access: env.qp_access, user_mem: env.user_mem, sinks, sq };
             let step = match want {
-                RxWant::Wait => {
-                    if std::env::var_os("UIW_TRACE_RX").is_some() { eprintln!("RX wait st {}..{}", l.st_lo, l.st_hi); }
-                    return (false, self.drain_events(env));
-                }
+                RxWant::Wait => return (false, self.drain_events(env)),
                 RxWant::Bytes(_) | RxWant::Place { place: Placement::Discard, .. } | RxWant::Discard => {
                     if l.st_lo < l.st_hi {
                         let k = match want {
@@ -152,10 +149,7 @@ impl DataPath {
                 }
                 // Staged bytes the core did not take: wait for the next event instead of
                 // spinning.
-                Ok(0) => {
-                    if std::env::var_os("UIW_TRACE_RX").is_some() { eprintln!("RX ok0 st {}..{} want {:?}", l.st_lo, l.st_hi, want); }
-                    return (false, self.drain_events(env));
-                }
+                Ok(0) => return (false, self.drain_events(env)),
                 Ok(n) => budget = budget.saturating_sub(n),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return (false, self.drain_events(env)),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
