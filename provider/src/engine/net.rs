@@ -85,6 +85,36 @@ const KIND_PENDING: u64 = 2 << 32;
 const KIND_CLOSING: u64 = 3 << 32;
 const KIND_MASK: u64 = 0xffff_ffff << 32;
 
+/// The progress thread's doorbell: a socket pair whose read end is in its epoll set
+/// (level-triggered: it wakes until the wakes are drained).
+struct Waker {
+    tx: UnixStream,
+    rx: UnixStream,
+}
+
+impl Waker {
+    fn new() -> io::Result<Waker> {
+        let (tx, rx) = UnixStream::pair()?;
+        tx.set_nonblocking(true)?;
+        Ok(Waker { tx, rx })
+    }
+
+    /// Never blocks. The progress thread wakes itself too (adopting or parking a stream,
+    /// refusing one, a QP's new deadline found while serving it), and a stream socket holds
+    /// only a few hundred one-byte writes (each is a buffer of its own): a blocking write into
+    /// a full waker would stop the progress thread for good, as only it drains the waker. A
+    /// full waker already has a wake pending, so nothing is lost by skipping the write.
+    fn wake(&self) {
+        let _ = (&self.tx).write(b"w");
+    }
+
+    /// Takes every pending wake (the progress thread, woken).
+    fn drain(&self) {
+        let mut b = [0u8; 256];
+        while matches!(uiw_kabi::sys::recv_dontwait(&self.rx, &mut b), Ok(n) if n == b.len()) {}
+    }
+}
+
 /// The process-wide transport.
 pub struct Net {
     epoll: Epoll,
@@ -116,7 +146,7 @@ pub struct Net {
     /// The raw-frame transports of `--transport xdp|packet` devices, by netdev.
     raw: Mutex<HashMap<String, Arc<dyn Connector>>>,
     stop: AtomicBool,
-    waker: (UnixStream, UnixStream),
+    waker: Waker,
 }
 
 /// Why [`Net::acquire`] failed.
@@ -229,7 +259,7 @@ impl Net {
         let Some(mut r) = g.take() else { return };
         drop(g);
         r.net.stop.store(true, Ordering::Release);
-        let _ = (&r.net.waker.0).write_all(b"x");
+        r.net.waker.wake();
         if let Some(t) = r.thread.take() {
             let _ = t.join();
         }
@@ -265,8 +295,8 @@ impl Net {
         for (_, l) in &listeners {
             epoll.add(l.readiness(), TOKEN_LISTENER, EPOLL_IN).map_err(|e| e.to_string())?;
         }
-        let waker = UnixStream::pair().map_err(|e| e.to_string())?;
-        epoll.add(waker.1.as_raw_fd(), TOKEN_WAKE, EPOLL_IN).map_err(|e| e.to_string())?;
+        let waker = Waker::new().map_err(|e| e.to_string())?;
+        epoll.add(waker.rx.as_raw_fd(), TOKEN_WAKE, EPOLL_IN).map_err(|e| e.to_string())?;
         Ok(Net {
             epoll,
             listeners: Mutex::new(listeners),
@@ -461,8 +491,7 @@ impl Net {
                     }
                     _ => {
                         // Woken: a stream with a deadline may have started.
-                        let mut b = [0u8; 64];
-                        let _ = uiw_kabi::sys::recv_dontwait(&self.waker.1, &mut b);
+                        self.waker.drain();
                         next_due = Some(0);
                         false
                     }
@@ -488,7 +517,7 @@ impl Net {
 
     /// Wakes the progress thread so that it looks at the streams' deadlines again.
     pub fn wake(&self) {
-        let _ = (&self.waker.0).write(b"w");
+        self.waker.wake();
     }
 
     /// The child's side of [`fork_child`]: closes this process's copies of every descriptor
@@ -769,5 +798,30 @@ impl Net {
             }
         }
         next
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Nobody drains the waker here (no progress thread): far more wakes than the socket holds
+    /// must still all return, and the waker must still be readable (a wake pending).
+    #[test]
+    fn wake_never_blocks_when_the_waker_is_full() {
+        let w = Waker::new().unwrap();
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for _ in 0..10_000 {
+                w.wake();
+            }
+            let _ = done.send(w);
+        });
+        // Not a timing assertion: the wakes take microseconds; a blocked write never returns.
+        let w = finished.recv_timeout(Duration::from_secs(60)).expect("wake() blocked on a full waker");
+        let mut b = [0u8; 1];
+        assert_eq!(uiw_kabi::sys::recv_dontwait(&w.rx, &mut b).unwrap(), 1, "a wake is pending");
+        w.drain();
+        assert_eq!(uiw_kabi::sys::recv_dontwait(&w.rx, &mut b).unwrap(), 0, "drain takes every wake");
     }
 }
