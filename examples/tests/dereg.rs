@@ -62,18 +62,6 @@ fn dereg_while_streaming_under_uiw_run() {
     assert_passed("uiw run -- dereg_race -r 8", &out, checks(8, false));
 }
 
-/// Valgrind runs one thread at a time. Its default lock (`--fair-sched=no`, a pipe) lets the
-/// thread that just released it take it back at once (valgrind manual, "Scheduling and
-/// Multi-Thread Performance"). `dereg_race` spins on `ibv_poll_cq`, and each empty poll makes a
-/// short non-blocking `read` on QP a's socket, which releases and retakes the lock. uiw's
-/// progress thread, which alone accepts the stream and serves the passive QP b, then waits
-/// seconds for each of its own system calls. In one traced run a single accept took 10.8 s,
-/// and QP a's 10 s MPA timeout fired first (`reads round 0 … 0 of 48`). Such runs came a few
-/// in some hundreds on the busy 2-core machine, more or fewer with its load. The futex lock
-/// hands the lock round-robin. The test checks memory safety, not how valgrind schedules
-/// threads.
-const VALGRIND_FAIR_SCHED: &str = "--fair-sched=yes";
-
 /// `uiw run -- valgrind ./dereg_race -r 2 -f`: the region is freed right after
 /// `ibv_dereg_mr` returns; valgrind finds no access to it (nor any other error or leak).
 #[test]
@@ -93,8 +81,6 @@ fn dereg_while_streaming_under_valgrind() {
         .unwrap_or_else(|e| panic!("{TEST}: {e}"));
     let args: Vec<&OsStr> = vec![
         OsStr::new("valgrind"),
-        // Round-robin scheduling of the program's threads (see `VALGRIND_FAIR_SCHED`).
-        OsStr::new(VALGRIND_FAIR_SCHED),
         OsStr::new("--error-exitcode=99"),
         OsStr::new("--leak-check=full"),
         OsStr::new("--show-leak-kinds=definite,possible"),
