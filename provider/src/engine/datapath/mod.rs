@@ -707,3 +707,5 @@ impl DataPath {
 
 #[cfg(test)]
 mod tests;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod testkit;
