@@ -705,6 +705,8 @@ impl DataPath {
 }
 
 
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzz;
 #[cfg(test)]
 mod tests;
 #[cfg(any(test, feature = "fuzzing"))]
