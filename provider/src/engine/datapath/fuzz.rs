@@ -130,7 +130,7 @@ pub struct RegionSpec {
 const PD: u32 = 1;
 const OTHER_PD: u32 = 2;
 /// The QP number completions must carry.
-pub const QPN: u32 = 0x00f0_0d;
+pub const QPN: u32 = 0x00_f00d;
 
 /// The regions, registered in this order (region `i` has STag `(i + 1) << 8`).
 pub const REGIONS: [RegionSpec; 8] = [

@@ -250,7 +250,7 @@ fn reads_answered_and_read_responses_placed() {
 fn an_atomic_adds_in_place() {
     let r = run(&seed("fetch_add"));
     assert_eq!(r.fatal, None);
-    let off = (addr(RW) - BASE + 8) as u64;
+    let off = addr(RW) - BASE + 8;
     let before = u64::from_ne_bytes(std::array::from_fn(|k| fill_byte(off + k as u64)));
     assert_eq!(u64::from_ne_bytes(region(&r, RW, 8, 8).try_into().unwrap()), before + 5);
 }
