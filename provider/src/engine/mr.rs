@@ -210,11 +210,28 @@ pub struct MrTable {
     invalidated: RwLock<HashSet<u32>>,
     next_index: AtomicU32,
     max: usize,
+    /// The key byte every STag gets instead of a random one: only [`MrTable::with_fixed_keys`]
+    /// (tests and the fuzz harness) sets it, so that a peer's bytes can name a region.
+    fixed_key: Option<u8>,
 }
 
 impl MrTable {
     pub fn new(max: usize) -> MrTable {
-        MrTable { regions: RwLock::new(HashMap::new()), invalidated: RwLock::new(HashSet::new()), next_index: AtomicU32::new(1), max }
+        MrTable {
+            regions: RwLock::new(HashMap::new()),
+            invalidated: RwLock::new(HashSet::new()),
+            next_index: AtomicU32::new(1),
+            max,
+            fixed_key: None,
+        }
+    }
+
+    /// A table whose STags are predictable: `index << 8 | key`, indices from 1 in registration
+    /// order. For tests and the fuzz harness (`datapath::fuzz`), whose recorded peer streams
+    /// name regions by STag; never for a device a peer can reach (RFC 5042 §5).
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub fn with_fixed_keys(max: usize, key: u8) -> MrTable {
+        MrTable { fixed_key: Some(key), ..MrTable::new(max) }
     }
 
     /// Registers `[addr, addr+length)`, seen by peers at `iova`.
@@ -242,7 +259,8 @@ impl MrTable {
             // one STag cannot guess the next, and a stale STag of a re-used index is refused
             // unless the key repeats, 1 in 256).
             let n = self.next_index.fetch_add(1, Ordering::Relaxed) % MAX_INDEX;
-            let stag = (n << 8) | (super::random::u64() & 0xff) as u32;
+            let key = self.fixed_key.unwrap_or_else(|| super::random::u64() as u8);
+            let stag = (n << 8) | u32::from(key);
             if n != 0 && !regions.contains_key(&stag) {
                 break stag;
             }
@@ -341,6 +359,16 @@ mod tests {
         assert_eq!(a.stag >> 8, MAX_INDEX - 1);
         assert_eq!(b.stag >> 8, 1);
         assert!(a.stag >> 24 != 0xff && b.stag >> 24 != 0xff);
+    }
+
+    #[test]
+    fn fixed_keys_give_stags_in_registration_order() {
+        let t = MrTable::with_fixed_keys(8, 0x5a);
+        let a = t.register(1, 0x1000, 64, 0x1000, 0).unwrap();
+        let b = t.register(1, 0x2000, 64, 0x2000, 0).unwrap();
+        assert_eq!((a.stag, b.stag), (0x15a, 0x25a));
+        t.deregister(a.stag);
+        assert_eq!(t.register(1, 0x1000, 64, 0x1000, 0).unwrap().stag, 0x35a, "indices are not re-used at once");
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! The C ABI surface of the provider: registration with libibverbs, the device and context
 //! callbacks, and the verbs ops (in the submodules). Every `unsafe` block of the provider lives
 //! under this module, each with a `// SAFETY:` line; the logic lives in `crate::engine`.
-// Unit-test builds leave out the ELF constructor, and with it every path into this module.
-#![cfg_attr(test, allow(dead_code))]
+// Unit-test and `fuzzing` builds leave out the ELF constructor, and with it every path into
+// this module.
+#![cfg_attr(any(test, feature = "fuzzing"), allow(dead_code))]
 
 use core::ffi::{c_char, c_int, c_void, CStr};
 use core::mem::offset_of;
@@ -78,8 +79,9 @@ static DEVICE_OPS: VerbsDeviceOps = VerbsDeviceOps {
     uninit_device: Some(uninit_device),
 };
 
-/// Runs when libibverbs `dlopen`s the provider (`PROVIDER_DRIVER` in C).
-#[cfg(not(test))]
+/// Runs when libibverbs `dlopen`s the provider (`PROVIDER_DRIVER` in C). Not in a build with
+/// the `fuzzing` feature: a fuzz target links the engine, never libibverbs.
+#[cfg(not(any(test, feature = "fuzzing")))]
 #[used]
 #[link_section = ".init_array"]
 static REGISTER: extern "C" fn() = register;

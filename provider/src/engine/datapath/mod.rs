@@ -705,5 +705,9 @@ impl DataPath {
 }
 
 
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzz;
 #[cfg(test)]
 mod tests;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod testkit;

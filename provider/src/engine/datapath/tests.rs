@@ -3,68 +3,19 @@
 //! that MPA negotiation, a Send, an RDMA Write and an RDMA Read cross every kind of byte
 //! boundary (inside headers, inside payload placed in place, inside trailers).
 
-use std::os::unix::net::UnixStream;
-use std::sync::{Arc, Mutex as StdMutex};
+use std::sync::Arc;
 
 use uiw_wire::conn::{Connection, Role};
 
+use super::testkit::{cq, Arena, BASE};
 use super::{DataPath, Env, Link};
 use crate::engine::access;
 use crate::engine::cq::{wc_opcode, wc_status, Completion, CqObj};
-use crate::engine::events::EventQueue;
 use crate::engine::mr::{Mr, MrTable};
 use crate::engine::transport::{config, memory, Pending, Stream};
-use crate::engine::user_memory::{AtomicOp, IoPart, Pinned, UserMemory};
 use crate::engine::wr::{opcode, send_flags, Payload, RecvWqe, SendWqe, Sge};
 
-/// Where the test arena starts in the made-up address space its regions use.
-const BASE: u64 = 0x1_0000;
 const ARENA: usize = 64 << 10;
-
-/// Application memory as one arena, addressed from [`BASE`]; it has no descriptors.
-struct Arena(StdMutex<Vec<u8>>);
-
-impl Arena {
-    fn at(p: &Pinned) -> usize {
-        (p.addr() - BASE) as usize
-    }
-    fn get(&self, addr: u64, len: usize) -> Vec<u8> {
-        let a = (addr - BASE) as usize;
-        self.0.lock().unwrap()[a..a + len].to_vec()
-    }
-    fn set(&self, addr: u64, data: &[u8]) {
-        let a = (addr - BASE) as usize;
-        self.0.lock().unwrap()[a..a + data.len()].copy_from_slice(data);
-    }
-}
-
-impl UserMemory for Arena {
-    fn recv(&self, _: std::os::fd::RawFd, _: &Pinned, _: &mut [u8]) -> std::io::Result<usize> {
-        panic!("the in-memory stream never hands a descriptor to UserMemory::recv")
-    }
-    fn send(&self, _: std::os::fd::RawFd, _: &[IoPart<'_>]) -> std::io::Result<usize> {
-        panic!("the in-memory stream never hands a descriptor to UserMemory::send")
-    }
-    fn read(&self, src: &Pinned, out: &mut [u8]) {
-        let a = Self::at(src);
-        let n = out.len().min(src.len());
-        out[..n].copy_from_slice(&self.0.lock().unwrap()[a..a + n]);
-    }
-    fn write(&self, dst: &Pinned, data: &[u8]) {
-        let a = Self::at(dst);
-        let n = data.len().min(dst.len());
-        self.0.lock().unwrap()[a..a + n].copy_from_slice(&data[..n]);
-    }
-    fn atomic(&self, _: &Pinned, _: AtomicOp, _: u64, _: u64) -> u64 {
-        unimplemented!("no atomics in these tests")
-    }
-}
-
-fn cq() -> CqObj {
-    let (a, b) = UnixStream::pair().unwrap();
-    let unread = b.try_clone().unwrap();
-    CqObj::new(256, None, Arc::new(EventQueue::new(a, unread, 16)))
-}
 
 /// One side: its data path, its regions, its CQs.
 struct Side {
@@ -184,7 +135,7 @@ fn send_wqe(wr_id: u64, op: u32, sge: Sge, remote_addr: u64, rkey: u32) -> SendW
 
 /// Send, RDMA Write and RDMA Read of `len` bytes over pieces of at most `max_io` bytes.
 fn transfer(max_io: usize, len: usize) {
-    let mem = Arena(StdMutex::new(vec![0u8; ARENA]));
+    let mem = Arena::new(ARENA);
     let (a_addr, b_addr) = (BASE, BASE + (ARENA / 2) as u64);
     let half = (ARENA / 2) as u64;
     let mut a = Side::new(a_addr, half);

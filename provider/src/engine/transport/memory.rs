@@ -35,6 +35,11 @@ pub fn pair(max_io: usize, capacity: usize) -> (MemStream, MemStream) {
 }
 
 impl MemStream {
+    /// Bytes this end sent that the other end has not received yet.
+    pub fn unread_by_peer(&self) -> usize {
+        self.tx.lock().unwrap().bytes.len()
+    }
+
     fn room(&self) -> usize {
         let p = self.tx.lock().unwrap();
         self.capacity.saturating_sub(p.bytes.len()).min(self.max_io)

@@ -21,7 +21,7 @@ use uiw_wire::placement::{Access, Memory};
 use uiw_wire::TaggedError;
 
 pub mod kernel;
-#[cfg(test)]
+#[cfg(any(test, feature = "fuzzing"))]
 pub mod memory;
 pub mod raw;
 pub mod stream;
