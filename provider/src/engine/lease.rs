@@ -4,9 +4,13 @@
 //! An application that polls an empty CQ serves the CQ's QPs itself (`CqObj::drive`). While
 //! it does, waking the progress thread for every arrival only makes two threads contend for
 //! one stream — on a machine with few cores the progress thread preempts the very thread that
-//! would have served the data. So a poll *claims* the QP for [`LEASE_US`]: its socket leaves
-//! the progress thread's epoll interest (one `epoll_ctl`, on the claim only), and every later
-//! poll renews the lease with one clock read and one atomic store. The lease is handed back
+//! would have served the data. So a thread that keeps polling *claims* the QP for
+//! [`LEASE_US`]: its polls have found the CQ empty for [`CLAIM_AFTER_US`] in a row, or it posts
+//! a second WR since its last poll (a stream of posts, whose doorbells then wait for that
+//! poller's next poll: `Qp::defer_doorbell`). A single poll never claims: `ib_write_lat` polls
+//! once for its send completion and then spins on memory. The claimed QP's socket leaves the
+//! progress thread's epoll interest (one `epoll_ctl`, on the claim only), and later polls
+//! renew the lease with one clock read and one atomic store. The lease is handed back
 //! when the application arms the CQ's completion channel (`ibv_req_notify_cq`: it is about to
 //! sleep), when the stream goes, or when the application stops polling: the progress thread
 //! looks at a lease when it is due, takes the QP back if it was not renewed, and serves what
