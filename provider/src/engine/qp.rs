@@ -389,9 +389,10 @@ impl Qp {
         Ok(())
     }
 
-    /// `ibv_poll_cq` found nothing: serve the stream here unless another thread is at it.
-    /// With `claim` (a thread that keeps polling), the QP is this thread's to drive for the
-    /// lease that the poll renews (see `lease`).
+    /// A poll drives the QP (`CqObj::polling`): serve the stream here unless another thread is
+    /// at it. A poller that keeps polling (`Poller::Claims`) takes the QP over from the progress
+    /// thread for the lease its polls renew (see `lease`); `Poller::Renews` only renews a lease
+    /// already held.
     pub fn try_progress(&self, poller: Poller) {
         match poller {
             Poller::Claims if lease_enabled() => {
