@@ -260,12 +260,12 @@ impl CqObj {
                 t => t,
             };
             let claim = now.saturating_sub(since) >= super::lease::CLAIM_AFTER_US;
-            self.drive(if claim { Poller::Claims } else { Poller::Renews });
+            self.drive(if claim { Poller::Claims } else { Poller::Renews }, now);
             return;
         }
         self.empty_since.store(0, Ordering::Relaxed);
         if self.deferred.swap(false, Ordering::AcqRel) || now >= self.renew_at.load(Ordering::Relaxed) {
-            self.drive(Poller::Renews);
+            self.drive(Poller::Renews, now);
         }
     }
 
@@ -275,9 +275,10 @@ impl CqObj {
     /// A CQ nobody armed is polled by a thread that keeps polling: it may claim its QPs, and
     /// renews the leases it holds (see `lease`). An armed CQ's poller is about to sleep on the
     /// channel: it claims nothing.
-    pub fn drive(&self, poller: Poller) {
+    /// `now`: the poll's reading of the engine clock (µs).
+    fn drive(&self, poller: Poller, now: u64) {
         let poller = if self.q.lock().armed() { Poller::Sleeps } else { poller };
-        self.renew_at.store(super::clock::now_us() + super::lease::LEASE_US / 2, Ordering::Relaxed);
+        self.renew_at.store(now + super::lease::LEASE_US / 2, Ordering::Relaxed);
         for qp in self.polled_qps() {
             qp.try_progress(poller);
         }

@@ -15,6 +15,7 @@ use parking_lot::{Mutex, RwLock};
 use uiw_kabi::sys::{Epoll, EPOLL_IN, EPOLL_SOCKET_EDGE};
 use uiw_wire::conn::{Connection, Role};
 
+use super::clock::earliest;
 use super::cm::{CmConn, CmStatus};
 use super::device::{gid_ipv4, DeviceInfo, TransportKind};
 use super::lease::{Arming, Check};
@@ -429,7 +430,7 @@ impl Net {
                 continue;
             };
             match qp.lease_check(now) {
-                Check::HeldUntil(t) => next = Some(next.map_or(t, |n| n.min(t))),
+                Check::HeldUntil(t) => next = earliest(next, Some(t)),
                 Check::Free => {
                     let tok = KIND_QP | u64::from(qpn);
                     if !ready.iter().any(|r| r.0 == tok) {
@@ -457,10 +458,7 @@ impl Net {
             } else {
                 let now = now_us();
                 let due = next_due.map(|t| t.saturating_mul(1000));
-                match (due, next_lease) {
-                    (None, None) => None,
-                    (a, b) => Some(Duration::from_micros(a.unwrap_or(u64::MAX).min(b.unwrap_or(u64::MAX)).saturating_sub(now))),
-                }
+                earliest(due, next_lease).map(|t| Duration::from_micros(t.saturating_sub(now)))
             };
             if self.epoll.wait_for(&mut evs, timeout).is_err() {
                 std::thread::sleep(Duration::from_millis(10));
@@ -750,11 +748,7 @@ impl Net {
     /// MPA timeouts of streams still negotiating; returns when the next one is due.
     fn sweep(&self, now: u64) -> Option<u64> {
         let mut next: Option<u64> = None;
-        let mut due = |t: Option<u64>| {
-            if let Some(t) = t {
-                next = Some(next.map_or(t, |n| n.min(t)));
-            }
-        };
+        let mut due = |t: Option<u64>| next = earliest(next, t);
         let paused = self.accept_paused_until.load(Ordering::Acquire);
         if paused != 0 {
             if now >= paused {

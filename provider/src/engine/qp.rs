@@ -13,6 +13,7 @@ use super::datapath::{DataPath, Env, Fatal, Link, Notice};
 use super::device::{gid_ipv4, DeviceInfo, TransportKind};
 use super::error::{Error, Result};
 use super::events::{event_type, AsyncSink};
+use super::clock::earliest;
 use super::lease::{Arming, Check, Lease};
 use super::limits::DeviceLimits;
 use super::mr::MrTable;
@@ -532,15 +533,9 @@ impl Qp {
         };
         let t = inner.dp.link.as_ref().and_then(|l| {
             let close = l.peer_closed.map(|t| t + PEER_CLOSE_GRACE_MS);
-            match (l.conn.poll_timeout(), close) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            }
+            earliest(l.conn.poll_timeout(), close)
         });
-        let t = match (t, inner.open_at) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let t = earliest(t, inner.open_at);
         drop(inner);
         self.settle();
         t
