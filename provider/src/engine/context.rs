@@ -264,6 +264,8 @@ impl Context {
             net: net.clone(),
             destroyed: AtomicBool::new(false),
             kick: AtomicBool::new(false),
+            polled: AtomicBool::new(false),
+            timer: AtomicBool::new(false),
             hup: AtomicBool::new(false),
             lease: Default::default(),
             polls_at_post: AtomicU64::new(u64::MAX),

@@ -68,9 +68,15 @@ pub struct Qp {
     pub(crate) device: Arc<DeviceInfo>,
     pub(crate) net: Arc<Net>,
     pub(crate) destroyed: AtomicBool,
-    /// The stream has news (readiness, an application poll) for whichever thread holds the
-    /// QP: it serves the stream again before it lets go (see [`Qp::serve`]).
+    /// The stream has news (readiness) for whichever thread holds the QP: it serves the
+    /// stream again before it lets go (see [`Qp::serve`]).
     pub(crate) kick: AtomicBool,
+    /// An application poll found the QP taken: the holder pumps once more for it before it
+    /// lets go, but only once per hold (see [`Qp::try_progress`]).
+    pub(crate) polled: AtomicBool,
+    /// The progress thread's sweep found a deadline of the QP's that may be due while another
+    /// thread held the QP: that thread handles it before it lets go (see [`Qp::handle_timeout`]).
+    pub(crate) timer: AtomicBool,
     /// The progress thread saw the peer hang up (EPOLLRDHUP/EPOLLHUP): the next pump reads
     /// to the end of the stream.
     pub(crate) hup: AtomicBool,
@@ -120,20 +126,24 @@ impl Qp {
         a
     }
 
-    /// After releasing the QP: serve the stream if news came while we held it (the thread
-    /// that brought it found the QP taken and left it to us).
+    /// After releasing the QP: serve the stream if news came while we held it, and handle the
+    /// deadlines the sweep found due meanwhile (the thread that brought either found the QP
+    /// taken and left it to us).
     fn settle(&self) {
         std::sync::atomic::fence(Ordering::SeqCst);
-        if self.kick.load(Ordering::SeqCst) {
-            self.serve(false);
+        if self.kick.load(Ordering::SeqCst) || self.timer.load(Ordering::SeqCst) {
+            if let Some(inner) = self.inner.try_lock() {
+                self.serve_held(inner, false);
+            }
         }
     }
 
-    /// Serves the QP's stream now, from whichever thread has news for it: the progress thread
-    /// on readiness, an application thread in `ibv_poll_cq`. Never waits for a thread that
-    /// holds the QP: that thread serves the stream again before it lets go (`kick`, then
-    /// `settle`), so no arrival waits for a timer. Returns `More` when the receive budget ran
-    /// out with input left (the progress thread comes back to it after the other QPs).
+    /// Serves the QP's stream now, for a thread that has news for it: the progress thread on
+    /// readiness, a thread that let go of the QP while news was up (`settle`). Never waits for
+    /// a thread that holds the QP: that thread serves the stream again before it lets go
+    /// (`kick`, then `settle`), so no arrival waits for a timer. Returns `More` when the
+    /// receive budget ran out with input left (the progress thread comes back to it after the
+    /// other QPs).
     ///
     /// `rotate`: the progress thread, which comes back to a QP whose receive budget ran out
     /// after the other QPs; an application thread serves on (letting go of the QP between
@@ -141,12 +151,36 @@ impl Qp {
     pub fn serve(&self, rotate: bool) -> Progress {
         self.kick.store(true, Ordering::SeqCst);
         std::sync::atomic::fence(Ordering::SeqCst);
+        match self.inner.try_lock() {
+            Some(inner) => self.serve_held(inner, rotate),
+            None => Progress::Done,
+        }
+    }
+
+    /// Serves the stream while holding the QP: for as long as `kick` is up, once for the polls
+    /// that found the QP taken meanwhile (`polled`), and again after letting go if news came
+    /// just then (the thread that brought it found the QP taken).
+    ///
+    /// Polls are answered once per hold, not for as long as they come: an application that
+    /// spins on an empty CQ polls during every pump of the holder, and were each poll answered
+    /// with another pump, a holder that is the progress thread would serve this QP for as
+    /// long as the spinning lasts and never get back to its other streams, listener and
+    /// deadlines — a hang when what the application waits for depends on those (the peer QP's
+    /// MPA Reply, an accepted stream, a timeout). The one pump after the polls still reads the
+    /// stream until it would block and sends what they left queued (a deferred doorbell);
+    /// whatever comes later is news for the progress thread, or for the poller's next poll
+    /// when it leases the QP.
+    fn serve_held<'a>(&'a self, mut inner: parking_lot::MutexGuard<'a, QpInner>, rotate: bool) -> Progress {
+        let mut polls_answered = false;
         loop {
-            let Some(mut inner) = self.inner.try_lock() else {
-                return Progress::Done;
-            };
             let mut more = false;
-            while !more && self.kick.swap(false, Ordering::SeqCst) {
+            if self.timer.swap(false, Ordering::SeqCst) {
+                if let Some(f) = self.timeouts_locked(&mut inner, now_ms()) {
+                    self.fail_locked(inner, f);
+                    return Progress::Done;
+                }
+            }
+            while !more && self.news(&mut polls_answered) {
                 match self.pump_locked(&mut inner) {
                     Some((_, Some(f))) => {
                         self.fail_locked(inner, f);
@@ -161,14 +195,31 @@ impl Qp {
                 if rotate {
                     return Progress::More;
                 }
+                // Input is left (the receive budget ran out): serve on after letting go.
                 self.kick.store(true, Ordering::SeqCst);
-                continue;
             }
             std::sync::atomic::fence(Ordering::SeqCst);
-            if !self.kick.load(Ordering::SeqCst) {
+            if !self.kick.load(Ordering::SeqCst) && !self.timer.load(Ordering::SeqCst) {
                 return Progress::Done;
             }
+            inner = match self.inner.try_lock() {
+                Some(i) => i,
+                None => return Progress::Done,
+            };
         }
+    }
+
+    /// Whether the holder pumps again: news is up, or polls came that this hold has not
+    /// answered yet (see [`Qp::serve_held`]).
+    fn news(&self, polls_answered: &mut bool) -> bool {
+        if self.kick.swap(false, Ordering::SeqCst) {
+            return true;
+        }
+        if !*polls_answered && self.polled.swap(false, Ordering::SeqCst) {
+            *polls_answered = true;
+            return true;
+        }
+        false
     }
 
     pub(crate) fn env(&self, qp_access: u32) -> Env<'_> {
@@ -406,7 +457,13 @@ impl Qp {
             }
             _ => {}
         }
-        self.serve(false);
+        // A poll is not news (see `serve_held`): it asks the holder for one more pump, and
+        // serves here only when the QP is free.
+        self.polled.store(true, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if let Some(inner) = self.inner.try_lock() {
+            self.serve_held(inner, false);
+        }
     }
 
     /// The application is going to sleep on a completion channel: the progress thread serves
@@ -481,48 +538,47 @@ impl Qp {
         }
     }
 
-    /// MPA negotiation deadlines (the progress thread calls this when one is due).
-    pub fn handle_timeout(&self, now: u64) {
-        let Some(mut inner) = self.inner.try_lock() else {
-            // The holder serves the stream; the deadline is looked at again next time.
-            return;
-        };
+    /// The progress thread's sweep: handles the deadlines due (MPA negotiation, `open_at`, the
+    /// peer-close grace, the siw first-FPDU hold, the RNR wait). Never waits for a thread that
+    /// holds the QP, nor skips them for it: that thread handles them before it lets go (`timer`,
+    /// as `kick`). A thread that keeps serving the QP — an application spinning on its CQ,
+    /// whose polls pump the stream — would otherwise keep its deadlines waiting for as long as
+    /// the sweep happens to find it taken (under valgrind, which switches threads in the
+    /// system calls a pump makes, nearly every time).
+    pub fn handle_timeout(&self, _now: u64) {
+        self.timer.store(true, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if let Some(inner) = self.inner.try_lock() {
+            self.serve_held(inner, false);
+        }
+    }
+
+    /// Handles the deadlines due at `now`; raises `kick` where the stream must be served now (a
+    /// stream just opened, a first FPDU released), which the caller, holding the QP, does.
+    fn timeouts_locked(&self, inner: &mut QpInner, now: u64) -> Option<Fatal> {
         if inner.open_at.is_some_and(|t| now >= t) {
             inner.open_at = None;
-            match self.open_locked(&mut inner) {
-                Some(f) => self.fail_locked(inner, f),
-                None => self.serve_locked(inner),
-            }
-            self.settle();
-            return;
+            let f = self.open_locked(inner);
+            // Send the MPA Request as soon as the socket takes it.
+            self.kick.store(true, Ordering::SeqCst);
+            return f;
         }
-        let Some(l) = inner.dp.link.as_mut() else {
-            return;
-        };
+        let l = inner.dp.link.as_mut()?;
         if l.peer_closed.is_some_and(|t| now.saturating_sub(t) >= PEER_CLOSE_GRACE_MS) {
             l.conn.handle_eof();
-            self.fail_locked(inner, Fatal::Closed);
-            return;
+            return Some(Fatal::Closed);
         }
         if l.conn.poll_timeout().is_some_and(|d| d <= now) {
             let held = l.conn.tx_held();
             l.conn.handle_timeout(now);
-            let released = held && !l.conn.tx_held();
+            if held && !l.conn.tx_held() {
+                // The first FPDU held for a siw responder may go now.
+                self.kick.store(true, Ordering::SeqCst);
+            }
             let env = self.env(inner.attrs.qp_access_flags);
-            if let Some(f) = inner.dp.drain_events(&env) {
-                self.fail_locked(inner, f);
-                return;
-            }
-            if released {
-                // the first FPDU held for a siw responder may go now
-                if let Some((_, Some(f))) = self.pump_locked(&mut inner) {
-                    self.fail_locked(inner, f);
-                    return;
-                }
-            }
+            return inner.dp.drain_events(&env);
         }
-        drop(inner);
-        self.settle();
+        None
     }
 
     /// When this QP's stream next needs the clock (engine ms), if it does.
@@ -925,5 +981,184 @@ impl PolledQp for Qp {
 impl CmQp for Qp {
     fn cm_disconnect(&self) {
         Qp::cm_disconnect(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+    use std::os::fd::RawFd;
+    use std::os::unix::net::UnixStream;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex, Weak};
+
+    use super::super::context::Context;
+    use super::super::device::DeviceInfo;
+    use super::super::events::EventQueue;
+    use super::super::limits::DeviceLimits;
+    use super::super::net::Endpoint;
+    use super::super::qp_state::{mask, qp_type, QpAttrs, QpCap, QpState};
+    use super::super::user_memory::{AtomicOp, IoPart, Pinned, UserMemory};
+    use super::{now_ms, Qp, QpSpec};
+
+    /// How many polls [`PollDuringPump`] makes before it stops: far more than serving a QP
+    /// with nothing to read ever needs.
+    const POLLS: usize = 1000;
+
+    /// The socket never takes a byte, and while a QP is set in `qp`, every attempt to send is
+    /// accompanied by a poll of it — what an application spinning on an empty CQ in another
+    /// thread does while the thread that holds the QP pumps it. No payload is ever placed or
+    /// gathered here.
+    struct PollDuringPump {
+        qp: Mutex<Weak<Qp>>,
+        polls: AtomicUsize,
+    }
+
+    impl UserMemory for PollDuringPump {
+        fn recv(&self, _: RawFd, _: &Pinned, _: &mut [u8]) -> io::Result<usize> {
+            Err(io::ErrorKind::WouldBlock.into())
+        }
+        fn send(&self, _: RawFd, _: &[IoPart<'_>]) -> io::Result<usize> {
+            let qp = self.qp.lock().unwrap().upgrade();
+            if let Some(qp) = qp {
+                if self.polls.fetch_add(1, Ordering::SeqCst) < POLLS {
+                    qp.try_progress(crate::engine::cq::Poller::Renews);
+                }
+            }
+            Err(io::ErrorKind::WouldBlock.into())
+        }
+        fn read(&self, _: &Pinned, _: &mut [u8]) {
+            unreachable!("no payload in these tests")
+        }
+        fn write(&self, _: &Pinned, _: &[u8]) {
+            unreachable!("no payload in these tests")
+        }
+        fn atomic(&self, _: &Pinned, _: AtomicOp, _: u64, _: u64) -> u64 {
+            unreachable!("no payload in these tests")
+        }
+    }
+
+    /// The process's transport takes the memory of the first context that opens it: every test
+    /// here uses this one, one test at a time ([`ONE_AT_A_TIME`]).
+    static MEM: PollDuringPump = PollDuringPump { qp: Mutex::new(Weak::new()), polls: AtomicUsize::new(0) };
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+    fn loopback() -> [u8; 16] {
+        let mut g = [0u8; 16];
+        g[10] = 0xff;
+        g[11] = 0xff;
+        g[12..].copy_from_slice(&[127, 0, 0, 1]);
+        g
+    }
+
+    /// A context on a device with address 127.0.0.1, and an RC QP in INIT that will open the
+    /// stream towards the last QP number of our own slot (a higher number: this QP opens, to
+    /// our own listener, which waits for an MPA Request that never comes).
+    fn context_and_opener() -> (Context, Arc<Qp>) {
+        let (app, ours) = UnixStream::pair().unwrap();
+        let sink = EventQueue::new(ours, app.try_clone().unwrap(), 16);
+        let device = DeviceInfo {
+            name: "uiw_unit".into(),
+            netdev: "lo".into(),
+            node_guid: 0,
+            gids: vec![loopback()],
+            netdev_mtu: 1500,
+            gid_tbl_len: 1,
+            // No published tree: its statistics directory cannot be made (see `stats`).
+            ibdev_path: "/nonexistent-uiw-unit-test/state/sysfs/class/infiniband/uiw_unit".into(),
+            active_speed: 1,
+            active_width: 1,
+            transport: crate::engine::device::TransportKind::Tcp,
+        };
+        let ctx = Context::new(Arc::new(device), DeviceLimits::UIW, sink, &MEM);
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16, None).unwrap();
+        let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+        let spec = || QpSpec { pd, qp_type: qp_type::RC, cap, sq_sig_all: false, send_cq: cq.clone(), recv_cq: cq.clone(), srq: None };
+        let mut qp = ctx.create_qp(spec()).unwrap();
+        if qp.qpn & 0xfff == 0xfff {
+            let other = ctx.create_qp(spec()).unwrap();
+            ctx.destroy_qp(&qp);
+            qp = other;
+        }
+        let init = QpAttrs { qp_state: QpState::Init, port_num: 1, ..QpAttrs::default() };
+        qp.modify(&init, mask::STATE | mask::PKEY_INDEX | mask::PORT | mask::ACCESS_FLAGS, &ctx.limits).unwrap();
+        (ctx, qp)
+    }
+
+    /// INIT → RTR towards the last QP number of our slot: the QP is the opener, and opens at
+    /// RTS or when `open_at` is due.
+    fn to_rtr(ctx: &Context, qp: &Qp) {
+        let mut rtr = QpAttrs { qp_state: QpState::Rtr, path_mtu: 3, dest_qp_num: qp.qpn | 0xfff, max_dest_rd_atomic: 1, ..QpAttrs::default() };
+        rtr.ah.is_global = 1;
+        rtr.ah.dgid = loopback();
+        rtr.ah.hop_limit = 1;
+        rtr.ah.port_num = 1;
+        let m = mask::STATE | mask::AV | mask::PATH_MTU | mask::DEST_QPN | mask::RQ_PSN | mask::MAX_DEST_RD_ATOMIC | mask::MIN_RNR_TIMER;
+        qp.modify(&rtr, m, &ctx.limits).unwrap();
+        assert!(qp.inner.lock().open_at.is_some(), "the QP is not the opener: the test tests nothing");
+    }
+
+    /// The hang of `dereg_race` under valgrind ("writes round 0: completions: timed out after
+    /// 0 of 16"): the application spins on `ibv_poll_cq` of QP a's empty CQ while the progress
+    /// thread holds a. A poll used to raise `kick`, so the holder served a again after every
+    /// pump, for as long as the application spun — and it spun because the progress thread,
+    /// stuck there, never accepted the stream and sent the peer's MPA Reply.
+    ///
+    /// Here the thread holding the QP is polled during each of its pumps (see
+    /// [`PollDuringPump`]); it must let go of the QP after serving what there is, not serve on
+    /// until the poller gives up.
+    #[test]
+    fn a_poll_during_a_pump_does_not_keep_the_holder_serving() {
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        let (ctx, qp) = context_and_opener();
+        to_rtr(&ctx, &qp);
+        MEM.polls.store(0, Ordering::SeqCst);
+        *MEM.qp.lock().unwrap() = Arc::downgrade(&qp);
+        // RTS opens the stream and pumps it (the MPA Request does not go out: every pump
+        // tries again, with a poll); then the progress thread's way in, readiness.
+        let rts = QpAttrs { qp_state: QpState::Rts, timeout: 14, retry_cnt: 7, rnr_retry: 7, max_rd_atomic: 1, ..QpAttrs::default() };
+        let m = mask::STATE | mask::TIMEOUT | mask::RETRY_CNT | mask::RNR_RETRY | mask::SQ_PSN | mask::MAX_QP_RD_ATOMIC;
+        qp.modify(&rts, m, &ctx.limits).unwrap();
+        // The progress thread's turn, with an application polling during each of its pumps.
+        MEM.polls.store(0, Ordering::SeqCst);
+        let _ = Endpoint::progress(&*qp, false);
+        let polls = MEM.polls.load(Ordering::SeqCst);
+        *MEM.qp.lock().unwrap() = Weak::new();
+
+        // One pump for the readiness, one for the polls that came during it; the polls during
+        // that one are left to the poller (it takes the QP itself once it is free).
+        assert!(polls > 0, "the stream was never pumped: the test did not test anything");
+        assert!(
+            polls <= 2,
+            "the progress thread served the QP again for every poll ({polls} pumps in one turn): a \
+             spinning application keeps it there"
+        );
+        ctx.destroy_qp(&qp);
+    }
+
+    /// A deadline that comes due while another thread holds the QP (an application in
+    /// `ibv_poll_cq`, `ibv_post_send`…) is handled by that thread when it lets go: it is not
+    /// left until the progress thread happens to find the QP free — which, against a thread
+    /// that keeps serving it, may be never. The deadline here is `open_at` (an opener left in
+    /// RTR opens when it is due).
+    #[test]
+    fn a_deadline_due_while_the_qp_is_held_is_handled_by_the_holder() {
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        let (ctx, qp) = context_and_opener();
+        to_rtr(&ctx, &qp);
+        let mut held = qp.inner.lock();
+        held.open_at = Some(now_ms());
+        // The sweep, on its own thread, finds the deadline due and the QP taken.
+        let sweeper = qp.clone();
+        std::thread::spawn(move || sweeper.handle_timeout(now_ms())).join().unwrap();
+        assert!(held.dp.link.is_none(), "nothing may touch a QP its holder has not let go of");
+        // The holder lets go, as every holder does.
+        drop(held);
+        qp.settle();
+        let inner = qp.inner.lock();
+        assert!(inner.open_at.is_none() && inner.dp.link.is_some(), "the due deadline was left waiting: the stream was not opened");
+        drop(inner);
+        ctx.destroy_qp(&qp);
     }
 }
