@@ -367,19 +367,19 @@ int main(int argc, char **argv)
 		wr.wr.rdma.rkey = dmr->rkey;
 		errno = ibv_post_send(a.qp, &wr, &bad);
 		if (errno) {
-			printf("FAIL: write %" PRIu64 ": ibv_post_send: %s\n", seq, strerror(errno));
+			printf("FAILED: write %" PRIu64 ": ibv_post_send: %s\n", seq, strerror(errno));
 			goto out;
 		}
 		deadline = now_ns() + timeout_ns;
 		while ((n = ibv_poll_cq(a.cq, 1, &wc)) == 0 && now_ns() < deadline)
 			;
 		if (n <= 0) {
-			printf("FAIL: write %" PRIu64 ": %s\n", seq,
+			printf("FAILED: write %" PRIu64 ": %s\n", seq,
 			       n < 0 ? "ibv_poll_cq failed" : "no completion within the time limit");
 			goto out;
 		}
 		if (wc.status != IBV_WC_SUCCESS || wc.wr_id != seq) {
-			printf("FAIL: write %" PRIu64 ": completion wr_id %" PRIu64 " status %s\n", seq,
+			printf("FAILED: write %" PRIu64 ": completion wr_id %" PRIu64 " status %s\n", seq,
 			       (uint64_t)wc.wr_id, ibv_wc_status_str(wc.status));
 			goto out;
 		}
@@ -394,7 +394,7 @@ int main(int argc, char **argv)
 				break;
 		}
 		if (seen != seq) {
-			printf("FAIL: write %" PRIu64 ": its data was not visible at the target %ld ms after its "
+			printf("FAILED: write %" PRIu64 ": its data was not visible at the target %ld ms after its "
 			       "completion (the target's last 8 bytes hold %" PRIu64 ")\n",
 			       seq, timeout_ms, seen);
 			goto out;
@@ -408,7 +408,7 @@ int main(int argc, char **argv)
 			while ((h = *head) != seq && now_ns() < deadline)
 				;
 			if (h != seq) {
-				printf("FAIL: write %" PRIu64 ": its last 8 bytes arrived but its first 8 bytes "
+				printf("FAILED: write %" PRIu64 ": its last 8 bytes arrived but its first 8 bytes "
 				       "still hold %" PRIu64 " after %ld ms\n",
 				       seq, h, timeout_ms);
 				goto out;
