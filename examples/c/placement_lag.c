@@ -86,6 +86,9 @@ static void usage(FILE *f, const char *argv0)
 		"                (default %d; e.g. 4K)\n"
 		"    -t MS       how long a completion or the data may take (default %d)\n"
 		"    -q          print only the result lines\n"
+		"    -X          look for a sequence number that is never written (a check of\n"
+		"                the give-up path, for tests: the run must end after MS\n"
+		"                milliseconds with exit status 1)\n"
 		"    -h, --help  this text\n"
 		"\n"
 		"OUTPUT\n"
@@ -247,7 +250,7 @@ int main(int argc, char **argv)
 	const char *dev_name = getenv("UIW_DEVICE");
 	long iters = DEFAULT_ITERS, warmup = DEFAULT_WARMUP, timeout_ms = DEFAULT_TIMEOUT_MS;
 	size_t size = DEFAULT_SIZE;
-	int quiet = 0, opt, num, rc = 2;
+	int quiet = 0, never = 0, opt, num, rc = 2;
 	struct ibv_device **list;
 	struct side a = { 0 }, b = { 0 };
 	unsigned char *src = NULL, *dst = NULL;
@@ -255,7 +258,7 @@ int main(int argc, char **argv)
 	uint64_t *lag = NULL, timeout_ns, first_look = 0, sum = 0;
 	volatile uint64_t *head, *tail;
 
-	while ((opt = getopt_long(argc, argv, "d:n:w:s:t:qh", longopts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "d:n:w:s:t:qXh", longopts, NULL)) != -1) {
 		switch (opt) {
 		case 'd':
 			dev_name = optarg;
@@ -286,6 +289,9 @@ int main(int argc, char **argv)
 			break;
 		case 'q':
 			quiet = 1;
+			break;
+		case 'X':
+			never = 1;
 			break;
 		case 'h':
 			usage(stdout, argv[0]);
@@ -349,7 +355,7 @@ int main(int argc, char **argv)
 
 	rc = 1;
 	for (long i = 0; i < warmup + iters; i++) {
-		uint64_t seq = (uint64_t)i + 1, t0, t1, deadline, seen = 0;
+		uint64_t seq = (uint64_t)i + 1, want, t0, t1, deadline, seen = 0;
 		struct ibv_sge sge = { .addr = (uintptr_t)src, .length = (uint32_t)size, .lkey = smr->lkey };
 		struct ibv_send_wr wr, *bad;
 		struct ibv_wc wc;
@@ -383,17 +389,19 @@ int main(int argc, char **argv)
 			       (uint64_t)wc.wr_id, ibv_wc_status_str(wc.status));
 			goto out;
 		}
+		/* -X: a number no write carries (the sequence numbers are small). */
+		want = never ? seq | (1ull << 63) : seq;
 		t0 = now_ns();
 		t1 = t0;
 		deadline = t0 + timeout_ns;
 		/* Each look reads the target through a volatile pointer: the
 		 * compiler cannot keep it in a register, and another thread of
 		 * the provider writes it. The clock is read every 64 looks. */
-		while ((seen = *tail) != seq) {
+		while ((seen = *tail) != want) {
 			if ((++looks & 63) == 0 && (t1 = now_ns()) > deadline)
 				break;
 		}
-		if (seen != seq) {
+		if (seen != want) {
 			printf("FAILED: write %" PRIu64 ": its data was not visible at the target %ld ms after its "
 			       "completion (the target's last 8 bytes hold %" PRIu64 ")\n",
 			       seq, timeout_ms, seen);
