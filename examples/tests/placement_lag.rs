@@ -8,7 +8,7 @@
 //! Needs `cargo build --workspace` first and root (see `verbs_objects.rs`).
 
 use std::ffi::OsStr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use uiw_examples::{
@@ -36,7 +36,7 @@ fn lag_count(stdout: &str) -> Option<u64> {
         .find_map(|w| w.strip_prefix("n=")?.parse().ok())
 }
 
-fn run(dev: &Published, exe: &PathBuf, args: &[&str]) -> Output {
+fn run(dev: &Published, exe: &Path, args: &[&str]) -> Output {
     let mut argv: Vec<&OsStr> = vec![exe.as_os_str()];
     argv.extend(args.iter().map(OsStr::new));
     dev.run(&argv, &[])
