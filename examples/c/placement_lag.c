@@ -396,10 +396,14 @@ int main(int argc, char **argv)
 		deadline = t0 + timeout_ns;
 		/* Each look reads the target through a volatile pointer: the
 		 * compiler cannot keep it in a register, and another thread of
-		 * the provider writes it. The clock is read every 64 looks. */
+		 * the provider writes it. The clock is read every 64 looks; once
+		 * past the deadline, one more look decides (this thread may have
+		 * been descheduled for a while between the two). */
 		while ((seen = *tail) != want) {
-			if ((++looks & 63) == 0 && (t1 = now_ns()) > deadline)
+			if ((++looks & 63) == 0 && (t1 = now_ns()) > deadline) {
+				seen = *tail;
 				break;
+			}
 		}
 		if (seen != want) {
 			printf("FAILED: write %" PRIu64 ": its data was not visible at the target %ld ms after its "
@@ -415,6 +419,7 @@ int main(int argc, char **argv)
 			 * rest of the message the same time limit. */
 			while ((h = *head) != seq && now_ns() < deadline)
 				;
+			h = *head;
 			if (h != seq) {
 				printf("FAILED: write %" PRIu64 ": its last 8 bytes arrived but its first 8 bytes "
 				       "still hold %" PRIu64 " after %ld ms\n",
