@@ -58,7 +58,7 @@ static void usage(FILE *f, const char *argv0)
 		"    data being visible at a passive target in the same process\n"
 		"\n"
 		"SYNOPSIS\n"
-		"    %s [-d DEVICE] [-n ITERS] [-w WARMUP] [-s SIZE] [-t MS] [-q]\n"
+		"    %s [-d DEVICE] [-n ITERS] [-w WARMUP] [-s SIZE] [-t MS] [-q] [-P]\n"
 		"    %s -h | --help\n"
 		"\n"
 		"DESCRIPTION\n"
@@ -86,6 +86,10 @@ static void usage(FILE *f, const char *argv0)
 		"                (default %d; e.g. 4K)\n"
 		"    -t MS       how long a completion or the data may take (default %d)\n"
 		"    -q          print only the result lines\n"
+		"    -P          poll the target's CQ between looks (an active target, for\n"
+		"                comparison: a provider that serves a QP from ibv_poll_cq then\n"
+		"                places the data in this thread; the CQ stays empty, a Write\n"
+		"                without immediate data completes nothing at the target)\n"
 		"    -X          look for a sequence number that is never written (a check of\n"
 		"                the give-up path, for tests: the run must end after MS\n"
 		"                milliseconds with exit status 1)\n"
@@ -250,7 +254,7 @@ int main(int argc, char **argv)
 	const char *dev_name = getenv("UIW_DEVICE");
 	long iters = DEFAULT_ITERS, warmup = DEFAULT_WARMUP, timeout_ms = DEFAULT_TIMEOUT_MS;
 	size_t size = DEFAULT_SIZE;
-	int quiet = 0, never = 0, opt, num, rc = 2;
+	int quiet = 0, never = 0, active = 0, opt, num, rc = 2;
 	struct ibv_device **list;
 	struct side a = { 0 }, b = { 0 };
 	unsigned char *src = NULL, *dst = NULL;
@@ -258,7 +262,7 @@ int main(int argc, char **argv)
 	uint64_t *lag = NULL, timeout_ns, first_look = 0, sum = 0;
 	volatile uint64_t *head, *tail;
 
-	while ((opt = getopt_long(argc, argv, "d:n:w:s:t:qXh", longopts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "d:n:w:s:t:qPXh", longopts, NULL)) != -1) {
 		switch (opt) {
 		case 'd':
 			dev_name = optarg;
@@ -289,6 +293,9 @@ int main(int argc, char **argv)
 			break;
 		case 'q':
 			quiet = 1;
+			break;
+		case 'P':
+			active = 1;
 			break;
 		case 'X':
 			never = 1;
@@ -327,8 +334,10 @@ int main(int argc, char **argv)
 	}
 	if (!quiet)
 		printf("placement_lag: device %s, %zu-byte RDMA Writes, %ld timed after %ld warm-up, "
-		       "target passive (its CQ is never polled), give-up after %ld ms\n",
-		       dev_name, size, iters, warmup, timeout_ms);
+		       "target %s, give-up after %ld ms\n",
+		       dev_name, size, iters, warmup,
+		       active ? "active (its CQ is polled between looks)" : "passive (its CQ is never polled)",
+		       timeout_ms);
 	ibv_free_device_list(list);
 	fflush(stdout);
 
@@ -400,6 +409,15 @@ int main(int argc, char **argv)
 		 * past the deadline, one more look decides (this thread may have
 		 * been descheduled for a while between the two). */
 		while ((seen = *tail) != want) {
+			if (active) {
+				struct ibv_wc twc;
+				if (ibv_poll_cq(b.cq, 1, &twc) != 0) {
+					printf("FAILED: write %" PRIu64 ": the target's CQ returned a completion (or an "
+					       "error) for a Write without immediate data\n",
+					       seq);
+					goto out;
+				}
+			}
 			if ((++looks & 63) == 0 && (t1 = now_ns()) > deadline) {
 				seen = *tail;
 				break;

@@ -91,6 +91,7 @@ fn placement_lag_builds_and_explains_itself() {
         "-s SIZE",
         "-t MS",
         "-q",
+        "-P",
         "-X",
         "EXIT STATUS",
         "lag_us:",
@@ -119,7 +120,8 @@ fn placement_lag_builds_and_explains_itself() {
 }
 
 /// `uiw run -- placement_lag`: every 8-byte and 4 KiB Write is seen at the passive target
-/// (its last 8 bytes, then its first 8 bytes), and a look for a number no Write carries (`-X`)
+/// (its last 8 bytes, then its first 8 bytes), also with the target's CQ polled (`-P`: it
+/// stays empty), and a look for a number no Write carries (`-X`)
 /// gives up after its time limit with exit status 1: the check can fail, and does not hang.
 #[test]
 fn placement_lag_sees_every_write_at_a_passive_target() {
@@ -151,6 +153,10 @@ fn placement_lag_sees_every_write_at_a_passive_target() {
         &["-d", "uiw_lo", "-n", "50", "-w", "2", "-s", "256K"],
     );
     assert_all_visible("placement_lag -s 256K", &out, 50);
+
+    // An active target (its CQ polled between looks): the same, and its CQ stays empty.
+    let out = run(&dev, &exe, &["-d", "uiw_lo", "-n", "100", "-w", "10", "-P"]);
+    assert_all_visible("placement_lag -P", &out, 100);
 
     let out = run(
         &dev,
