@@ -3,7 +3,7 @@
 //! repetitions, interleaved.
 
 use crate::parse;
-use crate::probes::{Lengths, Plan, Probe};
+use crate::probes::{Details, Lengths, Plan, Probe};
 use crate::proc::{free_port, start, wait_listening, Cmd};
 use crate::setup::Ctx;
 use crate::stats::{summarize, Summary};
@@ -122,6 +122,8 @@ fn name(log: &Path) -> String {
 pub struct Sample {
     pub rep: usize,
     pub value: Result<f64, String>,
+    /// The run's further figures, named ([`Probe::details`]).
+    pub details: Details,
 }
 
 /// Everything measured for one probe.
@@ -159,6 +161,29 @@ impl ProbeResult {
         summarize(&ok)
     }
 
+    /// Each detail's median over the successful runs, in the probe's order.
+    pub fn detail_medians(&self) -> Details {
+        let mut names: Vec<&'static str> = Vec::new();
+        for s in &self.samples {
+            for (n, _) in &s.details {
+                if !names.contains(n) {
+                    names.push(n);
+                }
+            }
+        }
+        names
+            .into_iter()
+            .filter_map(|n| {
+                let v: Vec<f64> = self
+                    .samples
+                    .iter()
+                    .filter_map(|s| s.details.iter().find(|d| d.0 == n).map(|d| d.1))
+                    .collect();
+                summarize(&v).map(|s| (n, s.median))
+            })
+            .collect()
+    }
+
     fn first_failure(&self) -> Option<&str> {
         self.samples
             .iter()
@@ -188,6 +213,20 @@ impl ProbeResult {
                 } else {
                     format!("{} {unit}", fmt_num(s.median * scale))
                 };
+                if let Some(name) = self.probe.figure_name() {
+                    c = format!("{name} {c}");
+                }
+                let details = self.detail_medians();
+                if !details.is_empty() {
+                    let d: Vec<String> = details
+                        .iter()
+                        .map(|(n, v)| format!("{n} {} {unit}", fmt_num(v * scale)))
+                        .collect();
+                    c.push_str(&format!("; {}", d.join(", ")));
+                    if s.n > 1 {
+                        c.push_str(" (medians)");
+                    }
+                }
                 if failures > 0 {
                     c.push_str(&format!(
                         " [{failures} of {} runs failed: {}]",
@@ -230,12 +269,19 @@ pub fn run_interleaved(
     for rep in 0..reps {
         for r in results.iter_mut().filter(|r| r.unavailable.is_none()) {
             eprint!("uiw-bench: rep {}/{reps} {} … ", rep + 1, r.probe.id());
-            let value = run_probe_once(ctx, r, rep, len);
+            let (value, details) = match run_probe_once(ctx, r, rep, len) {
+                Ok((v, d)) => (Ok(v), d),
+                Err(e) => (Err(e), Vec::new()),
+            };
             match &value {
                 Ok(v) => eprintln!("{} {}", fmt_num(*v), r.probe.metric().unit()),
                 Err(e) => eprintln!("failed: {e}"),
             }
-            r.samples.push(Sample { rep, value });
+            r.samples.push(Sample {
+                rep,
+                value,
+                details,
+            });
         }
     }
     results
@@ -246,7 +292,7 @@ fn run_probe_once(
     r: &mut ProbeResult,
     rep: usize,
     len: &Lengths,
-) -> Result<f64, String> {
+) -> Result<(f64, Details), String> {
     let port = free_port()?;
     let plan = r.probe.plan(ctx, len, port)?;
     if r.commands.is_empty() {
@@ -265,9 +311,11 @@ fn run_probe_once(
         }
     }
     let stdout = out.stdout?;
-    r.probe
+    let v = r
+        .probe
         .parse(&stdout)
-        .map_err(|e| format!("{e} (log: {}-client.out)", log.display()))
+        .map_err(|e| format!("{e} (log: {}-client.out)", log.display()))?;
+    Ok((v, r.probe.details(&stdout)))
 }
 
 #[cfg(test)]
@@ -283,6 +331,7 @@ mod tests {
             .map(|(rep, v)| Sample {
                 rep,
                 value: v.map_err(|e| e.to_string()),
+                details: Vec::new(),
             })
             .collect();
         r
@@ -307,6 +356,29 @@ mod tests {
         u.unavailable = Some("fi_rma_bw not installed".into());
         assert_eq!(u.cell(1.0), "unavailable: fi_rma_bw not installed");
         assert_eq!(res(&[Ok(1.5)]).cell(2.0), "3.00 GB/s");
+    }
+
+    #[test]
+    fn placement_lag_cell_names_its_figure_and_details() {
+        let mut r = ProbeResult::new(Probe::new(Kind::PlacementLag, 8));
+        r.samples = [
+            (12.0, 1.0, 4000.0),
+            (10.0, 0.0, 3000.0),
+            (14.0, 2.0, 5000.0),
+        ]
+        .iter()
+        .enumerate()
+        .map(|(rep, &(p99, p50, max))| Sample {
+            rep,
+            value: Ok(p99),
+            details: vec![("p50", p50), ("max", max)],
+        })
+        .collect();
+        assert_eq!(
+            r.cell(1.0),
+            "p99 12.0 µs (10.0–14.0); p50 1.00 µs, max 4000 µs (medians)"
+        );
+        assert_eq!(r.detail_medians(), vec![("p50", 1.0), ("max", 4000.0)]);
     }
 
     #[test]

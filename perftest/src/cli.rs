@@ -19,6 +19,10 @@ DESCRIPTION
     TCP ping-pong with both sides busy-polling (tcpbench pp -b), UCX over tcp
     (ucx_perftest put_bw zcopy, am_lat, tag_lat) and libfabric's tcp provider
     (fi_pingpong; fi_rma_bw where installed).
+    One probe has no peer: placement_lag (built from examples/c/placement_lag.c, with
+    gcc and libibverbs-dev) measures, in one process, how long after an RDMA Write's
+    completion its data is visible at a target nobody polls, judged against issue 9's
+    absolute bound.
 
     Every probe runs N times, interleaved: repetition 1 runs every probe once, uiw and
     its peers alternating, then repetition 2, and so on. The table shows medians with
@@ -26,6 +30,7 @@ DESCRIPTION
         ib_write_bw 64 KiB and 1 MiB  >= 0.9 x raw single-stream TCP, > UCX put_bw
         ib_write_lat, ib_send_lat 8 B <= 1.2 x TCP busy-poll half round trip,
                                       <  UCX am_lat, < libfabric fi_pingpong
+        placement_lag 8 B and 4 KiB   p99 <= 100 us (issue 9: 'well under 100 us')
     The other rows are informational.
 
     Every program, uiw's runs included, gets the same TCP congestion control: the
@@ -78,6 +83,13 @@ ROWS
     read_lat                   ib_read_lat 8 B: a full read round trip, compared with
                                the peers' half round trips x 2 (target: <= 1.2x, i.e.
                                2.4x the TCP half round trip)
+    placement_lag placement_lag_4k
+                               placement_lag -s 8 / -s 4096 -n iters (examples/c/
+                               placement_lag.c) under `uiw run`: in one process, the
+                               time from an RDMA Write's completion at the initiator to
+                               its data being visible at a passive target (its CQ never
+                               polled); p99 of each run, with p50, p99.9 and max beside
+                               it. No peer: judged against issue 9's bound, p99 <= 100 us
     sweep                      the size sweep
 
 UNITS
@@ -95,7 +107,8 @@ OUTPUT
     DIR/bandwidth.svg, DIR/latency.svg   the sweep's charts (and .png when
                        rsvg-convert is installed: Debian librsvg2-bin)
     DIR/logs/          stdout/stderr of every program run
-    DIR/bin/           the compiled helpers (tcpbench, cc_preload.so, cc_check)
+    DIR/bin/           the compiled helpers (tcpbench, cc_preload.so, cc_check,
+                       placement_lag)
 
 ENVIRONMENT
     UIW_STATE_DIR      passed through to `uiw up` and `uiw run` (the uiw state dir)

@@ -76,7 +76,7 @@ fn run() -> Result<(), Fail> {
     let rows = rows::select(&opts.only).map_err(Fail::Usage)?;
     if opts.list {
         for r in rows::all() {
-            let peers: Vec<String> = r
+            let mut peers: Vec<String> = r
                 .peers
                 .iter()
                 .map(|p| match p.target {
@@ -84,9 +84,18 @@ fn run() -> Result<(), Fail> {
                     None => p.probe.label(),
                 })
                 .collect();
-            println!("{:<13} {} vs {}", r.name, r.uiw.label(), peers.join("; "));
+            if let Some(b) = &r.bound {
+                peers.push(format!(
+                    "{} {} ({}) [{}]",
+                    bench::fmt_num(b.value),
+                    r.uiw.metric().unit(),
+                    b.source,
+                    b.target.label()
+                ));
+            }
+            println!("{:<16} {} vs {}", r.name, r.uiw.label(), peers.join("; "));
         }
-        println!("{:<13} size sweep 2 B … 8 MiB", "sweep");
+        println!("{:<16} size sweep 2 B … 8 MiB", "sweep");
         return Ok(());
     }
 
@@ -112,7 +121,9 @@ fn run() -> Result<(), Fail> {
     if opts.install {
         notes.extend(setup::install_missing(&logs));
     }
-    let tools = setup::check_tools(&tcpbench);
+    let mut tools = setup::check_tools(&tcpbench);
+    let (placement_lag, built) = setup::build_placement_lag(&bin, &logs);
+    tools.insert("placement_lag".into(), built);
     let uiw =
         setup::find_uiw(opts.uiw.as_deref()).and_then(|u| setup::uiw_up(&u, &logs).map(|()| u));
     let mut ctx = setup::Ctx {
@@ -120,6 +131,7 @@ fn run() -> Result<(), Fail> {
         known_cc,
         preload,
         tcpbench,
+        placement_lag,
         uiw,
         device: opts.device.clone(),
         tools,

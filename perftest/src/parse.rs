@@ -147,6 +147,32 @@ pub fn tcpbench_bw(out: &str) -> Result<f64, String> {
     kv(l, "GBps").ok_or_else(|| format!("no GBps= in {l:?}"))
 }
 
+/// What `placement_lag` (examples/c/placement_lag.c) measured: the time from the Write's
+/// completion at the initiator to the data being visible at the passive target, µs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Lag {
+    pub p50: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub max: f64,
+}
+
+/// placement_lag's `lag_us: p50=… p99=… p99.9=… max=…` line. A run whose writes did not all
+/// become visible prints no such line (and exits 1): that is an error here too.
+pub fn placement_lag(out: &str) -> Result<Lag, String> {
+    let l = out
+        .lines()
+        .find(|l| l.starts_with("lag_us: "))
+        .ok_or("no `lag_us:` line in placement_lag output")?;
+    let get = |k: &str| kv(l, k).ok_or_else(|| format!("no {k}= in {l:?}"));
+    Ok(Lag {
+        p50: get("p50")?,
+        p99: get("p99")?,
+        p999: get("p99.9")?,
+        max: get("max")?,
+    })
+}
+
 /// tcpbench pp: median half round trip, µs.
 pub fn tcpbench_pp(out: &str) -> Result<f64, String> {
     let l = result_line(out, "pp")?;
@@ -321,6 +347,27 @@ mod tests {
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-9 * b.abs().max(1.0)
+    }
+
+    #[test]
+    fn placement_lag_line() {
+        let out = include_str!("../fixtures/placement_lag_8.txt");
+        let l = placement_lag(out).unwrap();
+        assert!(
+            close(l.p50, 0.0)
+                && close(l.p99, 11.5)
+                && close(l.p999, 3290.69)
+                && close(l.max, 5152.68),
+            "{l:?}"
+        );
+        assert!(placement_lag(
+            "FAILED: write 7: its data was not visible at the target 1000 ms after its completion"
+        )
+        .unwrap_err()
+        .contains("no `lag_us:` line"));
+        assert!(placement_lag("lag_us: p50=1.0 max=2.0")
+            .unwrap_err()
+            .contains("no p99="));
     }
 
     #[test]

@@ -52,7 +52,15 @@ pub enum Kind {
     UcxTagLat,
     FiPingpong,
     FiRmaBw,
+    /// examples/c/placement_lag.c over uiw (issue 9): in one process, the time from an RDMA
+    /// Write's completion at the initiator to its data being visible at a passive target
+    /// (whose CQ nobody polls). The figure is the p99 of one run; p50, p99.9 and max are its
+    /// details.
+    PlacementLag,
 }
+
+/// A run's further figures besides its main one, named: `[("p50", 1.2), …]`.
+pub type Details = Vec<(&'static str, f64)>;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Probe {
@@ -91,6 +99,7 @@ impl Probe {
             Kind::UcxTagLat => "ucx.tag_lat",
             Kind::FiPingpong => "libfabric.fi_pingpong",
             Kind::FiRmaBw => "libfabric.fi_rma_bw_write",
+            Kind::PlacementLag => "uiw.placement_lag_p99",
         };
         format!("{k}.{}", self.size)
     }
@@ -111,13 +120,17 @@ impl Probe {
             Kind::UcxTagLat => format!("UCX UCP tag_lat {s} (UCX_TLS=tcp)"),
             Kind::FiPingpong => format!("libfabric tcp fi_pingpong {s}"),
             Kind::FiRmaBw => format!("libfabric tcp fi_rma_bw write {s}"),
+            Kind::PlacementLag => format!("uiw placement lag {s} (placement_lag)"),
         }
     }
 
     /// The software stack, for the table's peer column and the charts.
     pub fn stack(&self) -> &'static str {
         match self.kind {
-            Kind::Perftest { .. } | Kind::PerftestCrc { .. } | Kind::PerftestQ { .. } => "uiw",
+            Kind::Perftest { .. }
+            | Kind::PerftestCrc { .. }
+            | Kind::PerftestQ { .. }
+            | Kind::PlacementLag => "uiw",
             Kind::TcpBw | Kind::TcpBwN { .. } | Kind::TcpPp | Kind::Iperf3 => "TCP",
             Kind::UcxPutBw | Kind::UcxAmLat | Kind::UcxTagLat => "UCX",
             Kind::FiPingpong | Kind::FiRmaBw => "libfabric",
@@ -129,7 +142,7 @@ impl Probe {
             Kind::Perftest { prog } if prog.ends_with("_lat") => Metric::Latency,
             Kind::Perftest { .. } | Kind::PerftestCrc { .. } | Kind::PerftestQ { .. } => Metric::Bandwidth,
             Kind::TcpBw | Kind::TcpBwN { .. } | Kind::Iperf3 | Kind::UcxPutBw | Kind::FiRmaBw => Metric::Bandwidth,
-            Kind::TcpPp | Kind::UcxAmLat | Kind::UcxTagLat | Kind::FiPingpong => Metric::Latency,
+            Kind::TcpPp | Kind::UcxAmLat | Kind::UcxTagLat | Kind::FiPingpong | Kind::PlacementLag => Metric::Latency,
         }
     }
 
@@ -148,6 +161,7 @@ impl Probe {
             Kind::TcpPp | Kind::UcxAmLat | Kind::UcxTagLat | Kind::FiPingpong => {
                 "client, half round trip"
             }
+            Kind::PlacementLag => "initiator's completion to data seen at the passive target, p99",
         }
     }
 
@@ -160,6 +174,7 @@ impl Probe {
             Kind::UcxPutBw | Kind::UcxAmLat | Kind::UcxTagLat => "ucx_perftest",
             Kind::FiPingpong => "fi_pingpong",
             Kind::FiRmaBw => "fi_rma_bw",
+            Kind::PlacementLag => "placement_lag",
         }
     }
 
@@ -174,6 +189,27 @@ impl Probe {
             Kind::UcxAmLat | Kind::UcxTagLat => parse::ucx_lat(out),
             Kind::FiPingpong => parse::fabtests_lat(out),
             Kind::FiRmaBw => parse::fabtests_bw(out),
+            Kind::PlacementLag => parse::placement_lag(out).map(|l| l.p99),
+        }
+    }
+
+    /// Further figures of one run besides [`Probe::parse`]'s (placement lag: p50, p99.9, max),
+    /// named; none for the other probes.
+    pub fn details(&self, out: &str) -> Details {
+        match self.kind {
+            Kind::PlacementLag => parse::placement_lag(out)
+                .map(|l| vec![("p50", l.p50), ("p99.9", l.p999), ("max", l.max)])
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// What the figure is, when a cell must say it (the placement lag's p99 beside its
+    /// details).
+    pub fn figure_name(&self) -> Option<&'static str> {
+        match self.kind {
+            Kind::PlacementLag => Some("p99"),
+            _ => None,
         }
     }
 }
@@ -355,6 +391,27 @@ impl Probe {
                         &(len.lat_iters * 2).to_string(),
                     ]),
                     port: Some(port),
+                    timeout: lat_timeout,
+                    audit_after: None,
+                }
+            }
+            Kind::PlacementLag => {
+                let exe = ctx.placement_lag.display().to_string();
+                let args: Vec<String> = vec![
+                    "-d".into(),
+                    ctx.device.clone(),
+                    "-n".into(),
+                    len.lat_iters.to_string(),
+                    "-s".into(),
+                    size,
+                    "-q".into(),
+                ];
+                Plan {
+                    server: None,
+                    client: ctx.uiw_cmd(&exe, &args)?,
+                    port: None,
+                    // Each write gives up after 1 s (the program's -t): a run of stalls ends
+                    // well within this.
                     timeout: lat_timeout,
                     audit_after: None,
                 }

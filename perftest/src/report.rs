@@ -3,7 +3,7 @@
 
 use crate::bench::{fmt_num, ProbeResult};
 use crate::json::Json;
-use crate::rows::Row;
+use crate::rows::{Bound, Row};
 use crate::stats::{judge, ratio, Summary};
 use crate::sweep::SweepSeries;
 
@@ -20,12 +20,64 @@ pub struct Meta {
     pub notes: Vec<String>,
 }
 
-/// One comparison: a row's uiw figure against one peer.
+/// What a row's uiw figure is compared with: a peer's measurement, or the issue's bound on
+/// the figure itself.
+#[derive(Debug, Clone)]
+pub enum Against<'a> {
+    Peer(&'a ProbeResult),
+    Bound(&'a Bound),
+}
+
+impl Against<'_> {
+    fn summary(&self) -> Option<Summary> {
+        match self {
+            Against::Peer(p) => p.summary(),
+            Against::Bound(b) => Some(Summary {
+                median: b.value,
+                min: b.value,
+                max: b.value,
+                n: 1,
+            }),
+        }
+    }
+
+    pub fn label(&self) -> String {
+        match self {
+            Against::Peer(p) => p.probe.label(),
+            Against::Bound(b) => format!("bound ({})", b.source),
+        }
+    }
+
+    /// The figure's cell (`scale` applies to a peer).
+    pub fn cell(&self, unit: &str, scale: f64) -> String {
+        match self {
+            Against::Peer(p) => p.cell(scale),
+            Against::Bound(b) => format!("{} {unit}", fmt_num(b.value)),
+        }
+    }
+
+    pub fn side(&self) -> &'static str {
+        match self {
+            Against::Peer(p) => p.probe.side(),
+            Against::Bound(_) => "—",
+        }
+    }
+
+    /// For JSON: the peer probe's id, or `bound`.
+    pub fn id(&self) -> String {
+        match self {
+            Against::Peer(p) => p.probe.id(),
+            Against::Bound(_) => "bound".into(),
+        }
+    }
+}
+
+/// One comparison: a row's uiw figure against one peer, or against its bound.
 #[derive(Debug, Clone)]
 pub struct Comparison<'a> {
     pub row: &'a Row,
     pub uiw: &'a ProbeResult,
-    pub peer: &'a ProbeResult,
+    pub peer: Against<'a>,
     pub scale: f64,
     pub ratio: Option<f64>,
     pub verdict: crate::stats::Verdict,
@@ -61,11 +113,27 @@ pub fn comparisons<'a>(rows: &'a [Row], results: &'a [ProbeResult]) -> Vec<Compa
             v.push(Comparison {
                 row,
                 uiw,
-                peer,
+                peer: Against::Peer(peer),
                 scale: p.scale,
                 ratio,
                 verdict: judge(p.target, ratio),
                 target: p.target,
+            });
+        }
+        if let Some(b) = &row.bound {
+            let against = Against::Bound(b);
+            let ratio = match (uiw.summary(), against.summary()) {
+                (Some(u), Some(q)) => ratio(&u, &q),
+                _ => None,
+            };
+            v.push(Comparison {
+                row,
+                uiw,
+                peer: against,
+                scale: 1.0,
+                ratio,
+                verdict: judge(Some(b.target), ratio),
+                target: Some(b.target),
             });
         }
     }
@@ -134,7 +202,8 @@ pub fn markdown(
          latency in µs, half round trip unless the side says otherwise\n",
     );
     s.push_str(
-        "- **Ratio** = uiw median / peer median; the issue's targets are marked pass/miss on it\n",
+        "- **Ratio** = uiw median / peer median (or / the issue's bound, for a row judged on its own \
+         figure); the issue's targets are marked pass/miss on it\n",
     );
     for n in &meta.notes {
         s.push_str(&format!("- {}\n", md_cell(n)));
@@ -154,7 +223,7 @@ pub fn markdown(
         } else {
             (String::new(), "〃".into(), String::new())
         };
-        let mut peer = c.peer.probe.label();
+        let mut peer = c.peer.label();
         if c.scale != 1.0 {
             peer.push_str(&format!(" ×{}", crate::stats::trim_float(c.scale)));
         }
@@ -164,14 +233,13 @@ pub fn markdown(
             md_cell(&uiw),
             uside,
             md_cell(&peer),
-            md_cell(&c.peer.cell(c.scale)),
-            if c.scale == 2.0 && c.peer.probe.side().ends_with("half round trip") {
+            md_cell(&c.peer.cell(c.uiw.probe.metric().unit(), c.scale)),
+            if c.scale == 2.0 && c.peer.side().ends_with("half round trip") {
                 c.peer
-                    .probe
                     .side()
                     .replace("half round trip", "2 × half round trip")
             } else {
-                c.peer.probe.side().to_string()
+                c.peer.side().to_string()
             },
             c.ratio.map_or("n/a".into(), |r| format!("{}×", fmt_num(r))),
             c.target.map_or("—".into(), |t| t.label()),
@@ -244,7 +312,14 @@ pub fn csv(results: &[ProbeResult]) -> String {
         }
         for smp in &r.samples {
             match &smp.value {
-                Ok(v) => s.push_str(&format!("{head},{},{v},ok,\n", smp.rep + 1)),
+                Ok(v) => {
+                    let d: Vec<String> = smp
+                        .details
+                        .iter()
+                        .map(|(n, x)| format!("{n}={x}"))
+                        .collect();
+                    s.push_str(&format!("{head},{},{v},ok,{}\n", smp.rep + 1, d.join(" ")))
+                }
                 Err(e) => s.push_str(&format!(
                     "{head},{},,failed,{}\n",
                     smp.rep + 1,
@@ -292,6 +367,15 @@ pub fn json(meta: &Meta, rows: &[Row], results: &[ProbeResult], sweep: &[SweepSe
                                 Ok(v) => Json::obj([
                                     ("rep", Json::Num((s.rep + 1) as f64)),
                                     ("value", Json::Num(*v)),
+                                    (
+                                        "details",
+                                        Json::Obj(
+                                            s.details
+                                                .iter()
+                                                .map(|(n, x)| (n.to_string(), Json::Num(*x)))
+                                                .collect(),
+                                        ),
+                                    ),
                                 ]),
                                 Err(e) => Json::obj([
                                     ("rep", Json::Num((s.rep + 1) as f64)),
@@ -319,7 +403,7 @@ pub fn json(meta: &Meta, rows: &[Row], results: &[ProbeResult], sweep: &[SweepSe
             Json::obj([
                 ("row", Json::str(c.row.name.clone())),
                 ("uiw", Json::str(c.uiw.probe.id())),
-                ("peer", Json::str(c.peer.probe.id())),
+                ("peer", Json::str(c.peer.id())),
                 ("peer_scale", Json::Num(c.scale)),
                 ("ratio", Json::opt_num(c.ratio)),
                 (
@@ -407,7 +491,11 @@ mod tests {
                 r.samples = f(&p)
                     .into_iter()
                     .enumerate()
-                    .map(|(rep, value)| Sample { rep, value })
+                    .map(|(rep, value)| Sample {
+                        rep,
+                        value,
+                        details: Vec::new(),
+                    })
                     .collect();
                 r
             })
@@ -474,6 +562,39 @@ mod tests {
         assert_eq!(c[0].ratio, Some(2.0));
         let md = markdown(&meta(), &rows, &results, &[]);
         assert!(md.contains("TCP busy-poll ping-pong 8 B (tcpbench pp -b) ×2 | 5.00 µs | client, 2 × half round trip |"), "{md}");
+    }
+
+    #[test]
+    fn placement_lag_is_judged_against_its_bound() {
+        let rows = select(&["placement_lag".into()]).unwrap();
+        let mut results = results_for(&rows, |_| vec![Ok(40.0), Ok(250.0), Ok(60.0)]);
+        for (i, s) in results[0].samples.iter_mut().enumerate() {
+            s.details = vec![("p50", 1.0 + i as f64), ("p99.9", 900.0), ("max", 3000.0)];
+        }
+        let c = comparisons(&rows, &results);
+        assert_eq!(c.len(), 1, "no peer, one bound");
+        assert_eq!(c[0].ratio, Some(0.6));
+        assert_eq!(c[0].verdict, crate::stats::Verdict::Pass);
+        let md = markdown(&meta(), &rows, &results, &[]);
+        assert!(md.contains("| **placement_lag** | p99 60.0 µs (40.0–250); p50 2.00 µs, p99.9 900 µs, max 3000 µs (medians) | initiator's completion to data seen at the passive target, p99 | bound (issue 9: p99 well under 100 µs) | 100 µs | — | 0.60× | ≤ 1× | **pass** |"), "{md}");
+        results[0].samples.truncate(2);
+        results[0].samples[0].value = Ok(300.0);
+        let c = comparisons(&rows, &results);
+        assert_eq!(
+            c[0].verdict,
+            crate::stats::Verdict::Miss,
+            "median p99 275 µs"
+        );
+        let csv = csv(&results);
+        assert!(
+            csv.contains(",1,300,ok,p50=1 p99.9=900 max=3000\n"),
+            "{csv}"
+        );
+        let j = json(&meta(), &rows, &results, &[]).to_pretty();
+        assert!(
+            j.contains("\"peer\": \"bound\"") && j.contains("\"p99.9\": 900"),
+            "{j}"
+        );
     }
 
     #[test]

@@ -23,12 +23,24 @@ pub struct Peer {
     pub scale: f64,
 }
 
+/// A target on uiw's own figure, from the issue, with no peer to compare with (placement lag:
+/// p99 well under 100 µs). Judged as the ratio figure / `value` against `target`, like a peer's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bound {
+    /// In the figure's unit.
+    pub value: f64,
+    pub target: Target,
+    /// Where the bound comes from, for the table.
+    pub source: &'static str,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
     /// `--only` name.
     pub name: String,
     pub uiw: Probe,
     pub peers: Vec<Peer>,
+    pub bound: Option<Bound>,
 }
 
 const KIB64: u64 = 64 << 10;
@@ -54,6 +66,7 @@ fn bw_row(prog: &'static str, size: u64, with_targets: bool) -> Row {
             peer(Kind::FiRmaBw, size, None),
             peer(Kind::Iperf3, size, None),
         ],
+        bound: None,
     }
 }
 
@@ -68,6 +81,7 @@ fn lat_row(prog: &'static str, with_targets: bool) -> Row {
             peer(Kind::FiPingpong, 8, t(Target::Below(1.0))),
             peer(Kind::UcxTagLat, 8, None),
         ],
+        bound: None,
     }
 }
 
@@ -81,6 +95,7 @@ fn crc_row() -> Row {
             Peer { probe: Probe::new(Kind::Perftest { prog: "ib_write_bw" }, MIB1), target: Some(Target::AtLeast(0.9)), scale: 1.0 },
             peer(Kind::TcpBw, MIB1, None),
         ],
+        bound: None,
     }
 }
 
@@ -94,6 +109,7 @@ fn multi_rows() -> Vec<Row> {
             name: "write_bw_64".into(),
             uiw: Probe::new(Kind::Perftest { prog: "ib_write_bw" }, 64),
             peers: vec![peer(Kind::TcpBw, 64, Some(Target::AtLeast(1.0)))],
+            bound: None,
         },
         Row {
             name: "write_bw_64_q4".into(),
@@ -102,13 +118,34 @@ fn multi_rows() -> Vec<Row> {
                 peer(Kind::TcpBwN { streams: 4 }, 64, Some(Target::AtLeast(1.0))),
                 peer(Kind::TcpBw, 64, None),
             ],
+            bound: None,
         },
         Row {
             name: "write_bw_64k_q2".into(),
             uiw: q(2, KIB64),
             peers: vec![peer(Kind::TcpBwN { streams: 2 }, KIB64, Some(Target::AtLeast(0.9)))],
+            bound: None,
         },
     ]
+}
+
+/// Placement lag (issue 9): "the time from the initiator's Write completion to the data being
+/// visible at a target in the same process, p50 and p99 — well under 100 µs at p99". The
+/// figure is the p99 (p50 and the rest are in the cell); it has no peer, only the bound.
+fn lag_rows() -> Vec<Row> {
+    [("placement_lag", 8), ("placement_lag_4k", 4096)]
+        .into_iter()
+        .map(|(name, size)| Row {
+            name: name.into(),
+            uiw: Probe::new(Kind::PlacementLag, size),
+            peers: Vec::new(),
+            bound: Some(Bound {
+                value: 100.0,
+                target: Target::AtMost(1.0),
+                source: "issue 9: p99 well under 100 µs",
+            }),
+        })
+        .collect()
 }
 
 /// Every row, in table order. The issue's targets sit on the write_bw,
@@ -134,6 +171,7 @@ pub fn all() -> Vec<Row> {
     ];
     let at = rows.iter().position(|r| r.name == "write_lat").unwrap_or(rows.len());
     rows.splice(at..at, multi_rows());
+    rows.extend(lag_rows());
     rows
 }
 
@@ -196,7 +234,9 @@ mod tests {
                 "read_bw_1m",
                 "send_bw_64k",
                 "send_bw_1m",
-                "read_lat"
+                "read_lat",
+                "placement_lag",
+                "placement_lag_4k"
             ]
         );
         let w = &rows[0];
@@ -217,6 +257,15 @@ mod tests {
         let r = &rows[12];
         assert!(r.peers.iter().all(|p| p.scale == 2.0));
         assert_eq!(r.peers[0].target, Some(Target::AtMost(1.2)), "2.4x the half round trip");
+        let lag = &rows[13];
+        assert_eq!((lag.uiw.kind, lag.uiw.size), (Kind::PlacementLag, 8));
+        assert!(lag.peers.is_empty());
+        assert_eq!(
+            lag.bound.as_ref().map(|b| (b.value, b.target)),
+            Some((100.0, Target::AtMost(1.0)))
+        );
+        assert_eq!(rows[14].uiw.size, 4096);
+        assert!(rows[..13].iter().all(|r| r.bound.is_none()));
     }
 
     #[test]

@@ -11,6 +11,9 @@ use std::time::Duration;
 const TCPBENCH_C: &str = include_str!("../c/tcpbench.c");
 const CC_PRELOAD_C: &str = include_str!("../c/cc_preload.c");
 const CC_CHECK_C: &str = include_str!("../c/cc_check.c");
+/// The placement-lag probe: one of the example programs (its behaviour is tested there, by
+/// examples/tests/placement_lag.rs), built here against the installed libibverbs.
+const PLACEMENT_LAG_C: &str = include_str!("../../examples/c/placement_lag.c");
 
 /// Debian packages providing the peer tools.
 pub const PACKAGES: &[(&str, &str)] = &[
@@ -28,6 +31,8 @@ pub struct Ctx {
     pub known_cc: Vec<String>,
     pub preload: PathBuf,
     pub tcpbench: PathBuf,
+    /// The placement-lag probe ([`build_placement_lag`]; whether it built is in `tools`).
+    pub placement_lag: PathBuf,
     /// The `uiw` binary, or why uiw rows cannot run.
     pub uiw: Result<PathBuf, String>,
     pub device: String,
@@ -60,7 +65,7 @@ impl Ctx {
     }
 
     pub fn available(&self, tool: &str) -> Result<(), String> {
-        if tool.starts_with("ib_") {
+        if tool.starts_with("ib_") || tool == "placement_lag" {
             self.uiw.as_ref().map_err(Clone::clone)?;
         }
         match self.tools.get(tool) {
@@ -132,6 +137,39 @@ pub fn build_helpers(bin: &Path, logs: &Path) -> Result<(PathBuf, PathBuf, PathB
     }
     let mut it = built.into_iter();
     Ok((it.next().unwrap(), it.next().unwrap(), it.next().unwrap()))
+}
+
+/// Compiles the placement-lag probe into `bin` (it needs libibverbs' headers: Debian's
+/// libibverbs-dev). A failure only makes its rows unavailable: the reason is returned.
+pub fn build_placement_lag(bin: &Path, logs: &Path) -> (PathBuf, Result<(), String>) {
+    let out = bin.join("placement_lag");
+    let c = bin.join("placement_lag.c");
+    let built = (|| {
+        std::fs::write(&c, PLACEMENT_LAG_C)
+            .map_err(|e| format!("cannot write {}: {e}", c.display()))?;
+        let cmd = Cmd::new("gcc")
+            .args(["-O2", "-Wall", "-o"])
+            .arg(out.display().to_string())
+            .arg(c.display().to_string())
+            .arg("-libverbs");
+        let o = run_capture(
+            &cmd,
+            Duration::from_secs(120),
+            &logs.join("gcc-placement_lag"),
+        )?;
+        if o.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "gcc failed to build placement_lag (is libibverbs-dev installed?): {}",
+                o.stderr
+                    .lines()
+                    .find(|l| l.contains("error"))
+                    .unwrap_or(o.stderr.trim())
+            ))
+        }
+    })();
+    (out.canonicalize().unwrap_or(out), built)
 }
 
 pub fn available_cc() -> Vec<String> {

@@ -1,0 +1,184 @@
+//! Issue 9's placement-lag probe, `examples/c/placement_lag.c`, as a behavioural test: in one
+//! process, every RDMA Write whose completion the initiator polled becomes visible at a
+//! passive target (a QP whose CQ nobody polls, as in rdma-core's
+//! `test_qp_ex_rc_rdma_write`), and the probe says so — or, when a write never shows up, ends
+//! with exit status 1 instead of hanging. Nothing here asserts a time: uiw-bench's
+//! `placement_lag` rows measure the lag.
+//!
+//! Needs `cargo build --workspace` first and root (see `verbs_objects.rs`).
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use uiw_examples::{
+    build_c_example, device_lock, device_test_artifacts, out_dir, show, Artifacts, Published,
+};
+
+fn prepare(test: &str) -> Option<(Artifacts, PathBuf)> {
+    let artifacts = device_test_artifacts(test)?;
+    let exe = build_c_example("placement_lag", &out_dir(env!("CARGO_TARGET_TMPDIR")));
+    Some((artifacts, exe))
+}
+
+/// The `visible: N of M writes` line.
+fn visible(stdout: &str) -> Option<(u64, u64)> {
+    let l = stdout.lines().find_map(|l| l.strip_prefix("visible: "))?;
+    let (n, rest) = l.split_once(" of ")?;
+    let m = rest.strip_suffix(" writes")?;
+    Some((n.parse().ok()?, m.parse().ok()?))
+}
+
+/// The `n=` of the `lag_us:` line (how many lags the percentiles were taken over).
+fn lag_count(stdout: &str) -> Option<u64> {
+    let l = stdout.lines().find(|l| l.starts_with("lag_us: "))?;
+    l.split_whitespace()
+        .find_map(|w| w.strip_prefix("n=")?.parse().ok())
+}
+
+fn run(dev: &Published, exe: &Path, args: &[&str]) -> Output {
+    let mut argv: Vec<&OsStr> = vec![exe.as_os_str()];
+    argv.extend(args.iter().map(OsStr::new));
+    dev.run(&argv, &[])
+}
+
+fn assert_all_visible(what: &str, out: &Output, iters: u64) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{what}\n{}", show(out));
+    assert!(
+        out.status.success(),
+        "{what}: exit status {} (a write failed or never became visible)\n{}",
+        out.status,
+        show(out)
+    );
+    assert_eq!(
+        visible(&stdout),
+        Some((iters, iters)),
+        "{what}: not every write was seen at the target\n{}",
+        show(out)
+    );
+    assert_eq!(
+        lag_count(&stdout),
+        Some(iters),
+        "{what}: the lags of every timed write\n{}",
+        show(out)
+    );
+    assert!(!stdout.contains("FAILED"), "{what}\n{}", show(out));
+}
+
+/// The program compiles warning-free, documents itself and refuses bad arguments (exit 2)
+/// without a device.
+#[test]
+fn placement_lag_builds_and_explains_itself() {
+    let exe = build_c_example(
+        "placement_lag",
+        &out_dir(env!("CARGO_TARGET_TMPDIR")).join("build-only"),
+    );
+    let help = Command::new(&exe)
+        .arg("--help")
+        .output()
+        .expect("run placement_lag --help");
+    let text = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.status.success(),
+        "placement_lag --help\n{}",
+        show(&help)
+    );
+    for f in [
+        "-d DEVICE",
+        "-n ITERS",
+        "-w WARMUP",
+        "-s SIZE",
+        "-t MS",
+        "-q",
+        "-P",
+        "-X",
+        "EXIT STATUS",
+        "lag_us:",
+    ] {
+        assert!(text.contains(f), "--help does not document {f}\n{text}");
+    }
+    for bad in [
+        &["-s", "12"][..],
+        &["-s", "4"],
+        &["-n", "0"],
+        &["-t", "x"],
+        &["extra"],
+        &["-Z"],
+    ] {
+        let out = Command::new(&exe)
+            .args(bad)
+            .output()
+            .expect("run placement_lag");
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "placement_lag {bad:?}\n{}",
+            show(&out)
+        );
+    }
+}
+
+/// `uiw run -- placement_lag`: every 8-byte and 4 KiB Write is seen at the passive target
+/// (its last 8 bytes, then its first 8 bytes), also with the target's CQ polled (`-P`: it
+/// stays empty), and a look for a number no Write carries (`-X`)
+/// gives up after its time limit with exit status 1: the check can fail, and does not hang.
+#[test]
+fn placement_lag_sees_every_write_at_a_passive_target() {
+    const TEST: &str = "placement_lag_sees_every_write_at_a_passive_target";
+    let Some((artifacts, exe)) = prepare(TEST) else {
+        return;
+    };
+    let _lock = device_lock();
+    let dev = Published::up(&artifacts, &out_dir(env!("CARGO_TARGET_TMPDIR")))
+        .unwrap_or_else(|e| panic!("{TEST}: {e}"));
+
+    let out = run(
+        &dev,
+        &exe,
+        &["-d", "uiw_lo", "-n", "300", "-w", "10", "-s", "8"],
+    );
+    assert_all_visible("placement_lag -s 8", &out, 300);
+    let out = run(
+        &dev,
+        &exe,
+        &["-d", "uiw_lo", "-n", "200", "-w", "10", "-s", "4K"],
+    );
+    assert_all_visible("placement_lag -s 4K", &out, 200);
+    // Larger than one FPDU: the message arrives in several pieces, the first and the last
+    // 8 bytes in different ones.
+    let out = run(
+        &dev,
+        &exe,
+        &["-d", "uiw_lo", "-n", "50", "-w", "2", "-s", "256K"],
+    );
+    assert_all_visible("placement_lag -s 256K", &out, 50);
+
+    // An active target (its CQ polled between looks): the same, and its CQ stays empty.
+    let out = run(&dev, &exe, &["-d", "uiw_lo", "-n", "100", "-w", "10", "-P"]);
+    assert_all_visible("placement_lag -P", &out, 100);
+
+    let out = run(
+        &dev,
+        &exe,
+        &["-d", "uiw_lo", "-n", "5", "-w", "0", "-t", "50", "-X"],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("placement_lag -X\n{}", show(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "placement_lag -X must fail\n{}",
+        show(&out)
+    );
+    assert!(
+        stdout.contains(
+            "FAILED: write 1: its data was not visible at the target 50 ms after its completion"
+        ),
+        "placement_lag -X: the failure is the first write's, and says why\n{}",
+        show(&out)
+    );
+    // The write itself did land: the target holds its number, not the one looked for.
+    assert!(stdout.contains("last 8 bytes hold 1)"), "{}", show(&out));
+    assert_eq!(visible(&stdout), None, "{}", show(&out));
+}
