@@ -7,14 +7,15 @@
 //!   error code 8 bits, M/D/R header-control bits, 13 reserved bits), then
 //!   DDP Segment Length (16 bits) and the echoed DDP header when D is set, and
 //!   the echoed RDMAP (Read Request) header when R is set (QN 2);
-//! * RFC 7306: Immediate Data (8 bytes payload on QN 0), Atomic Request
-//!   (QN 3) and Atomic Response (QN 4). Write with Immediate is a Write
-//!   followed by an Immediate Data message. Used only between uiw peers that
-//!   negotiated them (`mpa::FLAG_UIW_EXT`/`FLAG_UIW_EXT_ACK`). Wireshark has no
-//!   RFC 7306 support (opcodes 8–15 are "Unknown"); the opcode values and the
-//!   atomic queue numbers are not yet checked against the RFC's §4 table and
-//!   §10 (wire/README.md, "RFC 7306": RFC 7306 may place Atomic Requests on
-//!   QN 1 with Atomic Responses on QN 3, and Immediate Data at 0xC/0xD).
+//! * RFC 7306 (checked against its text, see wire/README.md "RFC 7306"):
+//!   opcodes 0x8 Immediate Data, 0x9 Immediate Data with SE, 0xA Atomic
+//!   Request, 0xB Atomic Response (§4.1 Figure 2, §10); Immediate Data is 8
+//!   bytes after the untagged DDP header on QN 0 (§6.2, §6.3); the Atomic
+//!   Request header (52 bytes, §5.2.1 Figure 4) goes on QN 1 beside the Read
+//!   Requests, the Atomic Response header (12 bytes, §5.2.2 Figure 6) on QN 3
+//!   (§5.2). Write with Immediate is a Write followed by an Immediate Data
+//!   message (§1, §6). Used only between uiw peers that negotiated them
+//!   (`mpa::FLAG_UIW_EXT`/`FLAG_UIW_EXT_ACK`); siw implements none of it.
 //!
 //! siw lays out its Terminate Control wrongly on little-endian hosts (layer
 //! and error type swapped inside byte 0, M/D/R in the *low* bits of byte 2),

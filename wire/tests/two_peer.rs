@@ -1259,10 +1259,11 @@ fn inbound_atomics_count_against_ird() {
     rr.encode(&mut body);
     let d = DdpHeader::untagged(qn::READ_REQUEST, 1, 0, 0, true, RdmapCtrl::new(Opcode::ReadRequest));
     encode_fpdu(&d, &body, &[], false, &mut raw);
-    let ar = uiw_wire::rdmap::AtomicRequest { op_word: 1, req_id: 7, stag: 0xb00, to: 8, add_swap: 1, ..Default::default() };
+    let ar = uiw_wire::rdmap::AtomicRequest { op_word: 0, req_id: 7, stag: 0xb00, to: 8, add_swap: 1, ..Default::default() };
     let mut body = [0u8; 52];
     ar.encode(&mut body);
-    let d = DdpHeader::untagged(qn::ATOMIC_REQUEST, 1, 0, 0, true, RdmapCtrl::new(Opcode::AtomicRequest));
+    // RFC 7306 §5.2: the Atomic Request follows the Read Request on queue 1, so MSN 2.
+    let d = DdpHeader::untagged(qn::ATOMIC_REQUEST, 2, 0, 0, true, RdmapCtrl::new(Opcode::AtomicRequest));
     encode_fpdu(&d, &body, &[], false, &mut raw);
     let mut off = 0;
     while off < raw.len() {
