@@ -91,7 +91,8 @@ use crate::error::{PostError, TermCode, WcStatus};
 use crate::mpa::{self, FrameKind, IrdOrd, RrFrame};
 use crate::placement::{Access, Memory, MemoryIo, Placement, Source};
 use crate::rdmap::{
-    AtomicOp, AtomicRequest, AtomicResponse, Opcode, RdmapCtrl, ReadRequest, Terminate,
+    AtomicOp, AtomicOperation, AtomicRequest, AtomicResponse, Opcode, RdmapCtrl, ReadRequest,
+    Terminate,
     IMMEDIATE_LEN,
 };
 use crate::segment::{
@@ -427,12 +428,10 @@ enum SqWr {
     },
     Atomic {
         wr_id: u64,
-        op: AtomicOp,
+        op: AtomicOperation,
         result: (u32, u64),
         stag: u32,
         to: u64,
-        add_swap: u64,
-        compare: u64,
     },
     /// Standalone Immediate Data message.
     Imm {
@@ -465,11 +464,10 @@ impl SqWr {
             SqWr::Local { .. } => WcOpcode::LocalInv,
             SqWr::Write { .. } => WcOpcode::RdmaWrite,
             SqWr::Read { .. } => WcOpcode::RdmaRead,
-            SqWr::Atomic {
-                op: AtomicOp::FetchAdd,
-                ..
-            } => WcOpcode::FetchAdd,
-            SqWr::Atomic { .. } => WcOpcode::CompSwap,
+            SqWr::Atomic { op, .. } => match op.op() {
+                AtomicOp::FetchAdd => WcOpcode::FetchAdd,
+                AtomicOp::CompareSwap => WcOpcode::CompSwap,
+            },
         }
     }
 }
@@ -1012,19 +1010,18 @@ impl Connection {
         Ok(())
     }
 
-    /// Post an RFC 7306 atomic on the peer's 8 bytes at `(stag, to)`; the
+    /// Post an RFC 7306 atomic (§5) on the peer's 8 bytes at `(stag, to)`; the
     /// original value is returned in the completion and stored at
-    /// `result = (local_stag, local_to)` by the copying API.
-    #[allow(clippy::too_many_arguments)]
+    /// `result = (local_stag, local_to)` by the copying API. The libibverbs
+    /// operations are [`AtomicOperation::fetch_add`] and
+    /// [`AtomicOperation::cmp_swap`].
     pub fn post_atomic(
         &mut self,
         wr_id: u64,
-        op: AtomicOp,
+        op: AtomicOperation,
         result: (u32, u64),
         stag: u32,
         to: u64,
-        add_swap: u64,
-        compare: u64,
     ) -> Result<(), PostError> {
         self.can_post_ext()?;
         self.push_sq(SqWr::Atomic {
@@ -1033,8 +1030,6 @@ impl Connection {
             result,
             stag,
             to,
-            add_swap,
-            compare,
         });
         Ok(())
     }
@@ -1377,21 +1372,12 @@ impl Connection {
                 result,
                 stag,
                 to,
-                add_swap,
-                compare,
             } => {
                 let req_id = self.next_atomic_id;
                 self.next_atomic_id = self.next_atomic_id.wrapping_add(1);
-                let body = AtomicRequest {
-                    op_word: op as u32,
-                    req_id,
-                    stag,
-                    to,
-                    add_swap,
-                    add_swap_mask: u64::MAX,
-                    compare,
-                    compare_mask: u64::MAX,
-                };
+                // RFC 7306 §5.2.1: masks and unused fields as the operation defines them
+                // (a plain FetchAdd sends Add Mask 0, Compare Data 0, Compare Mask all ones).
+                let body = AtomicRequest::new(req_id, stag, to, op);
                 let mut b = [0u8; crate::rdmap::ATOMIC_REQ_LEN];
                 body.encode(&mut b);
                 let bytes =
@@ -2202,14 +2188,17 @@ impl Connection {
                 if self.irq_busy >= ird {
                     return Err(Fault::echo(TermCode::RDMAP_CATASTROPHIC_STREAM));
                 }
+                // RFC 7306 §5.2.1 rule 4: an AOpCode we do not support (0x1 and 0x3–0xF are
+                // reserved, §10.1) is an error; RFC 7306 names no code, RFC 5040's
+                // Unexpected OpCode is the nearest.
                 let aop = a
-                    .op()
+                    .operation()
                     .ok_or(Fault::echo(TermCode::RDMAP_UNEXPECTED_OPCODE))?;
                 mem.check_tagged(a.stag, a.to, 8, Access::RemoteAtomic)
                     .map_err(|e| Fault::echo(e.rdmap_code()))?;
                 self.rx_msn[qn::ATOMIC_REQUEST as usize] += 1;
                 let orig = mem
-                    .atomic(a.stag, a.to, aop, a.add_swap, a.compare)
+                    .atomic(a.stag, a.to, aop)
                     .map_err(|e| Fault::echo(e.rdmap_code()))?;
                 let resp = AtomicResponse {
                     req_id: a.req_id,
