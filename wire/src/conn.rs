@@ -940,11 +940,15 @@ impl Connection {
     }
 
     /// Post a Send with Immediate Data (`IBV_WR_SEND_WITH_IMM`), uiw peers
-    /// only. RFC 7306 has no such message, so it goes out as an Immediate
-    /// Data message whose upper word is [`SEND_IMM_TAG`] followed by the
-    /// Send: a uiw receiver consumes one receive for the pair and reports one
-    /// completion carrying `imm`. Both are ordinary RFC 7306 / RFC 5040
-    /// messages on the wire.
+    /// only. RFC 7306 has no such message (§4.1 Figure 2 defines Immediate
+    /// Data alone, and a Write followed by one as Write with Immediate, §6),
+    /// so it goes out as an Immediate Data message whose upper word is
+    /// [`SEND_IMM_TAG`] followed by the Send: a uiw receiver consumes one
+    /// receive for the pair and reports one completion carrying `imm`. The
+    /// two messages are well-formed RFC 7306 / RFC 5040 ones, but the pairing
+    /// is uiw's: an RFC 7306 receiver that is not uiw would complete one
+    /// receive with the tagged word (§6.3: each Immediate Data message
+    /// consumes an untagged buffer) and another with the Send.
     pub fn post_send_imm(
         &mut self,
         wr_id: u64,
@@ -1249,7 +1253,7 @@ impl Connection {
             }
         }
         if let SqWr::Atomic { .. } = front.wr {
-            // RFC 7306 §5: Atomic Requests count against the peer's IRD (our ORD) with the
+            // RFC 7306 §5.2: Atomic Requests count against the peer's IRD (our ORD) with the
             // Reads; the responder Terminates a requester that overruns it.
             let ord = self.neg.as_ref().map(|n| n.ord).unwrap_or(0) as usize;
             if ord > 0 && self.orq.iter().filter(|r| !r.rtr).count() + self.atomics.len() >= ord {
@@ -2183,7 +2187,7 @@ impl Connection {
             Opcode::AtomicRequest => {
                 let a = AtomicRequest::parse(body)
                     .map_err(|_| Fault::echo(TermCode::DDP_LOCAL_CATASTROPHIC))?;
-                // RFC 7306 §5: Atomic Requests share the responder's IRD with Read Requests.
+                // RFC 7306 §5.2: Atomic Requests share the responder's IRD with Read Requests.
                 let ird = self.neg.as_ref().map(|n| n.ird).unwrap_or(0) as u32;
                 if self.irq_busy >= ird {
                     return Err(Fault::echo(TermCode::RDMAP_CATASTROPHIC_STREAM));

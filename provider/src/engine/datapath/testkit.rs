@@ -51,7 +51,7 @@ impl UserMemory for Arena {
         let n = data.len().min(dst.len());
         self.0.lock().unwrap()[a..a + n].copy_from_slice(&data[..n]);
     }
-    /// RFC 7306 §4: the original value is returned, the new one stored (native byte order,
+    /// RFC 7306 §5.1: the original value is returned, the new one stored (native byte order,
     /// as the FFI layer's atomics on application memory).
     fn atomic(&self, dst: &Pinned, op: AtomicOperation) -> u64 {
         let a = Self::at(dst);
