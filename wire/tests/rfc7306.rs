@@ -34,7 +34,7 @@ impl Memory for Mem {
         if to + u64::from(len) > r.len() as u64 {
             return Err(TaggedError::BaseBounds);
         }
-        if access == Access::RemoteAtomic && to % 8 != 0 {
+        if access == Access::RemoteAtomic && !to.is_multiple_of(8) {
             return Err(TaggedError::Misaligned);
         }
         Ok(())

@@ -79,7 +79,7 @@ impl Memory for Mem {
             return Err(TaggedError::BaseBounds);
         }
         // RFC 7306 §8.2: the atomic's target address must be 64-bit aligned.
-        if access == Access::RemoteAtomic && to % 8 != 0 {
+        if access == Access::RemoteAtomic && !to.is_multiple_of(8) {
             return Err(TaggedError::Misaligned);
         }
         Ok(())
