@@ -91,7 +91,8 @@ use crate::error::{PostError, TermCode, WcStatus};
 use crate::mpa::{self, FrameKind, IrdOrd, RrFrame};
 use crate::placement::{Access, Memory, MemoryIo, Placement, Source};
 use crate::rdmap::{
-    AtomicOp, AtomicRequest, AtomicResponse, Opcode, RdmapCtrl, ReadRequest, Terminate,
+    AtomicOp, AtomicOperation, AtomicRequest, AtomicResponse, Opcode, RdmapCtrl, ReadRequest,
+    Terminate,
     IMMEDIATE_LEN,
 };
 use crate::segment::{
@@ -427,12 +428,10 @@ enum SqWr {
     },
     Atomic {
         wr_id: u64,
-        op: AtomicOp,
+        op: AtomicOperation,
         result: (u32, u64),
         stag: u32,
         to: u64,
-        add_swap: u64,
-        compare: u64,
     },
     /// Standalone Immediate Data message.
     Imm {
@@ -465,11 +464,10 @@ impl SqWr {
             SqWr::Local { .. } => WcOpcode::LocalInv,
             SqWr::Write { .. } => WcOpcode::RdmaWrite,
             SqWr::Read { .. } => WcOpcode::RdmaRead,
-            SqWr::Atomic {
-                op: AtomicOp::FetchAdd,
-                ..
-            } => WcOpcode::FetchAdd,
-            SqWr::Atomic { .. } => WcOpcode::CompSwap,
+            SqWr::Atomic { op, .. } => match op.op() {
+                AtomicOp::FetchAdd => WcOpcode::FetchAdd,
+                AtomicOp::CompareSwap => WcOpcode::CompSwap,
+            },
         }
     }
 }
@@ -602,7 +600,7 @@ pub struct Connection {
     rsp: VecDeque<TxItem>,
     cur_tx: Option<OutMsg>,
     tx_follow: VecDeque<Vec<u8>>,
-    tx_msn: [u32; 5],
+    tx_msn: [u32; qn::COUNT],
     orq: VecDeque<ReadWr>,
     atomics: VecDeque<AtomicWr>,
     next_atomic_id: u32,
@@ -615,7 +613,7 @@ pub struct Connection {
     /// when that wait ends (set on the first `handle_timeout` after it began).
     rx_stalled: Option<RxSegment>,
     stall_deadline: Option<u64>,
-    rx_msn: [u32; 5],
+    rx_msn: [u32; qn::COUNT],
     recvq: VecDeque<RecvWr>,
     recv_cur: Option<RecvWr>,
     /// Immediate data announced for the next Send (`post_send_imm`).
@@ -666,7 +664,7 @@ impl Connection {
             rsp: VecDeque::new(),
             cur_tx: None,
             tx_follow: VecDeque::new(),
-            tx_msn: [1; 5],
+            tx_msn: [1; qn::COUNT],
             orq: VecDeque::new(),
             atomics: VecDeque::new(),
             next_atomic_id: 1,
@@ -675,7 +673,7 @@ impl Connection {
             rx_cur: None,
             rx_stalled: None,
             stall_deadline: None,
-            rx_msn: [1; 5],
+            rx_msn: [1; qn::COUNT],
             recvq: VecDeque::new(),
             recv_cur: None,
             rx_send_imm: None,
@@ -942,11 +940,15 @@ impl Connection {
     }
 
     /// Post a Send with Immediate Data (`IBV_WR_SEND_WITH_IMM`), uiw peers
-    /// only. RFC 7306 has no such message, so it goes out as an Immediate
-    /// Data message whose upper word is [`SEND_IMM_TAG`] followed by the
-    /// Send: a uiw receiver consumes one receive for the pair and reports one
-    /// completion carrying `imm`. Both are ordinary RFC 7306 / RFC 5040
-    /// messages on the wire.
+    /// only. RFC 7306 has no such message (§4.1 Figure 2 defines Immediate
+    /// Data alone, and a Write followed by one as Write with Immediate, §6),
+    /// so it goes out as an Immediate Data message whose upper word is
+    /// [`SEND_IMM_TAG`] followed by the Send: a uiw receiver consumes one
+    /// receive for the pair and reports one completion carrying `imm`. The
+    /// two messages are well-formed RFC 7306 / RFC 5040 ones, but the pairing
+    /// is uiw's: an RFC 7306 receiver that is not uiw would complete one
+    /// receive with the tagged word (§6.3: each Immediate Data message
+    /// consumes an untagged buffer) and another with the Send.
     pub fn post_send_imm(
         &mut self,
         wr_id: u64,
@@ -1012,19 +1014,18 @@ impl Connection {
         Ok(())
     }
 
-    /// Post an RFC 7306 atomic on the peer's 8 bytes at `(stag, to)`; the
+    /// Post an RFC 7306 atomic (§5) on the peer's 8 bytes at `(stag, to)`; the
     /// original value is returned in the completion and stored at
-    /// `result = (local_stag, local_to)` by the copying API.
-    #[allow(clippy::too_many_arguments)]
+    /// `result = (local_stag, local_to)` by the copying API. The libibverbs
+    /// operations are [`AtomicOperation::fetch_add`] and
+    /// [`AtomicOperation::cmp_swap`].
     pub fn post_atomic(
         &mut self,
         wr_id: u64,
-        op: AtomicOp,
+        op: AtomicOperation,
         result: (u32, u64),
         stag: u32,
         to: u64,
-        add_swap: u64,
-        compare: u64,
     ) -> Result<(), PostError> {
         self.can_post_ext()?;
         self.push_sq(SqWr::Atomic {
@@ -1033,8 +1034,6 @@ impl Connection {
             result,
             stag,
             to,
-            add_swap,
-            compare,
         });
         Ok(())
     }
@@ -1254,7 +1253,7 @@ impl Connection {
             }
         }
         if let SqWr::Atomic { .. } = front.wr {
-            // RFC 7306 §5: Atomic Requests count against the peer's IRD (our ORD) with the
+            // RFC 7306 §5.2: Atomic Requests count against the peer's IRD (our ORD) with the
             // Reads; the responder Terminates a requester that overruns it.
             let ord = self.neg.as_ref().map(|n| n.ord).unwrap_or(0) as usize;
             if ord > 0 && self.orq.iter().filter(|r| !r.rtr).count() + self.atomics.len() >= ord {
@@ -1377,21 +1376,12 @@ impl Connection {
                 result,
                 stag,
                 to,
-                add_swap,
-                compare,
             } => {
                 let req_id = self.next_atomic_id;
                 self.next_atomic_id = self.next_atomic_id.wrapping_add(1);
-                let body = AtomicRequest {
-                    op_word: op as u32,
-                    req_id,
-                    stag,
-                    to,
-                    add_swap,
-                    add_swap_mask: u64::MAX,
-                    compare,
-                    compare_mask: u64::MAX,
-                };
+                // RFC 7306 §5.2.1: masks and unused fields as the operation defines them
+                // (a plain FetchAdd sends Add Mask 0, Compare Data 0, Compare Mask all ones).
+                let body = AtomicRequest::new(req_id, stag, to, op);
                 let mut b = [0u8; crate::rdmap::ATOMIC_REQ_LEN];
                 body.encode(&mut b);
                 let bytes =
@@ -2197,19 +2187,22 @@ impl Connection {
             Opcode::AtomicRequest => {
                 let a = AtomicRequest::parse(body)
                     .map_err(|_| Fault::echo(TermCode::DDP_LOCAL_CATASTROPHIC))?;
-                // RFC 7306 §5: Atomic Requests share the responder's IRD with Read Requests.
+                // RFC 7306 §5.2: Atomic Requests share the responder's IRD with Read Requests.
                 let ird = self.neg.as_ref().map(|n| n.ird).unwrap_or(0) as u32;
                 if self.irq_busy >= ird {
                     return Err(Fault::echo(TermCode::RDMAP_CATASTROPHIC_STREAM));
                 }
+                // RFC 7306 §5.2.1 rule 4: an AOpCode we do not support (0x1 and 0x3–0xF are
+                // reserved, §10.1) is an error; RFC 7306 names no code, RFC 5040's
+                // Unexpected OpCode is the nearest.
                 let aop = a
-                    .op()
+                    .operation()
                     .ok_or(Fault::echo(TermCode::RDMAP_UNEXPECTED_OPCODE))?;
                 mem.check_tagged(a.stag, a.to, 8, Access::RemoteAtomic)
                     .map_err(|e| Fault::echo(e.rdmap_code()))?;
                 self.rx_msn[qn::ATOMIC_REQUEST as usize] += 1;
                 let orig = mem
-                    .atomic(a.stag, a.to, aop, a.add_swap, a.compare)
+                    .atomic(a.stag, a.to, aop)
                     .map_err(|e| Fault::echo(e.rdmap_code()))?;
                 let resp = AtomicResponse {
                     req_id: a.req_id,

@@ -21,16 +21,22 @@ pub const FLAG_TAGGED: u8 = 0x80;
 pub const FLAG_LAST: u8 = 0x40;
 pub const DDP_VERSION: u8 = 1;
 
-/// Untagged queue numbers used by RDMAP (RFC 5040 §5.1, what siw uses: 0 Send,
-/// 1 Read Request, 2 Terminate). QN 3/4 for atomics are uiw's and used only
-/// between uiw peers that negotiated RFC 7306; RFC 7306's own assignment (its
-/// §4 table) is still to be checked — see wire/README.md, "RFC 7306".
+/// Untagged queue numbers used by RDMAP: RFC 5040 §5.1 (0 Send, 1 Read
+/// Request, 2 Terminate — all that siw knows) and RFC 7306 §4.1 Figure 2,
+/// §5.2 and §10.2 (Immediate Data on queue 0 like a Send, Atomic Requests on
+/// queue 1 beside the Read Requests, Atomic Responses on the new queue 3).
 pub mod qn {
     pub const SEND: u32 = 0;
     pub const READ_REQUEST: u32 = 1;
     pub const TERMINATE: u32 = 2;
-    pub const ATOMIC_REQUEST: u32 = 3;
-    pub const ATOMIC_RESPONSE: u32 = 4;
+    /// RFC 7306 §5.2, §5.2.1 rule 5: "the same Queue Number as RDMA Read
+    /// Requests (QN=1)" — one MSN sequence and one IRD/ORD for both.
+    pub const ATOMIC_REQUEST: u32 = READ_REQUEST;
+    /// RFC 7306 §5.2, §5.2.2 rule 3, §10.2 ("Queue 3 (Atomic Response
+    /// operations)").
+    pub const ATOMIC_RESPONSE: u32 = 3;
+    /// Queues 0..COUNT exist; each has its own MSN sequence (RFC 5041 §5.3).
+    pub const COUNT: usize = 4;
 }
 
 /// Buffer-model specific fields.

@@ -179,6 +179,9 @@ pub enum TaggedError {
     AccessRights,
     StagNotAssociated,
     ToWrap,
+    /// An atomic whose target buffer address is not 64-bit aligned (RFC 7306
+    /// §5.1.1, §5.1.2, §8.2).
+    Misaligned,
 }
 
 impl TaggedError {
@@ -191,11 +194,15 @@ impl TaggedError {
             TaggedError::AccessRights => TermCode::DDP_T_BASE_BOUNDS,
             TaggedError::StagNotAssociated => TermCode::DDP_T_STAG_NOT_ASSOC,
             TaggedError::ToWrap => TermCode::DDP_T_TO_WRAP,
+            // Only atomics check alignment, and they are RDMAP's; should DDP see it, the
+            // address is what is wrong.
+            TaggedError::Misaligned => TermCode::DDP_T_BASE_BOUNDS,
         }
     }
 
     /// Code when detected by RDMAP on a Read Request's (or Atomic's)
-    /// data source, RFC 5040 §7.1 "Remote Protection Error".
+    /// data source: RFC 5040 §7.1 "Remote Protection Error", and RFC 7306
+    /// §8.2's Remote Operation Error for a misaligned atomic.
     pub fn rdmap_code(self) -> TermCode {
         match self {
             TaggedError::InvalidStag => TermCode::RDMAP_INVALID_STAG,
@@ -203,6 +210,9 @@ impl TaggedError {
             TaggedError::AccessRights => TermCode::RDMAP_ACCESS_RIGHTS,
             TaggedError::StagNotAssociated => TermCode::RDMAP_STAG_NOT_ASSOC,
             TaggedError::ToWrap => TermCode::RDMAP_TO_WRAP,
+            // RFC 7306 §8.2: "RDMA Layer Remote Operation Error with Error Code Name
+            // 'Catastrophic error, localized to RDMAP Stream'".
+            TaggedError::Misaligned => TermCode::RDMAP_CATASTROPHIC_STREAM,
         }
     }
 }

@@ -10,7 +10,7 @@
 //! (`wr_id`, offset) or, for Read Responses, from a local STag.
 
 use crate::error::TaggedError;
-use crate::rdmap::AtomicOp;
+use crate::rdmap::AtomicOperation;
 
 /// Access a tagged check is made for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,6 +85,8 @@ impl Source {
 /// protection domains and rights live there, not in the core).
 pub trait Memory {
     /// Check that `len` bytes at `(stag, to)` may be accessed as `access`.
+    /// For [`Access::RemoteAtomic`] that includes the 64-bit alignment of the
+    /// buffer address (RFC 7306 §5.2.1, §8.2): [`TaggedError::Misaligned`].
     fn check_tagged(&self, stag: u32, to: u64, len: u32, access: Access)
         -> Result<(), TaggedError>;
 
@@ -96,12 +98,15 @@ pub trait Memory {
     }
 
     /// Perform an RFC 7306 atomic on the 8 bytes at `(stag, to)` (already
-    /// checked) and return the original value. An error (the region went away
-    /// since the check) answers the Atomic Request with a Terminate (RFC 7306
-    /// §5, RFC 5040 §7.2), never a made-up value. Default: refuses
-    /// (`InvalidStag`) — engines that never negotiate extensions need not care.
-    fn atomic(&mut self, stag: u32, to: u64, op: AtomicOp, add_swap: u64, compare: u64) -> Result<u64, TaggedError> {
-        let _ = (stag, to, op, add_swap, compare);
+    /// checked) and return the original value: store `op.apply(original)`
+    /// atomically with respect to every other atomic on that memory (§5.3),
+    /// masks included (§5.1.1, §5.1.2), in the memory's own byte order (§5.1.1).
+    /// An error (the region went away since the check) answers the Atomic
+    /// Request with a Terminate (RFC 5040 §7.2), never a made-up value.
+    /// Default: refuses (`InvalidStag`) — engines that never negotiate
+    /// extensions need not care.
+    fn atomic(&mut self, stag: u32, to: u64, op: AtomicOperation) -> Result<u64, TaggedError> {
+        let _ = (stag, to, op);
         Err(TaggedError::InvalidStag)
     }
 }

@@ -10,7 +10,7 @@ use uiw_wire::conn::{Counters,
 use uiw_wire::ddp::{qn, DdpHeader};
 use uiw_wire::mpa;
 use uiw_wire::placement::{Access, Memory, MemoryIo, Placement, Source};
-use uiw_wire::rdmap::{AtomicOp, Opcode, RdmapCtrl, ReadRequest, TermLayout, Terminate};
+use uiw_wire::rdmap::{AtomicOperation, Opcode, RdmapCtrl, ReadRequest, TermLayout, Terminate};
 use uiw_wire::segment::{encode_fpdu, parse_fpdu};
 use uiw_wire::{TaggedError, TermCode, WcStatus};
 
@@ -78,6 +78,10 @@ impl Memory for Mem {
         if to < r.base || end > r.base + r.data.len() as u64 {
             return Err(TaggedError::BaseBounds);
         }
+        // RFC 7306 §8.2: the atomic's target address must be 64-bit aligned.
+        if access == Access::RemoteAtomic && !to.is_multiple_of(8) {
+            return Err(TaggedError::Misaligned);
+        }
         Ok(())
     }
     fn invalidate(&mut self, stag: u32) -> Result<(), TaggedError> {
@@ -89,22 +93,11 @@ impl Memory for Mem {
         r.valid = false;
         Ok(())
     }
-    fn atomic(&mut self, stag: u32, to: u64, op: AtomicOp, add_swap: u64, compare: u64) -> Result<u64, TaggedError> {
+    fn atomic(&mut self, stag: u32, to: u64, op: AtomicOperation) -> Result<u64, TaggedError> {
         let r = self.regions.get_mut(&stag).unwrap();
         let o = (to - r.base) as usize;
         let cur = u64::from_ne_bytes(r.data[o..o + 8].try_into().unwrap());
-        let new = match op {
-            AtomicOp::FetchAdd => cur.wrapping_add(add_swap),
-            AtomicOp::Swap => add_swap,
-            AtomicOp::CompareSwap => {
-                if cur == compare {
-                    add_swap
-                } else {
-                    cur
-                }
-            }
-        };
-        r.data[o..o + 8].copy_from_slice(&new.to_ne_bytes());
+        r.data[o..o + 8].copy_from_slice(&op.apply(cur).to_ne_bytes());
         Ok(cur)
     }
 }
@@ -649,11 +642,11 @@ fn extensions_between_uiw_peers() {
     a.m.region(0xa00, 0, 64, ALL);
     b.m.region(0xb00, 0x100, 64, ALL);
     b.m.regions.get_mut(&0xb00).unwrap().data[..8].copy_from_slice(&40u64.to_ne_bytes());
-    a.c.post_atomic(1, AtomicOp::FetchAdd, (0xa00, 0), 0xb00, 0x100, 2, 0)
+    a.c.post_atomic(1, AtomicOperation::fetch_add(2), (0xa00, 0), 0xb00, 0x100)
         .unwrap();
-    a.c.post_atomic(2, AtomicOp::CompareSwap, (0xa00, 8), 0xb00, 0x100, 99, 42)
+    a.c.post_atomic(2, AtomicOperation::cmp_swap(42, 99), (0xa00, 8), 0xb00, 0x100)
         .unwrap();
-    a.c.post_atomic(3, AtomicOp::CompareSwap, (0xa00, 16), 0xb00, 0x100, 7, 42)
+    a.c.post_atomic(3, AtomicOperation::cmp_swap(42, 7), (0xa00, 16), 0xb00, 0x100)
         .unwrap();
     // Write with Immediate: data, then an Immediate Data message.
     b.post_recv(5, 0);
@@ -711,11 +704,87 @@ fn extensions_between_uiw_peers() {
     );
     assert_eq!(&b.m.recvs[&7][..33], &pattern(33, 2)[..]);
     // Atomic to a bad STag: remote protection error at the requester.
-    a.c.post_atomic(6, AtomicOp::FetchAdd, (0xa00, 0), 0xbad, 0, 1, 0)
+    a.c.post_atomic(6, AtomicOperation::fetch_add(1), (0xa00, 0), 0xbad, 0)
         .unwrap();
     pump(&mut a, &mut b);
     assert_term(&mut b, &mut a, TermCode::RDMAP_INVALID_STAG);
     assert_eq!(a.completions()[0].status, WcStatus::RemAccessErr);
+}
+
+/// Two uiw peers that negotiated RFC 7306.
+fn ext_pair() -> (Peer, Peer) {
+    let mut ca = Config::new(Role::Initiator);
+    ca.extensions = true;
+    let mut cb = Config::new(Role::Responder);
+    cb.extensions = true;
+    pair(ca, cb)
+}
+
+#[test]
+fn masked_atomics_end_to_end() {
+    // RFC 7306 §5.1.1, §5.1.2: the responder applies the masks the requester sends.
+    let (mut a, mut b) = ext_pair();
+    a.m.region(0xa00, 0, 64, ALL);
+    b.m.region(0xb00, 0x100, 64, ALL);
+    b.m.regions.get_mut(&0xb00).unwrap().data[..8].copy_from_slice(&0x0000_0001_ffff_ffffu64.to_ne_bytes());
+    b.m.regions.get_mut(&0xb00).unwrap().data[8..16].copy_from_slice(&0x1100_0000_0000_1277u64.to_ne_bytes());
+    // Two 32-bit fields: the low one wraps without carrying into the high one.
+    let add = AtomicOperation::FetchAdd { add: 1, add_mask: 0x8000_0000_8000_0000 };
+    a.c.post_atomic(1, add, (0xa00, 0), 0xb00, 0x100).unwrap();
+    // Compare the low byte, swap the high byte.
+    let cs = AtomicOperation::CmpSwap {
+        compare: 0x77,
+        compare_mask: 0xff,
+        swap: 0xab00_0000_0000_0000,
+        swap_mask: 0xff00_0000_0000_0000,
+    };
+    a.c.post_atomic(2, cs, (0xa00, 8), 0xb00, 0x108).unwrap();
+    pump(&mut a, &mut b);
+    let c = a.completions();
+    assert_eq!(c.iter().map(|c| (c.status, c.atomic_result)).collect::<Vec<_>>(), [
+        (WcStatus::Success, Some(0x0000_0001_ffff_ffff)),
+        (WcStatus::Success, Some(0x1100_0000_0000_1277))
+    ]);
+    assert_eq!(&b.m.bytes(0xb00)[..8], &0x0000_0001_0000_0000u64.to_ne_bytes());
+    assert_eq!(&b.m.bytes(0xb00)[8..16], &0xab00_0000_0000_1277u64.to_ne_bytes());
+}
+
+#[test]
+fn misaligned_atomic_is_a_remote_operation_error() {
+    // RFC 7306 §8.2: a target that is not 64-bit aligned draws RDMAP / Remote Operation
+    // Error / "Catastrophic error, localized to RDMAP Stream", memory untouched.
+    let (mut a, mut b) = ext_pair();
+    a.m.region(0xa00, 0, 64, ALL);
+    b.m.region(0xb00, 0x100, 64, ALL);
+    a.c.post_atomic(1, AtomicOperation::fetch_add(1), (0xa00, 0), 0xb00, 0x104).unwrap();
+    pump(&mut a, &mut b);
+    let t = assert_term(&mut b, &mut a, TermCode::RDMAP_CATASTROPHIC_STREAM);
+    // §8.1 rule 2: the Terminated DDP Header, no Terminated RDMA Header.
+    assert!(t.d && !t.r);
+    assert_eq!(t.echoed_ddp().unwrap()[1], 0x4a);
+    assert_eq!(a.completions()[0].status, WcStatus::RemOpErr);
+    assert_eq!(b.m.bytes(0xb00), &[0u8; 64][..]);
+}
+
+#[test]
+fn reserved_atomic_opcode_is_refused() {
+    // RFC 7306 §5.2.1 rule 4 and §10.1: AOpCode 0x1 is reserved (there is no Swap).
+    let (_a, mut b) = ext_pair();
+    b.m.region(0xb00, 0, 64, ALL);
+    let ar = uiw_wire::rdmap::AtomicRequest { op_word: 1, req_id: 7, stag: 0xb00, to: 8, add_swap: 5, ..Default::default() };
+    let mut body = [0u8; 52];
+    ar.encode(&mut body);
+    let d = DdpHeader::untagged(qn::ATOMIC_REQUEST, 1, 0, 0, true, RdmapCtrl::new(Opcode::AtomicRequest));
+    let mut raw = Vec::new();
+    encode_fpdu(&d, &body, &[], false, &mut raw);
+    let mut off = 0;
+    while off < raw.len() {
+        off += b.c.handle_bytes(&raw[off..], &mut b.m);
+    }
+    let (sent, t) = b.terminate().expect("no Terminate for a reserved AOpCode");
+    assert!(sent);
+    assert_eq!(t.code, TermCode::RDMAP_UNEXPECTED_OPCODE);
+    assert_eq!(b.m.bytes(0xb00), &[0u8; 64][..]);
 }
 
 #[test]
@@ -1259,10 +1328,11 @@ fn inbound_atomics_count_against_ird() {
     rr.encode(&mut body);
     let d = DdpHeader::untagged(qn::READ_REQUEST, 1, 0, 0, true, RdmapCtrl::new(Opcode::ReadRequest));
     encode_fpdu(&d, &body, &[], false, &mut raw);
-    let ar = uiw_wire::rdmap::AtomicRequest { op_word: 1, req_id: 7, stag: 0xb00, to: 8, add_swap: 1, ..Default::default() };
+    let ar = uiw_wire::rdmap::AtomicRequest { op_word: 0, req_id: 7, stag: 0xb00, to: 8, add_swap: 1, ..Default::default() };
     let mut body = [0u8; 52];
     ar.encode(&mut body);
-    let d = DdpHeader::untagged(qn::ATOMIC_REQUEST, 1, 0, 0, true, RdmapCtrl::new(Opcode::AtomicRequest));
+    // RFC 7306 §5.2: the Atomic Request follows the Read Request on queue 1, so MSN 2.
+    let d = DdpHeader::untagged(qn::ATOMIC_REQUEST, 2, 0, 0, true, RdmapCtrl::new(Opcode::AtomicRequest));
     encode_fpdu(&d, &body, &[], false, &mut raw);
     let mut off = 0;
     while off < raw.len() {

@@ -75,8 +75,8 @@ impl Span {
         self.sub(offset, self.len.checked_sub(offset)?)
     }
 
-    /// Whether the span starts on an 8-byte boundary of this process's memory (RFC 7306 §4.2
-    /// alignment of atomics).
+    /// Whether the span starts on an 8-byte boundary of this process's memory (RFC 7306 §5.2.1:
+    /// an atomic's buffer address is 64-bit aligned; §8.2 for the Terminate when it is not).
     pub fn aligned8(&self) -> bool {
         self.addr & 7 == 0
     }

@@ -11,7 +11,7 @@ use std::io;
 use std::os::fd::RawFd;
 
 pub use super::mr::Pinned;
-pub use uiw_wire::rdmap::AtomicOp;
+pub use uiw_wire::rdmap::AtomicOperation;
 
 /// One piece of an outgoing gather list.
 #[derive(Debug, Clone, Copy)]
@@ -47,6 +47,8 @@ pub trait UserMemory: Send + Sync {
     /// Copies `data` (at most `dst.len()` bytes of it) to application memory.
     fn write(&self, dst: &Pinned, data: &[u8]);
     /// An 8-byte atomic on the first 8 bytes of `dst` (8-byte aligned, at least 8 long): RFC
-    /// 7306 Fetch and Add, Swap or Compare and Swap; returns the original value.
-    fn atomic(&self, dst: &Pinned, op: AtomicOp, add_swap: u64, compare: u64) -> u64;
+    /// 7306 FetchAdd or CmpSwap with their masks (§5.1.1, §5.1.2), in native byte order,
+    /// atomic with respect to every other atomic on that memory (§5.3); stores
+    /// `op.apply(original)` and returns the original value.
+    fn atomic(&self, dst: &Pinned, op: AtomicOperation) -> u64;
 }

@@ -9,7 +9,7 @@ use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::engine::user_memory::{AtomicOp, IoPart, Pinned, UserMemory};
+use crate::engine::user_memory::{AtomicOperation, IoPart, Pinned, UserMemory};
 
 pub(crate) struct RawUserMemory;
 
@@ -75,15 +75,22 @@ impl UserMemory for RawUserMemory {
         unsafe { core::ptr::copy_nonoverlapping(data.as_ptr(), dst.addr() as *mut u8, n) }
     }
 
-    fn atomic(&self, dst: &Pinned, op: AtomicOp, add_swap: u64, compare: u64) -> u64 {
+    fn atomic(&self, dst: &Pinned, op: AtomicOperation) -> u64 {
         assert!(dst.len() >= 8 && dst.addr() % 8 == 0, "atomic on an unaligned or short range");
         // SAFETY: dst is 8-byte aligned (asserted), pinned registered memory with remote atomic
         // access (see the module doc); other processes' and threads' atomics on it are atomic too.
         let a = unsafe { &*(dst.addr() as *const AtomicU64) };
         match op {
-            AtomicOp::FetchAdd => a.fetch_add(add_swap, Ordering::SeqCst),
-            AtomicOp::Swap => a.swap(add_swap, Ordering::SeqCst),
-            AtomicOp::CompareSwap => match a.compare_exchange(compare, add_swap, Ordering::SeqCst, Ordering::SeqCst) {
+            // The unmasked operations of libibverbs, one instruction each.
+            AtomicOperation::FetchAdd { add, add_mask: 0 } => a.fetch_add(add, Ordering::SeqCst),
+            AtomicOperation::CmpSwap { compare, compare_mask: u64::MAX, swap, swap_mask: u64::MAX } => {
+                match a.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+                    Ok(v) | Err(v) => v,
+                }
+            }
+            // Masked ones (RFC 7306 §5.1.1, §5.1.2): a compare-and-swap loop; a CmpSwap whose
+            // compare fails stores nothing.
+            _ => match a.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| Some(op.apply(v)).filter(|&n| n != v)) {
                 Ok(v) | Err(v) => v,
             },
         }

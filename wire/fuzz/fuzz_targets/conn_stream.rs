@@ -6,7 +6,7 @@ use libfuzzer_sys::fuzz_target;
 use uiw_wire::conn::{Config, Connection, Role};
 use uiw_wire::mpa::{encode_rr, FrameKind, IrdOrd};
 use uiw_wire::placement::{Access, Memory, MemoryIo, Placement, Source};
-use uiw_wire::rdmap::AtomicOp;
+use uiw_wire::rdmap::AtomicOperation;
 use uiw_wire::TaggedError;
 
 struct Mem {
@@ -26,11 +26,11 @@ impl Memory for Mem {
     fn invalidate(&mut self, stag: u32) -> Result<(), TaggedError> {
         if stag == 0x100 { Ok(()) } else { Err(TaggedError::InvalidStag) }
     }
-    fn atomic(&mut self, _: u32, to: u64, _: AtomicOp, v: u64, _: u64) -> u64 {
+    fn atomic(&mut self, _: u32, to: u64, op: AtomicOperation) -> Result<u64, TaggedError> {
         let o = to as usize;
         let old = u64::from_ne_bytes(self.buf[o..o + 8].try_into().unwrap());
-        self.buf[o..o + 8].copy_from_slice(&v.to_ne_bytes());
-        old
+        self.buf[o..o + 8].copy_from_slice(&op.apply(old).to_ne_bytes());
+        Ok(old)
     }
 }
 impl MemoryIo for Mem {

@@ -56,7 +56,7 @@ use crate::engine::mr::MrTable;
 use crate::engine::srq::{Srq, SrqObj};
 use crate::engine::transport::memory::{self, MemStream};
 use crate::engine::transport::{config, Pending, Stream};
-use crate::engine::user_memory::{AtomicOp, IoPart, Pinned, UserMemory};
+use crate::engine::user_memory::{AtomicOperation, IoPart, Pinned, UserMemory};
 use crate::engine::wr::{opcode, send_flags, Payload, RecvWqe, SendWqe, Sge};
 
 /// Bits of input byte 0.
@@ -329,7 +329,7 @@ impl UserMemory for Checked {
         self.arena.write(dst, data);
     }
 
-    fn atomic(&self, dst: &Pinned, op: AtomicOp, add_swap: u64, compare: u64) -> u64 {
+    fn atomic(&self, dst: &Pinned, op: AtomicOperation) -> u64 {
         // What the FFI layer asserts (`ffi::user_memory`): a panic there aborts the application.
         assert!(dst.len() >= 8 && dst.addr() % 8 == 0, "atomic on an unaligned or short range at {:#x}", dst.addr());
         let i = self.region("atomic", dst, 8);
@@ -346,7 +346,7 @@ impl UserMemory for Checked {
             dst.addr()
         );
         drop(w);
-        self.arena.atomic(dst, op, add_swap, compare)
+        self.arena.atomic(dst, op)
     }
 }
 

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use uiw_wire::conn::{Completion as WireCompletion, Connection, Event, Failure, SendFlags, State as ConnState, Tx, WcOpcode};
 use uiw_wire::placement::{Access, Memory, Placement};
-use uiw_wire::rdmap::AtomicOp;
+use uiw_wire::rdmap::AtomicOperation;
 use uiw_wire::{PostError as WirePostError, TaggedError, WcStatus};
 
 use super::access;
@@ -272,7 +272,8 @@ fn tagged_error(e: AccessError) -> TaggedError {
 
 impl Memory for Mem<'_> {
     /// RFC 5041 §7.2 / RFC 5040 §7.1: STag, protection domain, bounds, rights of the region and
-    /// of the QP (`qp_access_flags`), and 8-byte alignment for atomics (RFC 7306 §4.2).
+    /// of the QP (`qp_access_flags`), and 64-bit alignment of an atomic's target address (RFC
+    /// 7306 §5.2.1; §8.2's Terminate code comes with `TaggedError::Misaligned`).
     fn check_tagged(&self, stag: u32, to: u64, len: u32, acc: Access) -> Result<(), TaggedError> {
         let needed = match acc {
             Access::LocalWrite => {
@@ -291,7 +292,7 @@ impl Memory for Mem<'_> {
             return Err(TaggedError::AccessRights);
         }
         if acc == Access::RemoteAtomic && !span.aligned8() {
-            return Err(TaggedError::BaseBounds);
+            return Err(TaggedError::Misaligned);
         }
         Ok(())
     }
@@ -306,11 +307,11 @@ impl Memory for Mem<'_> {
 
     /// The region may have gone since the check: then the peer gets a Terminate, never a
     /// made-up original value.
-    fn atomic(&mut self, stag: u32, to: u64, op: AtomicOp, add_swap: u64, compare: u64) -> Result<u64, TaggedError> {
+    fn atomic(&mut self, stag: u32, to: u64, op: AtomicOperation) -> Result<u64, TaggedError> {
         let mr = self.mrs.lookup_remote(stag).ok_or(TaggedError::InvalidStag)?;
         let span = mr.span(self.pd, to, 8, access::REMOTE_ATOMIC).map_err(tagged_error)?;
         let p = span.pin().ok_or(TaggedError::InvalidStag)?;
-        Ok(self.user_mem.atomic(&p, op, add_swap, compare))
+        Ok(self.user_mem.atomic(&p, op))
     }
 }
 
@@ -490,10 +491,11 @@ impl DataPath {
             opcode::RDMA_WRITE_WITH_IMM => c.post_write(id, w.rkey, w.remote_addr, len, Some(u64::from(imm))),
             opcode::RDMA_READ => c.post_read(id, e.sink.unwrap_or(0), 0, w.rkey, w.remote_addr, len),
             opcode::ATOMIC_FETCH_AND_ADD => {
-                c.post_atomic(id, AtomicOp::FetchAdd, (e.sink.unwrap_or(0), 0), w.rkey, w.remote_addr, w.compare_add, 0)
+                c.post_atomic(id, AtomicOperation::fetch_add(w.compare_add), (e.sink.unwrap_or(0), 0), w.rkey, w.remote_addr)
             }
             opcode::ATOMIC_CMP_AND_SWP => {
-                c.post_atomic(id, AtomicOp::CompareSwap, (e.sink.unwrap_or(0), 0), w.rkey, w.remote_addr, w.swap, w.compare_add)
+                let op = AtomicOperation::cmp_swap(w.compare_add, w.swap);
+                c.post_atomic(id, op, (e.sink.unwrap_or(0), 0), w.rkey, w.remote_addr)
             }
             _ => Err(WirePostError::NotSupported),
         };

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 
 use crate::engine::cq::CqObj;
 use crate::engine::events::EventQueue;
-use crate::engine::user_memory::{AtomicOp, IoPart, Pinned, UserMemory};
+use crate::engine::user_memory::{AtomicOperation, IoPart, Pinned, UserMemory};
 
 /// Where an arena starts in the made-up address space its regions use.
 pub const BASE: u64 = 0x1_0000;
@@ -51,19 +51,13 @@ impl UserMemory for Arena {
         let n = data.len().min(dst.len());
         self.0.lock().unwrap()[a..a + n].copy_from_slice(&data[..n]);
     }
-    /// RFC 7306 §4: the original value is returned, the new one stored (native byte order,
+    /// RFC 7306 §5.1: the original value is returned, the new one stored (native byte order,
     /// as the FFI layer's atomics on application memory).
-    fn atomic(&self, dst: &Pinned, op: AtomicOp, add_swap: u64, compare: u64) -> u64 {
+    fn atomic(&self, dst: &Pinned, op: AtomicOperation) -> u64 {
         let a = Self::at(dst);
         let mut m = self.0.lock().unwrap();
         let old = u64::from_ne_bytes(m[a..a + 8].try_into().unwrap());
-        let new = match op {
-            AtomicOp::FetchAdd => old.wrapping_add(add_swap),
-            AtomicOp::Swap => add_swap,
-            AtomicOp::CompareSwap if old == compare => add_swap,
-            AtomicOp::CompareSwap => old,
-        };
-        m[a..a + 8].copy_from_slice(&new.to_ne_bytes());
+        m[a..a + 8].copy_from_slice(&op.apply(old).to_ne_bytes());
         old
     }
 }

@@ -149,6 +149,9 @@ fn seed_inputs() -> Vec<(&'static str, Vec<u8>)> {
     let mut s = header(p, 0xff, opts::EXTENSIONS);
     chunks(&mut s, &fetch_add(1, stag(RW), iova(RW) + 8, 5), 127);
     v.push(("fetch_add", s));
+    let mut s = header(p, 0xff, opts::EXTENSIONS);
+    chunks(&mut s, &fetch_add(1, stag(RW), iova(RW) + 12, 5), 127);
+    v.push(("fetch_add_misaligned", s));
     let mut s = header(p | mode::BAD_RECV, 0xff, 0);
     chunks(&mut s, &send(1, b"nowhere", false), 127);
     v.push(("bad_receive", s));
@@ -253,6 +256,16 @@ fn an_atomic_adds_in_place() {
     let off = addr(RW) - BASE + 8;
     let before = u64::from_ne_bytes(std::array::from_fn(|k| fill_byte(off + k as u64)));
     assert_eq!(u64::from_ne_bytes(region(&r, RW, 8, 8).try_into().unwrap()), before + 5);
+}
+
+#[test]
+fn a_misaligned_atomic_terminates_and_changes_nothing() {
+    // RFC 7306 §8.2: a target not 64-bit aligned is an error (Terminate), memory untouched.
+    let r = run(&seed("fetch_add_misaligned"));
+    assert_eq!(r.fatal, Some(Fatal::Terminated));
+    let off = addr(RW) - BASE;
+    let before: Vec<u8> = (0..32).map(|k| fill_byte(off + k)).collect();
+    assert_eq!(region(&r, RW, 0, 32), &before[..]);
 }
 
 #[test]
