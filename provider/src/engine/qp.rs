@@ -998,7 +998,7 @@ mod tests {
     use super::super::limits::DeviceLimits;
     use super::super::net::Endpoint;
     use super::super::qp_state::{mask, qp_type, QpAttrs, QpCap, QpState};
-    use super::super::user_memory::{AtomicOp, IoPart, Pinned, UserMemory};
+    use super::super::user_memory::{AtomicOperation, IoPart, Pinned, UserMemory};
     use super::{now_ms, Qp, QpSpec};
 
     /// How many polls [`PollDuringPump`] makes before it stops: far more than serving a QP
@@ -1033,7 +1033,7 @@ mod tests {
         fn write(&self, _: &Pinned, _: &[u8]) {
             unreachable!("no payload in these tests")
         }
-        fn atomic(&self, _: &Pinned, _: AtomicOp, _: u64, _: u64) -> u64 {
+        fn atomic(&self, _: &Pinned, _: AtomicOperation) -> u64 {
             unreachable!("no payload in these tests")
         }
     }
