@@ -266,6 +266,7 @@ impl Context {
             kick: AtomicBool::new(false),
             polled: AtomicBool::new(false),
             timer: AtomicBool::new(false),
+            local_peer: std::sync::OnceLock::new(),
             hup: AtomicBool::new(false),
             lease: Default::default(),
             polls_at_post: AtomicU64::new(u64::MAX),

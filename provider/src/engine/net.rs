@@ -49,6 +49,11 @@ pub trait Endpoint: Send + Sync {
     /// An application thread's lease on the QP is due (engine µs): kept, or handed back to
     /// the progress thread (see `lease`).
     fn lease_check(&self, now_us: u64) -> Check;
+    /// The QP this one connects to (`dest_qp_num`), once it has one (RTR and later).
+    fn dest_qpn(&self) -> Option<u32>;
+    /// A QP of this process just sent on the stream to this one: serve it now, from the
+    /// sender's thread (see `Qp::local_peer`).
+    fn peer_sent(&self);
     /// In a forked child: let go of the parent's stream (close this process's descriptor
     /// only — no shutdown, which would end the parent's connection) without waiting for a
     /// lock another thread of the parent held when it forked.

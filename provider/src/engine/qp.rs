@@ -77,6 +77,10 @@ pub struct Qp {
     /// The progress thread's sweep found a deadline of the QP's that may be due while another
     /// thread held the QP: that thread handles it before it lets go (see [`Qp::handle_timeout`]).
     pub(crate) timer: AtomicBool,
+    /// The QP at the other end of the stream when it is one of this process's (two QPs
+    /// connected to each other in one program, as rdma-core's own tests connect them), found
+    /// once the stream is up; `None` for a peer elsewhere (see [`Qp::local_peer`]).
+    pub(crate) local_peer: std::sync::OnceLock<Option<std::sync::Weak<dyn Endpoint>>>,
     /// The progress thread saw the peer hang up (EPOLLRDHUP/EPOLLHUP): the next pump reads
     /// to the end of the stream.
     pub(crate) hup: AtomicBool,
@@ -796,7 +800,10 @@ impl Qp {
     pub fn post_send(&self, wqe: SendWqe) -> std::result::Result<(), PostError> {
         let r = self.post_send_unsettled(wqe, true);
         self.settle();
-        r
+        if r == Ok(true) {
+            self.sent_to_local_peer();
+        }
+        r.map(|_| ())
     }
 
     /// One WR of a posted chain: queued, sent by [`Qp::doorbell`] at the end of the chain
@@ -804,12 +811,13 @@ impl Qp {
     pub fn post_send_deferred(&self, wqe: SendWqe) -> std::result::Result<(), PostError> {
         let r = self.post_send_unsettled(wqe, false);
         self.settle();
-        r
+        r.map(|_| ())
     }
 
     /// The end of a posted chain: sends what it queued.
     pub fn doorbell(&self) {
         let mut inner = self.inner.lock();
+        let mut rang = false;
         if matches!(inner.attrs.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd) && !self.defer_doorbell() {
             let env = self.env(inner.attrs.qp_access_flags);
             let f = inner.dp.doorbell(&env);
@@ -819,10 +827,49 @@ impl Qp {
                 self.settle();
                 return;
             }
+            rang = inner.dp.established();
         }
         // Let go of the QP before settling: news that came meanwhile is served here.
         drop(inner);
         self.settle();
+        if rang {
+            self.sent_to_local_peer();
+        }
+    }
+
+    /// After sending on the stream: a peer QP in this process places what it was sent right
+    /// here, on the sender's thread, instead of when the progress thread is next scheduled.
+    /// A program that connects two of its own QPs (rdma-core's tests do) then finds a Write's
+    /// bytes in the target region once `ibv_post_send` returns — a passive target never polls,
+    /// and a progress thread that is runnable but not running left it waiting for up to a
+    /// scheduler tick (milliseconds; `examples/c/placement_lag.c`).
+    fn sent_to_local_peer(&self) {
+        if let Some(peer) = self.local_peer() {
+            peer.peer_sent();
+        }
+    }
+
+    /// The QP at the other end of the stream if it is one of this process's: our
+    /// `dest_qp_num` names a QP of ours whose `dest_qp_num` names us, at one of our device's
+    /// own addresses. QP numbers are unique on a host (each process allocates in a slot of
+    /// its own), so that is the same process. Known once the stream is up; cached.
+    fn local_peer(&self) -> Option<Arc<dyn Endpoint>> {
+        if let Some(p) = self.local_peer.get() {
+            return p.as_ref()?.upgrade();
+        }
+        let (dest, dgid) = {
+            let inner = self.inner.lock();
+            if !inner.dp.established() {
+                return None;
+            }
+            (inner.attrs.dest_qp_num, inner.attrs.ah.dgid)
+        };
+        let peer = Some(dest)
+            .filter(|_| self.device.gids.contains(&dgid))
+            .and_then(|d| self.net.lookup(d))
+            .filter(|p| p.dest_qpn() == Some(self.qpn));
+        let _ = self.local_peer.set(peer.as_ref().map(Arc::downgrade));
+        peer
     }
 
     /// Whether a doorbell may wait for the thread that polls the QP's CQs: it polls within
@@ -861,7 +908,8 @@ impl Qp {
         defer
     }
 
-    fn post_send_unsettled(&self, wqe: SendWqe, ring: bool) -> std::result::Result<(), PostError> {
+    /// Returns whether the doorbell rang (the WR went to the stream, not only to the queue).
+    fn post_send_unsettled(&self, wqe: SendWqe, ring: bool) -> std::result::Result<bool, PostError> {
         use super::wr::{opcode, Payload};
         if wqe.opcode > opcode::SEND_WITH_INV || wqe.opcode == opcode::BIND_MW {
             return Err(if wqe.opcode > opcode::SEND_WITH_INV { PostError::BadOpcode } else { PostError::Unsupported });
@@ -877,7 +925,7 @@ impl Qp {
                 drop(inner);
                 self.stats.flushed(1);
                 self.send_cq.push(wqe.flushed(self.qpn));
-                Ok(())
+                Ok(false)
             }
             // iWARP has no RTR of its own (RFC 5040's QP states: Idle, RTS, Closing,
             // Terminate, Error): the stream is set up at RTR, so sends posted there are queued
@@ -891,8 +939,9 @@ impl Qp {
                 self.sync_stats(&mut inner);
                 if let Some(f) = r? {
                     self.fail_locked(inner, f);
+                    return Ok(false);
                 }
-                Ok(())
+                Ok(ring && inner.dp.established())
             }
             _ => Err(PostError::BadState),
         }
@@ -926,6 +975,19 @@ fn ord(a: &QpAttrs) -> u16 {
 impl Endpoint for Qp {
     fn qpn(&self) -> u32 {
         self.qpn
+    }
+    fn dest_qpn(&self) -> Option<u32> {
+        let a = self.attrs();
+        matches!(a.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd).then_some(a.dest_qp_num)
+    }
+    fn peer_sent(&self) {
+        // A request as a poll's (see `serve_held`), answered by whichever thread holds the QP;
+        // taking it waits for that thread at most one pump, so the bytes are placed when this
+        // returns.
+        self.polled.store(true, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let inner = self.inner.lock();
+        self.serve_held(inner, false);
     }
     fn progress(&self, hup: bool) -> Progress {
         if hup {
