@@ -182,3 +182,39 @@ fn placement_lag_sees_every_write_at_a_passive_target() {
     assert!(stdout.contains("last 8 bytes hold 1)"), "{}", show(&out));
     assert_eq!(visible(&stdout), None, "{}", show(&out));
 }
+
+/// The `first_look: N of M writes …` line: writes already visible at the first read after
+/// their completion.
+fn first_look(stdout: &str) -> Option<(u64, u64)> {
+    let l = stdout.lines().find_map(|l| l.strip_prefix("first_look: "))?;
+    let (n, rest) = l.split_once(" of ")?;
+    let m = rest.split_whitespace().next()?;
+    Some((n.parse().ok()?, m.parse().ok()?))
+}
+
+/// What rdma-core's `test_qp_ex_rc_rdma_write` relies on: with both QPs in one process, a
+/// Write's bytes are in the passive target's region by the time the initiator polls the
+/// Write's completion — at the first look, every time, not eventually (uiw serves a QP of the
+/// same process on the sender's thread). Message sizes that fit loopback's socket buffer.
+#[test]
+fn a_write_to_a_qp_of_the_same_process_is_visible_at_its_completion() {
+    const TEST: &str = "a_write_to_a_qp_of_the_same_process_is_visible_at_its_completion";
+    let Some((artifacts, exe)) = prepare(TEST) else {
+        return;
+    };
+    let _lock = device_lock();
+    let dev = Published::up(&artifacts, &out_dir(env!("CARGO_TARGET_TMPDIR")))
+        .unwrap_or_else(|e| panic!("{TEST}: {e}"));
+    for size in ["8", "4K"] {
+        let out = run(&dev, &exe, &["-d", "uiw_lo", "-n", "2000", "-w", "10", "-s", size]);
+        let what = format!("placement_lag -s {size}");
+        assert_all_visible(&what, &out, 2000);
+        assert_eq!(
+            first_look(&String::from_utf8_lossy(&out.stdout)),
+            Some((2000, 2000)),
+            "{what}: a Write's bytes were not all in the target region when its completion was \
+             polled\n{}",
+            show(&out)
+        );
+    }
+}
