@@ -877,7 +877,7 @@ impl Qp {
     /// (issue 9: many WRs' FPDUs per system call). The first post after a poll rings at once —
     /// a ping-pong (post, poll, post, poll) never waits; only further posts before the next
     /// poll do (a stream of posts, as a bandwidth or message rate run makes), and only while
-    /// a thread polled a CQ of the QP within the last lease. Such a post claims the QP for the
+    /// a thread polled a CQ of the QP lately (`CqObj::polled_lately`). Such a post claims the QP for the
     /// poller (see `lease`) if it is not claimed yet, so that a doorbell left waiting rings at
     /// the next poll of either CQ, or when the lease lapses or is handed back (the progress
     /// thread serves the QP then): an application that posts twice and then stops polling
