@@ -76,6 +76,7 @@ impl DataPath {
                 RxWant::Place { len, place } => {
                     let dst = place_at(place, env.mrs, mem.sinks, mem.sq, rq);
                     let staged = l.st_hi - l.st_lo;
+                    let recv = matches!(place, Placement::Recv { .. });
                     match dst {
                         Some(span) => {
                             let want = (len as u64).min(span.len()) as usize;
@@ -83,9 +84,18 @@ impl DataPath {
                                 let k = want.min(staged);
                                 let chunk = &l.stage[l.st_lo..l.st_lo + k];
                                 // A region deregistered meanwhile cannot be pinned: the
-                                // bytes are dropped, never written elsewhere.
-                                if let Some(p) = span.sub(0, k as u64).and_then(|s| s.pin()) {
-                                    env.user_mem.write(&p, chunk);
+                                // bytes are never written elsewhere. A receive's Send then
+                                // fails as for memory that never checked out (siw looks the
+                                // lkey up when it places, `siw_proc_send`), not a successful
+                                // completion with bytes missing; a tagged placement's bytes
+                                // are dropped.
+                                match span.sub(0, k as u64).and_then(|s| s.pin()) {
+                                    Some(p) => env.user_mem.write(&p, chunk),
+                                    None if recv => {
+                                        l.conn.fail_placement();
+                                        return (false, self.drain_events(env));
+                                    }
+                                    None => {}
                                 }
                                 l.conn.rx_placed(chunk, &mut mem);
                                 l.st_lo += k;
@@ -116,7 +126,7 @@ impl DataPath {
                         }
                         // A receive whose memory did not check out: the Send fails here,
                         // where its bytes would be placed (siw's `siw_proc_send`).
-                        None if matches!(place, Placement::Recv { .. }) => {
+                        None if recv => {
                             l.conn.fail_placement();
                             return (false, self.drain_events(env));
                         }

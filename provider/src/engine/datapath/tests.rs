@@ -204,3 +204,48 @@ fn send_write_read_at_odd_boundaries() {
         transfer(max_io, 2049);
     }
 }
+
+/// A receive whose region is deregistered after it was posted: the Send that would place
+/// bytes into it fails at the receiver as memory that never checked out does
+/// (`IBV_WC_LOC_PROT_ERR`, a Terminate to the sender, the QP failed), with nothing written —
+/// not a successful completion with the bytes missing.
+#[test]
+fn a_send_into_a_receive_whose_region_was_deregistered_fails() {
+    for max_io in [64 << 10, 7] {
+        let mem = Arena::new(ARENA);
+        let (a_addr, b_addr) = (BASE, BASE + (ARENA / 2) as u64);
+        let half = (ARENA / 2) as u64;
+        let mut a = Side::new(a_addr, half);
+        let mut b = Side::new(b_addr, half);
+        connect(&mem, &mut a, &mut b, max_io);
+        let recv_mr = b.mrs.register(PD, b_addr + 4096, 4096, b_addr + 4096, access::LOCAL_WRITE).unwrap();
+        let recv = RecvWqe { wr_id: 7, sges: vec![Sge { addr: b_addr + 4096, length: 4096, lkey: recv_mr.stag }] };
+        assert_eq!(b.with(&mem, |dp, env| dp.post_recv(env, recv, false)), None);
+        assert!(b.mrs.deregister(recv_mr.stag).is_some());
+        drop(recv_mr);
+
+        mem.set(a_addr, &pattern(1000, 5));
+        a.post_send(&mem, send_wqe(1, opcode::SEND, Sge { addr: a_addr, length: 1000, lkey: a.mr.stag }, 0, 0));
+        let mut b_fatal = None;
+        let mut got_recv = Vec::new();
+        let mut got_send = Vec::new();
+        for _ in 0..200_000 {
+            let (_, fa) = a.with(&mem, |dp, env| dp.pump(env));
+            got_send.extend(Side::completions(&a.scq));
+            if b_fatal.is_none() {
+                b_fatal = b.with(&mem, |dp, env| dp.pump(env)).1;
+            }
+            got_recv.extend(Side::completions(&b.rcq));
+            if b_fatal.is_some() && (fa.is_some() || !got_send.is_empty()) {
+                break;
+            }
+        }
+        assert!(b_fatal.is_some(), "the receiver's QP did not fail (max_io {max_io})");
+        assert_eq!(
+            got_recv.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+            vec![(7, wc_status::LOC_PROT_ERR)],
+            "the receive must fail, not succeed with nothing placed (max_io {max_io})"
+        );
+        assert_eq!(mem.get(b_addr + 4096, 1000), vec![0u8; 1000], "nothing may be written into a deregistered region");
+    }
+}
