@@ -91,10 +91,6 @@ const MAX_PARKED: usize = 4;
 /// the only proof (perftest's send-test server stays in RTR).
 const OPEN_WAIT_MS: u64 = 200;
 
-/// How long after reading a peer's FIN its QP goes to ERROR (see `Link::peer_closed`): a
-/// one-shot deadline on the close path, not a poll.
-const PEER_CLOSE_GRACE_MS: u64 = 100;
-
 impl std::fmt::Debug for Net {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Net(slot {})", self.slot)
@@ -438,17 +434,14 @@ impl Qp {
             }
         }
         let env = self.env(inner.attrs.qp_access_flags);
-        let closed = inner.dp.link.as_ref().is_some_and(|l| l.peer_closed.is_some());
         let stalled = inner.dp.link.as_ref().is_some_and(|l| l.conn.rx_stalled());
         let held = inner.dp.link.as_ref().is_some_and(|l| l.conn.tx_held());
         let r = inner.dp.pump(&env);
         self.sync_stats(inner);
         self.after(inner);
-        if (!closed && inner.dp.link.as_ref().is_some_and(|l| l.peer_closed.is_some()))
-            || (!stalled && inner.dp.link.as_ref().is_some_and(|l| l.conn.rx_stalled()))
-        {
-            // The peer closed, or a Send now waits for a receive (wire `rnr_wait_ms`): the
-            // progress thread takes the new deadline.
+        if !stalled && inner.dp.link.as_ref().is_some_and(|l| l.conn.rx_stalled()) {
+            // A Send now waits for a receive (wire `rnr_wait_ms`): the progress thread takes
+            // the new deadline.
             self.net.wake();
         }
         if !held && inner.dp.link.as_ref().is_some_and(|l| l.conn.tx_held()) {
@@ -499,11 +492,6 @@ impl Qp {
         let Some(l) = inner.dp.link.as_mut() else {
             return;
         };
-        if l.peer_closed.is_some_and(|t| now.saturating_sub(t) >= PEER_CLOSE_GRACE_MS) {
-            l.conn.handle_eof();
-            self.fail_locked(inner, Fatal::Closed);
-            return;
-        }
         if l.conn.poll_timeout().is_some_and(|d| d <= now) {
             let held = l.conn.tx_held();
             l.conn.handle_timeout(now);
@@ -531,10 +519,7 @@ impl Qp {
             // Taken right now: look again soon.
             return Some(now_ms() + 10);
         };
-        let t = inner.dp.link.as_ref().and_then(|l| {
-            let close = l.peer_closed.map(|t| t + PEER_CLOSE_GRACE_MS);
-            earliest(l.conn.poll_timeout(), close)
-        });
+        let t = inner.dp.link.as_ref().and_then(|l| l.conn.poll_timeout());
         let t = earliest(t, inner.open_at);
         drop(inner);
         self.settle();
