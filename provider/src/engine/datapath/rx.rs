@@ -24,7 +24,9 @@ impl DataPath {
         }
         let f = self.pump_tx(env);
         match self.link.as_mut() {
-            Some(l) if f.is_none() && l.peer_eof => {
+            // A write that fails now (the peer's reset answering bytes sent after its close)
+            // does not make the orderly close a lost stream.
+            Some(l) if l.peer_eof && matches!(f, None | Some(Fatal::Lost)) => {
                 l.conn.handle_eof();
                 (false, Some(Fatal::Closed))
             }
