@@ -503,7 +503,7 @@ impl Qp {
             }
             if released {
                 // the first FPDU held for a siw responder may go now
-                if let Some((_, Some(f))) = self.pump_locked(&mut inner) {
+                if let Some(f) = self.pump_once(&mut inner) {
                     self.fail_locked(inner, f);
                     return;
                 }
@@ -649,9 +649,21 @@ impl Qp {
 
     /// Serves the stream now (after attaching it), failing the QP if that fails.
     fn serve_locked(&self, mut inner: parking_lot::MutexGuard<'_, QpInner>) {
-        if let Some((_, Some(f))) = self.pump_locked(&mut inner) {
+        if let Some(f) = self.pump_once(&mut inner) {
             self.fail_locked(inner, f);
         }
+    }
+
+    /// One pump outside [`Qp::serve`]'s loop (a verb, a deadline). A pump that used up its
+    /// receive budget left input in the socket that no new readiness will report (the epoll
+    /// interest is edge-triggered): the QP is queued on the progress thread to be served
+    /// again, as the progress thread queues a QP its own serve left with `More`.
+    fn pump_once(&self, inner: &mut QpInner) -> Option<Fatal> {
+        let (more, f) = self.pump_locked(inner)?;
+        if more && f.is_none() {
+            self.net.requeue(self.qpn);
+        }
+        f
     }
 
     /// Publishes the stream's traffic counters (after it was served, and before it closes).
@@ -712,7 +724,7 @@ impl Qp {
         // A Send was waiting for this receive (wire `rnr_wait_ms`): read on now, not at the
         // next sweep.
         if stalled {
-            if let Some((_, Some(f))) = self.pump_locked(&mut inner) {
+            if let Some(f) = self.pump_once(&mut inner) {
                 self.fail_locked(inner, f);
             }
         }
