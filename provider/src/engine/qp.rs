@@ -15,7 +15,7 @@ use super::error::{Error, Result};
 use super::events::{event_type, AsyncSink};
 use super::clock::earliest;
 use super::lease::{Arming, Check, Lease};
-use super::limits::DeviceLimits;
+use super::limits::{DeviceLimits, MAX_QP_INIT_RD_ATOM};
 use super::mr::MrTable;
 use super::net::{Endpoint, Net, Progress};
 use super::qp_state::{self, QpAttrs, QpState};
@@ -855,14 +855,25 @@ fn peer_ipv4(p: &Pending) -> Option<std::net::Ipv4Addr> {
     }
 }
 
-/// Our IRD (inbound Reads we serve at once): `max_dest_rd_atomic`, at least 1.
+/// The IRD a QP advertises in its MPA Request or Reply (RFC 6581 §9; the Reads and Atomics
+/// it answers at once): `max_dest_rd_atomic` as the application set it at RTR, 0 included
+/// (a QP given none answers none, as on any RDMA device). The wire core raises it to 1 only
+/// where a Read RTR needs it (RFC 6581 §5).
 fn ird(a: &QpAttrs) -> u16 {
-    u16::from(a.max_dest_rd_atomic.max(1))
+    u16::from(a.max_dest_rd_atomic)
 }
 
-/// Our ORD (Reads we issue at once): `max_rd_atomic`, at least 1.
+/// The ORD a QP advertises (RFC 6581 §9; the Reads and Atomics it issues at once):
+/// `max_rd_atomic` as the application set it, 0 included — once it has, at RTS. A QP that
+/// opens or accepts its stream still in RTR (perftest's send-test server) has no ORD yet, and
+/// the MPA exchange is not repeated when RTS brings one: it advertises the most RTS may give
+/// ([`MAX_QP_INIT_RD_ATOM`]), so the connection never holds the QP below the ORD RTS grants.
+/// The peer's IRD bounds it either way (RFC 6581 §9: an ORD is limited by the peer's IRD).
 fn ord(a: &QpAttrs) -> u16 {
-    u16::from(a.max_rd_atomic.max(1))
+    match a.qp_state {
+        QpState::Rts | QpState::Sqd => u16::from(a.max_rd_atomic),
+        _ => MAX_QP_INIT_RD_ATOM as u16,
+    }
 }
 impl Endpoint for Qp {
     fn qpn(&self) -> u32 {
@@ -922,5 +933,33 @@ impl PolledQp for Qp {
 impl CmQp for Qp {
     fn cm_disconnect(&self) {
         Qp::cm_disconnect(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uiw_wire::conn::Tx;
+    use uiw_wire::mpa::RrFrame;
+
+    /// The IRD/ORD words of the MPA Request a QP in `state` with these attributes opens with.
+    fn request_ird_ord(state: QpState, max_dest_rd_atomic: u8, max_rd_atomic: u8) -> (u16, u16) {
+        let a = QpAttrs { qp_state: state, max_dest_rd_atomic, max_rd_atomic, ..Default::default() };
+        let mut c = Connection::new(config(Role::Initiator, ird(&a), ord(&a), b"hello".to_vec(), 1460), 0);
+        let Some(Tx::Bytes(req)) = c.next_tx() else { panic!("no MPA Request") };
+        let (f, _) = RrFrame::parse(&req).expect("an MPA Request");
+        let io = f.ird_ord().expect("revision 2 IRD/ORD words");
+        (io.ird, io.ord)
+    }
+
+    /// RFC 6581 §9: an opener advertises the QP's own values, 0 included (an application that
+    /// set no responder resources, as SPDK does, is seen with IRD 0); one that opens in RTR,
+    /// before RTS gave it an ORD, does not cap its Reads at 1.
+    #[test]
+    fn an_opener_advertises_the_qps_ird_and_ord() {
+        assert_eq!(request_ird_ord(QpState::Rts, 0, 0), (0, 0));
+        assert_eq!(request_ird_ord(QpState::Rts, 16, 8), (16, 8));
+        assert_eq!(request_ird_ord(QpState::Rtr, 0, 0), (0, MAX_QP_INIT_RD_ATOM as u16));
+        assert_eq!(request_ird_ord(QpState::Rtr, 4, 0), (4, MAX_QP_INIT_RD_ATOM as u16));
     }
 }
