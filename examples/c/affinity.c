@@ -103,7 +103,12 @@ static void *pinned_thread(void *arg)
 		perror("affinity: pd/cq/qp");
 		return NULL;
 	}
-	if (progress_cpus(cpus, sizeof(cpus))) {
+	/* The thread names itself once it runs (its mask was set when it was created): look
+	 * until it has, for at most 10 s. */
+	int found = -1;
+	for (int i = 0; i < 1000 && (found = progress_cpus(cpus, sizeof(cpus))); i++)
+		usleep(10000);
+	if (found) {
 		fprintf(stderr, "affinity: no uiw-progress thread in /proc/self/task\n");
 	} else {
 		printf("PINNED %d\nPROGRESS %s\n", pinned, cpus);

@@ -396,6 +396,24 @@ pub fn set_thread_affinity(cpus: &[usize]) -> io::Result<()> {
     check(unsafe { libc::sched_setaffinity(0, bytes, mask.as_ptr().cast::<libc::cpu_set_t>()) }.into())
 }
 
+/// Restricts thread `t` (spawned by Rust, not joined yet) to `cpus`
+/// (`pthread_setaffinity_np`). `EINVAL` when none of them is one the thread may use.
+pub fn set_affinity_of<T>(t: &std::thread::JoinHandle<T>, cpus: &[usize]) -> io::Result<()> {
+    use std::os::unix::thread::JoinHandleExt;
+    let words = cpus.iter().max().map_or(1, |&m| m / MASK_WORD_BITS + 1);
+    let mut mask: Vec<libc::c_ulong> = vec![0; words];
+    for &c in cpus {
+        mask[c / MASK_WORD_BITS] |= 1 << (c % MASK_WORD_BITS);
+    }
+    let bytes = words * std::mem::size_of::<libc::c_ulong>();
+    // SAFETY: the handle's thread is neither joined nor detached while `t` is borrowed, so its
+    // pthread_t is valid; `mask` is a readable buffer of `bytes` bytes, only read.
+    match unsafe { libc::pthread_setaffinity_np(t.as_pthread_t(), bytes, mask.as_ptr().cast::<libc::cpu_set_t>()) } {
+        0 => Ok(()),
+        e => Err(io::Error::from_raw_os_error(e)),
+    }
+}
+
 #[cfg(test)]
 mod affinity_tests {
     use super::*;
@@ -416,6 +434,15 @@ mod affinity_tests {
         .join()
         .unwrap();
         assert_eq!(got, vec![last]);
+        // Another thread's, through its handle.
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            wait.recv().unwrap();
+            thread_affinity(0).unwrap()
+        });
+        set_affinity_of(&t, &[last]).unwrap();
+        go.send(()).unwrap();
+        assert_eq!(t.join().unwrap(), vec![last]);
         assert_eq!(thread_affinity(pid).unwrap(), main_before);
         // A CPU no machine has: nothing allowed is left.
         assert!(std::thread::spawn(|| set_thread_affinity(&[1 << 20])).join().unwrap().is_err());

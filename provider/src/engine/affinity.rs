@@ -4,7 +4,7 @@
 //! created by the application thread that makes the process's first QP, and a polling
 //! runtime (SPDK's reactor, a DPDK lcore) pins that thread to one core of its own: inherited
 //! as is, the mask would put the progress thread on the very core the reactor spins on, each
-//! taking the other's time slices. So the progress thread, when it starts, moves to the
+//! taking the other's time slices. So the progress thread, as it is created, moves to the
 //! CPUs the process may use that the creating thread's mask leaves out, and keeps the
 //! inherited mask when there are none (the whole process confined to the creator's CPUs,
 //! as `taskset` does: never escape a confinement the user chose).
@@ -103,20 +103,20 @@ fn process_cpus(own: &[usize]) -> Vec<usize> {
     cpus
 }
 
-/// Run by the progress thread first thing: moves it off its creator's CPUs (see the module
-/// doc), or onto `UIW_PROGRESS_CPUS`.
-pub fn place_progress_thread() {
-    place(std::env::var("UIW_PROGRESS_CPUS").ok().filter(|v| !v.trim().is_empty()));
+/// Moves the progress thread `t`, just spawned, off its creator's CPUs (see the module doc),
+/// or onto `UIW_PROGRESS_CPUS`. Called by the creator, which is the thread whose mask `t`
+/// inherited: the mask is in place when this returns.
+pub fn place_progress_thread<T>(t: &std::thread::JoinHandle<T>) {
+    place(t, std::env::var("UIW_PROGRESS_CPUS").ok().filter(|v| !v.trim().is_empty()));
 }
 
 /// [`place_progress_thread`], `wanted` being `UIW_PROGRESS_CPUS`.
-fn place(wanted: Option<String>) {
+fn place<T>(t: &std::thread::JoinHandle<T>, wanted: Option<String>) {
     let Ok(own) = uiw_kabi::sys::thread_affinity(0) else { return };
     if let Some(v) = wanted {
-        match parse_cpu_list(&v).map_err(|e| e.to_string()).and_then(|cpus| uiw_kabi::sys::set_thread_affinity(&cpus).map_err(|e| e.to_string())) {
-            Ok(()) => {
-                let now = uiw_kabi::sys::thread_affinity(0).unwrap_or_default();
-                crate::uiw_log!(Debug, "progress thread on CPUs {} (UIW_PROGRESS_CPUS={v})", format_cpu_list(&now));
+        match parse_cpu_list(&v).map_err(|e| e.to_string()).and_then(|cpus| uiw_kabi::sys::set_affinity_of(t, &cpus).map(|()| cpus).map_err(|e| e.to_string())) {
+            Ok(cpus) => {
+                crate::uiw_log!(Debug, "progress thread on CPUs {} (UIW_PROGRESS_CPUS={v})", format_cpu_list(&cpus));
                 return;
             }
             Err(e) => crate::uiw_log!(Warn, "UIW_PROGRESS_CPUS={v}: {e}; placing the progress thread as if unset"),
@@ -124,7 +124,7 @@ fn place(wanted: Option<String>) {
     }
     let process = process_cpus(&own);
     let placed = match choose(&own, &process) {
-        Some(cpus) => match uiw_kabi::sys::set_thread_affinity(&cpus) {
+        Some(cpus) => match uiw_kabi::sys::set_affinity_of(t, &cpus) {
             Ok(()) => cpus,
             Err(e) => {
                 crate::uiw_log!(Warn, "progress thread: cannot move to CPUs {}: {e}", format_cpu_list(&cpus));
@@ -172,8 +172,8 @@ mod tests {
         assert_eq!(choose(&[1], &[1]), None);
     }
 
-    /// The real thing in this process: a thread pinned to one CPU starts the placement in a
-    /// thread of its own (as `Net::acquire` does), which then runs elsewhere.
+    /// The real thing in this process: a thread pinned to one CPU creates a thread and places
+    /// it (as `Net::acquire` does), which then runs elsewhere.
     #[test]
     fn a_thread_created_by_a_pinned_thread_moves_off_its_cpu() {
         let all = uiw_kabi::sys::thread_affinity(0).unwrap();
@@ -184,12 +184,14 @@ mod tests {
         let pin = all[0];
         let got = std::thread::spawn(move || {
             uiw_kabi::sys::set_thread_affinity(&[pin]).unwrap();
-            std::thread::spawn(|| {
-                place(None);
+            let (go, wait) = std::sync::mpsc::channel::<()>();
+            let t = std::thread::spawn(move || {
+                wait.recv().unwrap();
                 uiw_kabi::sys::thread_affinity(0).unwrap()
-            })
-            .join()
-            .unwrap()
+            });
+            place(&t, None);
+            go.send(()).unwrap();
+            t.join().unwrap()
         })
         .join()
         .unwrap();

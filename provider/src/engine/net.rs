@@ -246,18 +246,11 @@ impl Net {
         let net = Arc::new(Net::start(user_mem, addrs).map_err(AcquireError::Start)?);
         net.attach_raw(device)?;
         let n = net.clone();
-        // The thread takes its CPUs before the first QP exists (see `affinity`), so no stream
-        // is ever served from the creator's core.
-        let (placed, is_placed) = std::sync::mpsc::sync_channel::<()>(1);
-        let thread = std::thread::Builder::new()
-            .name("uiw-progress".into())
-            .spawn(move || {
-                super::affinity::place_progress_thread();
-                let _ = placed.send(());
-                n.run()
-            })
-            .map_err(|e| AcquireError::Start(e.to_string()))?;
-        let _ = is_placed.recv();
+        let thread =
+            std::thread::Builder::new().name("uiw-progress".into()).spawn(move || n.run()).map_err(|e| AcquireError::Start(e.to_string()))?;
+        // Its CPUs are set before the first QP exists (see `affinity`), so no stream is ever
+        // served from the creator's core.
+        super::affinity::place_progress_thread(&thread);
         *g = Some(Running { net: net.clone(), users: 1, thread: Some(thread) });
         Ok(net)
     }
