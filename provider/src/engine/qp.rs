@@ -939,6 +939,8 @@ impl CmQp for Qp {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::datapath::{DataPath, Env, Link};
+    use crate::engine::transport::Pending;
     use uiw_wire::conn::Tx;
     use uiw_wire::mpa::RrFrame;
 
@@ -950,6 +952,124 @@ mod tests {
         let (f, _) = RrFrame::parse(&req).expect("an MPA Request");
         let io = f.ird_ord().expect("revision 2 IRD/ORD words");
         (io.ird, io.ord)
+    }
+
+    /// A receive posted for a Send that waited for one: `post_recv` reads on from the socket,
+    /// up to its receive budget; what lies beyond (more than the budget was queued, and no
+    /// new byte arrives to raise another readiness event) is read by the progress thread,
+    /// with no poll and no new arrival. The stream here is in memory, unknown to epoll: only
+    /// the QP being queued for the progress thread can get the rest read.
+    #[test]
+    fn a_pump_that_uses_up_its_budget_leaves_the_rest_to_the_progress_thread() {
+        use crate::engine::access;
+        use crate::engine::datapath::testkit::{cq, Arena, BASE};
+        use crate::engine::datapath::RX_BUDGET;
+        use crate::engine::transport::memory;
+        use crate::engine::wr::{opcode, send_flags, Payload, Sge};
+
+        const HALF: u64 = 1 << 20;
+        const WRITE: usize = 64 << 10;
+        let writes = RX_BUDGET / WRITE + 2;
+        let mem: &'static Arena = Box::leak(Box::new(Arena::new(2 * HALF as usize)));
+        let (qp_addr, peer_addr) = (BASE, BASE + HALF);
+        let (tx, rx) = std::os::unix::net::UnixStream::pair().unwrap();
+        let unread = rx.try_clone().unwrap();
+        let device = DeviceInfo {
+            name: "uiw_qptest".into(),
+            netdev: "lo".into(),
+            node_guid: 0,
+            gids: vec![std::net::Ipv4Addr::LOCALHOST.to_ipv6_mapped().octets()],
+            netdev_mtu: 65536,
+            gid_tbl_len: 1,
+            ibdev_path: "/nonexistent/uiw_qptest".into(),
+            active_speed: 1,
+            active_width: 1,
+            transport: TransportKind::Tcp,
+        };
+        let ctx = crate::engine::context::Context::new(Arc::new(device), DeviceLimits::UIW, AsyncSink::new(tx, unread, 16), mem);
+        let pd = ctx.alloc_pd().unwrap();
+        let qcq = ctx.create_cq(64, None).unwrap();
+        let cap = qp_state::QpCap { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+        let spec = QpSpec { pd, qp_type: qp_state::qp_type::RC, cap, sq_sig_all: false, send_cq: qcq.clone(), recv_cq: qcq.clone(), srq: None };
+        let qp = ctx.create_qp(spec).unwrap();
+        let qmr = ctx.mrs.register(pd, qp_addr, HALF, qp_addr, access::LOCAL_WRITE | access::REMOTE_WRITE).unwrap();
+
+        // The peer: a data path of its own over an in-memory stream that holds everything.
+        let peer_mrs = MrTable::new(4);
+        let pmr = peer_mrs.register(1, peer_addr, HALF, peer_addr, access::LOCAL_WRITE).unwrap();
+        let (pscq, prcq) = (cq(), cq());
+        let penv = Env { qpn: 0x1001, pd: 1, sq_sig_all: false, qp_access: 0, mrs: &peer_mrs, user_mem: mem, send_cq: &pscq, recv_cq: &prcq, srq: None };
+        let mut peer = DataPath::default();
+        let (sa, sb) = memory::pair(WRITE, 4 << 20);
+        let mut ca = config(Role::Initiator, 4, 4, b"hi".to_vec(), 1460);
+        ca.first_fpdu_hold_ms = 0;
+        peer.link = Some(Link::new(Connection::new(ca, 0), Box::new(sa)));
+        let mut p = Pending::new(Connection::new(config(Role::Responder, 0, 0, Vec::new(), 1460), 0), Box::new(sb));
+        let mut asked = false;
+        for _ in 0..1000 {
+            peer.pump(&penv);
+            if p.read_request().is_some() {
+                asked = true;
+                break;
+            }
+        }
+        assert!(asked, "no MPA Request");
+        p.conn.accept(4, 4, b"ok", 0).unwrap();
+        {
+            let mut inner = qp.inner.lock();
+            inner.attrs.qp_state = QpState::Rts;
+            inner.attrs.qp_access_flags = access::REMOTE_WRITE;
+            inner.dp.link = Some(Link::new(p.conn, p.stream));
+        }
+        let pump_qp = || {
+            let mut inner = qp.inner.lock();
+            let env = qp.env(access::REMOTE_WRITE);
+            inner.dp.pump(&env)
+        };
+        for _ in 0..1000 {
+            peer.pump(&penv);
+            pump_qp();
+            if peer.established() && qp.inner.lock().dp.established() {
+                break;
+            }
+        }
+        assert!(peer.established(), "MPA did not complete");
+
+        // A Send the QP has no receive for, then more Writes than one pump may read.
+        let wqe = |wr_id, op, addr, len, remote| SendWqe {
+            wr_id,
+            opcode: op,
+            flags: send_flags::SIGNALED,
+            payload: Payload::Sges(vec![Sge { addr, length: len as u32, lkey: pmr.stag }]),
+            remote_addr: remote,
+            rkey: qmr.stag,
+            imm_or_inv: 0,
+            compare_add: 0,
+            swap: 0,
+        };
+        assert_eq!(peer.post_send(&penv, wqe(1, opcode::SEND, peer_addr, 4, 0), 64, true).unwrap(), None);
+        for i in 0..writes {
+            let at = (i * WRITE) as u64;
+            mem.set(peer_addr + at, &vec![i as u8 + 1; WRITE]);
+            assert_eq!(peer.post_send(&penv, wqe(2 + i as u64, opcode::RDMA_WRITE, peer_addr + at, WRITE, qp_addr + at), 64, true).unwrap(), None);
+        }
+        for _ in 0..1000 {
+            peer.pump(&penv);
+        }
+        pump_qp();
+        assert!(qp.inner.lock().dp.link.as_ref().unwrap().conn.rx_stalled(), "the Send waits for a receive");
+
+        let last = qp_addr + ((writes - 1) * WRITE) as u64;
+        let landed = || mem.get(last, WRITE).iter().all(|&b| b == writes as u8);
+        assert!(!landed(), "the last Write landed before its receive was posted");
+        qp.post_recv(RecvWqe { wr_id: 9, sges: vec![Sge { addr: qp_addr + HALF - 64, length: 64, lkey: qmr.stag }] }).unwrap();
+        // Not a timing assertion: the progress thread reads the rest at once, or never.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !landed() {
+            assert!(std::time::Instant::now() < deadline, "the bytes past the receive budget were never read");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        ctx.destroy_qp(&qp);
     }
 
     /// RFC 6581 §9: an opener advertises the QP's own values, 0 included (an application that
