@@ -14,9 +14,11 @@ impl DataPath {
     /// (the receive budget ran out) and whether the QP must fail.
     ///
     /// The peer's FIN ends the connection as soon as it is read (RFC 5040 §6, RDMAP stream
-    /// management: the LLP stream's close ends the RDMAP Stream): everything that arrived before it has been placed and completed by then, and what the
-    /// application posted before it still goes to the socket (its completions stand once
-    /// the bytes leave); then [`Fatal::Closed`], and the QP flushes the rest.
+    /// management: the LLP stream's close ends the RDMAP Stream). Everything that arrived
+    /// before it has been placed and completed by then, and what the application posted
+    /// before it still goes to the socket (its completions stand once the bytes leave); then
+    /// [`Fatal::Closed`], and the QP flushes the rest (the CQ hands the flushes out in a poll
+    /// of their own, see `cq::Cq`).
     pub fn pump(&mut self, env: &Env) -> (bool, Option<Fatal>) {
         let (more, f) = self.pump_rx(env);
         if f.is_some() {
