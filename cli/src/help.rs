@@ -68,6 +68,9 @@ ENVIRONMENT
                        levels (1 errors, 2 warnings, 3 information, 4 debug)
                        and log file (appended; default stderr); UIW_DEBUG=1
                        is level 4
+    UIW_PROGRESS_CPUS  CPUs (a list such as 0,2-3) of a program's uiw progress
+                       thread; default: those the process may use minus the
+                       CPUs of the thread that created the first QP
     UIW_LIBDIR         colon-separated directories searched first for
                        libuiw_rdmav34.so and libuiw_preload.so
     UIW_NODE_REGISTRY  node ownership registry (default /run/uiw-nodes)

@@ -356,3 +356,95 @@ pub fn recv_dontwait(s: &impl AsRawFd, buf: &mut [u8]) -> io::Result<usize> {
     }
     Ok(n as usize)
 }
+
+/// The mask of `sched_{get,set}affinity`: one bit per CPU, in `unsigned long` words (the
+/// kernel's `cpumask` layout, as glibc's `CPU_SET` writes it).
+const MASK_WORD_BITS: usize = libc::c_ulong::BITS as usize;
+
+/// The CPUs thread `tid` may run on (`sched_getaffinity`; `tid` 0: the calling thread), in
+/// ascending order. The mask grows until it holds every CPU the kernel knows of (`EINVAL`
+/// means too small), so machines past glibc's fixed 1024-CPU `cpu_set_t` are read whole.
+pub fn thread_affinity(tid: i32) -> io::Result<Vec<usize>> {
+    let mut words = 1024 / MASK_WORD_BITS;
+    loop {
+        let mut mask: Vec<libc::c_ulong> = vec![0; words];
+        let bytes = words * std::mem::size_of::<libc::c_ulong>();
+        // SAFETY: `mask` is a writable buffer of `bytes` bytes; the call writes at most that
+        // many and reads nothing from it.
+        let r = unsafe { libc::sched_getaffinity(tid, bytes, mask.as_mut_ptr().cast::<libc::cpu_set_t>()) };
+        if r == 0 {
+            return Ok((0..words * MASK_WORD_BITS).filter(|&c| mask[c / MASK_WORD_BITS] >> (c % MASK_WORD_BITS) & 1 == 1).collect());
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINVAL) || words >= 1 << 16 {
+            return Err(e);
+        }
+        words *= 2;
+    }
+}
+
+/// Restricts the calling thread to `cpus` (`sched_setaffinity(0, …)`). `EINVAL` when none of
+/// them is one the thread may use (its cpuset, the online CPUs).
+pub fn set_thread_affinity(cpus: &[usize]) -> io::Result<()> {
+    let words = cpus.iter().max().map_or(1, |&m| m / MASK_WORD_BITS + 1);
+    let mut mask: Vec<libc::c_ulong> = vec![0; words];
+    for &c in cpus {
+        mask[c / MASK_WORD_BITS] |= 1 << (c % MASK_WORD_BITS);
+    }
+    let bytes = words * std::mem::size_of::<libc::c_ulong>();
+    // SAFETY: `mask` is a readable buffer of `bytes` bytes; the call only reads it.
+    check(unsafe { libc::sched_setaffinity(0, bytes, mask.as_ptr().cast::<libc::cpu_set_t>()) }.into())
+}
+
+/// Restricts thread `t` (spawned by Rust, not joined yet) to `cpus`
+/// (`pthread_setaffinity_np`). `EINVAL` when none of them is one the thread may use.
+pub fn set_affinity_of<T>(t: &std::thread::JoinHandle<T>, cpus: &[usize]) -> io::Result<()> {
+    use std::os::unix::thread::JoinHandleExt;
+    let words = cpus.iter().max().map_or(1, |&m| m / MASK_WORD_BITS + 1);
+    let mut mask: Vec<libc::c_ulong> = vec![0; words];
+    for &c in cpus {
+        mask[c / MASK_WORD_BITS] |= 1 << (c % MASK_WORD_BITS);
+    }
+    let bytes = words * std::mem::size_of::<libc::c_ulong>();
+    // SAFETY: the handle's thread is neither joined nor detached while `t` is borrowed, so its
+    // pthread_t is valid; `mask` is a readable buffer of `bytes` bytes, only read.
+    match unsafe { libc::pthread_setaffinity_np(t.as_pthread_t(), bytes, mask.as_ptr().cast::<libc::cpu_set_t>()) } {
+        0 => Ok(()),
+        e => Err(io::Error::from_raw_os_error(e)),
+    }
+}
+
+#[cfg(test)]
+mod affinity_tests {
+    use super::*;
+
+    /// A thread narrowed to one CPU reads back exactly that CPU, and the process's main
+    /// thread (tid = pid) keeps its own mask.
+    #[test]
+    fn set_then_get_round_trips() {
+        let all = thread_affinity(0).unwrap();
+        assert!(!all.is_empty());
+        let last = *all.last().unwrap();
+        let pid = std::process::id() as i32;
+        let main_before = thread_affinity(pid).unwrap();
+        let got = std::thread::spawn(move || {
+            set_thread_affinity(&[last]).unwrap();
+            thread_affinity(0).unwrap()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(got, vec![last]);
+        // Another thread's, through its handle.
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            wait.recv().unwrap();
+            thread_affinity(0).unwrap()
+        });
+        set_affinity_of(&t, &[last]).unwrap();
+        go.send(()).unwrap();
+        assert_eq!(t.join().unwrap(), vec![last]);
+        assert_eq!(thread_affinity(pid).unwrap(), main_before);
+        // A CPU no machine has: nothing allowed is left.
+        assert!(std::thread::spawn(|| set_thread_affinity(&[1 << 20])).join().unwrap().is_err());
+    }
+}

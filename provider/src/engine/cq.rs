@@ -57,6 +57,13 @@ pub struct Completion {
     pub solicited: bool,
 }
 
+/// A queued completion, and whether a poll batch must end before it (see [`Cq`]).
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    c: Completion,
+    new_batch: bool,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Arming {
     Disarmed,
@@ -65,10 +72,18 @@ enum Arming {
 }
 
 /// The queue behind one `ibv_cq`.
+///
+/// A QP's flushed WRs never come out of one poll together with its completions that came
+/// before them: the first flush queued behind a QP's own completions starts a new batch
+/// (`ibv_poll_cq` returns what precedes it, the next poll the flushes). When a peer closes,
+/// the QP fails at once, and an application reaping its last completions in a batch —
+/// `ibv_rc_pingpong` polls two at a time and gives up at the first non-success — must find
+/// only those; the flushes are there for the next poll. Returning fewer completions than
+/// queued is what `ibv_poll_cq` may always do.
 #[derive(Debug)]
 pub struct Cq {
     capacity: usize,
-    entries: VecDeque<Completion>,
+    entries: VecDeque<Entry>,
     arming: Arming,
     overflowed: bool,
 }
@@ -115,7 +130,8 @@ impl Cq {
             Arming::Next => true,
             Arming::Solicited => c.solicited || c.status != wc_status::SUCCESS,
         };
-        self.entries.push_back(c);
+        let new_batch = c.status == wc_status::WR_FLUSH_ERR && self.follows_own_completion(c.qp_num);
+        self.entries.push_back(Entry { c, new_batch });
         if fire {
             self.arming = Arming::Disarmed;
             Pushed::Notify
@@ -124,8 +140,25 @@ impl Cq {
         }
     }
 
+    /// Whether the last completion of QP `qpn` queued is one of its own (not a flush): a flush
+    /// queued now starts a new batch. Looks back only to the QP's last entry, which during a
+    /// run of flushes is the last one queued.
+    fn follows_own_completion(&self, qpn: u32) -> bool {
+        self.entries.iter().rev().find(|e| e.c.qp_num == qpn).is_some_and(|e| e.c.status != wc_status::WR_FLUSH_ERR)
+    }
+
+    /// The next completion, whatever the batches.
     pub fn pop(&mut self) -> Option<Completion> {
-        self.entries.pop_front()
+        self.entries.pop_front().map(|e| e.c)
+    }
+
+    /// The next completion of a poll that has already taken `taken` of them: `None` when the
+    /// queue is empty or the batch ends here (see [`Cq`]).
+    pub fn pop_batch(&mut self, taken: usize) -> Option<Completion> {
+        if taken > 0 && self.entries.front()?.new_batch {
+            return None;
+        }
+        self.pop()
     }
 
     /// Whether a completion event is requested (the application sleeps, or is about to, on the
@@ -154,7 +187,7 @@ impl Cq {
 
     /// Removes every completion of a QP that is being destroyed.
     pub fn purge_qp(&mut self, qp_num: u32) {
-        self.entries.retain(|c| c.qp_num != qp_num);
+        self.entries.retain(|e| e.c.qp_num != qp_num);
     }
 }
 
@@ -362,6 +395,29 @@ mod tests {
         q.arm(false);
         q.arm(true);
         assert_eq!(q.push(c(4)), Pushed::Notify, "solicited_only must not weaken a pending arming");
+    }
+
+    #[test]
+    fn a_qps_flushes_start_a_poll_of_their_own() {
+        let mut q = Cq::new(16);
+        let ok = |wr_id, qp_num| Completion { qp_num, ..c(wr_id) };
+        let flush = |wr_id, qp_num| Completion { qp_num, status: wc_status::WR_FLUSH_ERR, ..c(wr_id) };
+        // QP 2's flush follows none of its own completions: it needs no batch of its own.
+        for e in [ok(1, 7), flush(20, 2), ok(2, 7), flush(3, 7), flush(4, 7), ok(5, 9)] {
+            q.push(e);
+        }
+        let mut polls = Vec::new();
+        while !q.is_empty() {
+            let batch: Vec<u64> = (0..).map_while(|taken| q.pop_batch(taken)).map(|c| c.wr_id).collect();
+            polls.push(batch);
+        }
+        assert_eq!(polls, vec![vec![1, 20, 2], vec![3, 4, 5]]);
+        // A poll of one entry at a time sees every completion, in order.
+        for e in [ok(1, 7), flush(2, 7)] {
+            q.push(e);
+        }
+        assert_eq!(q.pop_batch(0).map(|c| c.wr_id), Some(1));
+        assert_eq!(q.pop_batch(0).map(|c| c.wr_id), Some(2));
     }
 
     #[test]

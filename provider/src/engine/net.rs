@@ -147,6 +147,9 @@ pub struct Net {
     leased: Mutex<HashSet<u32>>,
     /// A lease was claimed: the progress thread must take its deadline.
     lease_news: AtomicBool,
+    /// QPs to be served again (a pump outside the progress thread used up its receive
+    /// budget, see [`Net::requeue`]).
+    requeued: Mutex<Vec<u32>>,
     /// The kernel's TCP: what `--transport tcp` devices' QPs connect over.
     kernel: Arc<dyn Connector>,
     /// The raw-frame transports of `--transport xdp|packet` devices, by netdev.
@@ -250,6 +253,9 @@ impl Net {
         let n = net.clone();
         let thread =
             std::thread::Builder::new().name("uiw-progress".into()).spawn(move || n.run()).map_err(|e| AcquireError::Start(e.to_string()))?;
+        // Its CPUs are set before the first QP exists (see `affinity`), so no stream is ever
+        // served from the creator's core.
+        super::affinity::place_progress_thread(&thread);
         *g = Some(Running { net: net.clone(), users: 1, thread: Some(thread) });
         Ok(net)
     }
@@ -317,6 +323,7 @@ impl Net {
             user_mem,
             leased: Mutex::new(HashSet::new()),
             lease_news: AtomicBool::new(false),
+            requeued: Mutex::new(Vec::new()),
             kernel: Arc::new(KernelTcp),
             raw: Mutex::new(HashMap::new()),
             stop: AtomicBool::new(false),
@@ -475,6 +482,7 @@ impl Net {
                     None => ready.push_back((tok, hup)),
                 }
             }
+            self.take_requeued(&mut ready);
             for _ in 0..ready.len() {
                 let Some((tok, hup)) = ready.pop_front() else { break };
                 let more = match tok & KIND_MASK {
@@ -514,6 +522,24 @@ impl Net {
             let now = now_us();
             if self.lease_news.swap(false, Ordering::AcqRel) || next_lease.is_some_and(|t| t <= now) {
                 next_lease = self.check_leases(now, &mut ready);
+            }
+        }
+    }
+
+    /// QP `qpn` has input left that no readiness event will report (a pump stopped at its
+    /// receive budget): the progress thread serves it on its next turn, after the QPs
+    /// already queued.
+    pub fn requeue(&self, qpn: u32) {
+        self.requeued.lock().push(qpn);
+        self.wake();
+    }
+
+    /// Moves the requeued QPs to the progress thread's queue (once each).
+    fn take_requeued(&self, ready: &mut VecDeque<(u64, bool)>) {
+        for qpn in self.requeued.lock().drain(..) {
+            let tok = KIND_QP | u64::from(qpn);
+            if !ready.iter().any(|r| r.0 == tok) {
+                ready.push_back((tok, false));
             }
         }
     }
@@ -803,6 +829,24 @@ impl Net {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A QP whose pump stopped at its receive budget outside the progress thread is queued
+    /// for it once, behind what is queued already, and the thread is woken to take it.
+    #[test]
+    fn a_requeued_qp_is_served_on_the_next_turn() {
+        let mem: &'static crate::engine::datapath::testkit::Arena = Box::leak(Box::new(crate::engine::datapath::testkit::Arena::new(0)));
+        let net = Net::start(mem, &[Ipv4Addr::LOCALHOST]).expect("a transport on loopback");
+        let mut ready: VecDeque<(u64, bool)> = VecDeque::from([(KIND_QP | 9, true)]);
+        net.requeue(5);
+        net.requeue(9);
+        net.requeue(5);
+        let mut b = [0u8; 1];
+        assert_eq!(uiw_kabi::sys::recv_dontwait(&net.waker.rx, &mut b).unwrap(), 1, "the progress thread is woken");
+        net.take_requeued(&mut ready);
+        assert_eq!(Vec::from(ready.clone()), vec![(KIND_QP | 9, true), (KIND_QP | 5, false)]);
+        net.take_requeued(&mut ready);
+        assert_eq!(ready.len(), 2, "taken once");
+    }
 
     /// Nobody drains the waker here (no progress thread): far more wakes than the socket holds
     /// must still all return, and the waker must still be readable (a wake pending).

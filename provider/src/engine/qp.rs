@@ -15,7 +15,7 @@ use super::error::{Error, Result};
 use super::events::{event_type, AsyncSink};
 use super::clock::earliest;
 use super::lease::{Arming, Check, Lease};
-use super::limits::DeviceLimits;
+use super::limits::{DeviceLimits, MAX_QP_INIT_RD_ATOM};
 use super::mr::MrTable;
 use super::net::{Endpoint, Net, Progress};
 use super::qp_state::{self, QpAttrs, QpState};
@@ -100,10 +100,6 @@ const MAX_PARKED: usize = 4;
 /// How long an opening QP left in RTR waits for RTS before it connects with its `rq_psn` as
 /// the only proof (perftest's send-test server stays in RTR).
 const OPEN_WAIT_MS: u64 = 200;
-
-/// How long after reading a peer's FIN its QP goes to ERROR (see `Link::peer_closed`): a
-/// one-shot deadline on the close path, not a poll.
-const PEER_CLOSE_GRACE_MS: u64 = 100;
 
 impl std::fmt::Debug for Net {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -499,17 +495,14 @@ impl Qp {
             }
         }
         let env = self.env(inner.attrs.qp_access_flags);
-        let closed = inner.dp.link.as_ref().is_some_and(|l| l.peer_closed.is_some());
         let stalled = inner.dp.link.as_ref().is_some_and(|l| l.conn.rx_stalled());
         let held = inner.dp.link.as_ref().is_some_and(|l| l.conn.tx_held());
         let r = inner.dp.pump(&env);
         self.sync_stats(inner);
         self.after(inner);
-        if (!closed && inner.dp.link.as_ref().is_some_and(|l| l.peer_closed.is_some()))
-            || (!stalled && inner.dp.link.as_ref().is_some_and(|l| l.conn.rx_stalled()))
-        {
-            // The peer closed, or a Send now waits for a receive (wire `rnr_wait_ms`): the
-            // progress thread takes the new deadline.
+        if !stalled && inner.dp.link.as_ref().is_some_and(|l| l.conn.rx_stalled()) {
+            // A Send now waits for a receive (wire `rnr_wait_ms`): the progress thread takes
+            // the new deadline.
             self.net.wake();
         }
         if !held && inner.dp.link.as_ref().is_some_and(|l| l.conn.tx_held()) {
@@ -568,10 +561,6 @@ impl Qp {
             return f;
         }
         let l = inner.dp.link.as_mut()?;
-        if l.peer_closed.is_some_and(|t| now.saturating_sub(t) >= PEER_CLOSE_GRACE_MS) {
-            l.conn.handle_eof();
-            return Some(Fatal::Closed);
-        }
         if l.conn.poll_timeout().is_some_and(|d| d <= now) {
             let held = l.conn.tx_held();
             l.conn.handle_timeout(now);
@@ -591,10 +580,7 @@ impl Qp {
             // Taken right now: look again soon.
             return Some(now_ms() + 10);
         };
-        let t = inner.dp.link.as_ref().and_then(|l| {
-            let close = l.peer_closed.map(|t| t + PEER_CLOSE_GRACE_MS);
-            earliest(l.conn.poll_timeout(), close)
-        });
+        let t = inner.dp.link.as_ref().and_then(|l| l.conn.poll_timeout());
         let t = earliest(t, inner.open_at);
         drop(inner);
         self.settle();
@@ -724,9 +710,21 @@ impl Qp {
 
     /// Serves the stream now (after attaching it), failing the QP if that fails.
     fn serve_locked(&self, mut inner: parking_lot::MutexGuard<'_, QpInner>) {
-        if let Some((_, Some(f))) = self.pump_locked(&mut inner) {
+        if let Some(f) = self.pump_once(&mut inner) {
             self.fail_locked(inner, f);
         }
+    }
+
+    /// One pump outside [`Qp::serve`]'s loop (a verb, a deadline). A pump that used up its
+    /// receive budget left input in the socket that no new readiness will report (the epoll
+    /// interest is edge-triggered): the QP is queued on the progress thread to be served
+    /// again, as the progress thread queues a QP its own serve left with `More`.
+    fn pump_once(&self, inner: &mut QpInner) -> Option<Fatal> {
+        let (more, f) = self.pump_locked(inner)?;
+        if more && f.is_none() {
+            self.net.requeue(self.qpn);
+        }
+        f
     }
 
     /// Publishes the stream's traffic counters (after it was served, and before it closes).
@@ -787,7 +785,7 @@ impl Qp {
         // A Send was waiting for this receive (wire `rnr_wait_ms`): read on now, not at the
         // next sweep.
         if stalled {
-            if let Some((_, Some(f))) = self.pump_locked(&mut inner) {
+            if let Some(f) = self.pump_once(&mut inner) {
                 self.fail_locked(inner, f);
             }
         }
@@ -963,14 +961,25 @@ fn peer_ipv4(p: &Pending) -> Option<std::net::Ipv4Addr> {
     }
 }
 
-/// Our IRD (inbound Reads we serve at once): `max_dest_rd_atomic`, at least 1.
+/// The IRD a QP advertises in its MPA Request or Reply (RFC 6581 §9; the Reads and Atomics
+/// it answers at once): `max_dest_rd_atomic` as the application set it at RTR, 0 included
+/// (a QP given none answers none, as on any RDMA device). The wire core raises it to 1 only
+/// where a Read RTR needs it (RFC 6581 §5).
 fn ird(a: &QpAttrs) -> u16 {
-    u16::from(a.max_dest_rd_atomic.max(1))
+    u16::from(a.max_dest_rd_atomic)
 }
 
-/// Our ORD (Reads we issue at once): `max_rd_atomic`, at least 1.
+/// The ORD a QP advertises (RFC 6581 §9; the Reads and Atomics it issues at once):
+/// `max_rd_atomic` as the application set it, 0 included — once it has, at RTS. A QP that
+/// opens or accepts its stream still in RTR (perftest's send-test server) has no ORD yet, and
+/// the MPA exchange is not repeated when RTS brings one: it advertises the most RTS may give
+/// ([`MAX_QP_INIT_RD_ATOM`]), so the connection never holds the QP below the ORD RTS grants.
+/// The peer's IRD bounds it either way (RFC 6581 §9: an ORD is limited by the peer's IRD).
 fn ord(a: &QpAttrs) -> u16 {
-    u16::from(a.max_rd_atomic.max(1))
+    match a.qp_state {
+        QpState::Rts | QpState::Sqd => u16::from(a.max_rd_atomic),
+        _ => MAX_QP_INIT_RD_ATOM as u16,
+    }
 }
 impl Endpoint for Qp {
     fn qpn(&self) -> u32 {
@@ -1048,6 +1057,12 @@ impl CmQp for Qp {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::engine::datapath::{DataPath, Env, Link};
+    use crate::engine::transport::Pending;
+    use uiw_wire::conn::Tx;
+    use uiw_wire::mpa::RrFrame;
+
     use std::io;
     use std::os::fd::RawFd;
     use std::os::unix::net::UnixStream;
@@ -1222,5 +1237,146 @@ mod tests {
         assert!(inner.open_at.is_none() && inner.dp.link.is_some(), "the due deadline was left waiting: the stream was not opened");
         drop(inner);
         ctx.destroy_qp(&qp);
+    }
+
+    /// The IRD/ORD words of the MPA Request a QP in `state` with these attributes opens with.
+    fn request_ird_ord(state: QpState, max_dest_rd_atomic: u8, max_rd_atomic: u8) -> (u16, u16) {
+        let a = QpAttrs { qp_state: state, max_dest_rd_atomic, max_rd_atomic, ..Default::default() };
+        let mut c = Connection::new(config(Role::Initiator, ird(&a), ord(&a), b"hello".to_vec(), 1460), 0);
+        let Some(Tx::Bytes(req)) = c.next_tx() else { panic!("no MPA Request") };
+        let (f, _) = RrFrame::parse(&req).expect("an MPA Request");
+        let io = f.ird_ord().expect("revision 2 IRD/ORD words");
+        (io.ird, io.ord)
+    }
+
+    /// A receive posted for a Send that waited for one: `post_recv` reads on from the socket,
+    /// up to its receive budget; what lies beyond (more than the budget was queued, and no
+    /// new byte arrives to raise another readiness event) is read by the progress thread,
+    /// with no poll and no new arrival. The stream here is in memory, unknown to epoll: only
+    /// the QP being queued for the progress thread can get the rest read.
+    #[test]
+    fn a_pump_that_uses_up_its_budget_leaves_the_rest_to_the_progress_thread() {
+        // The process's transport takes the memory of the first context that opens it.
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        use crate::engine::access;
+        use crate::engine::datapath::testkit::{cq, Arena, BASE};
+        use crate::engine::datapath::RX_BUDGET;
+        use crate::engine::transport::memory;
+        use crate::engine::wr::{opcode, send_flags, Payload, Sge};
+
+        const HALF: u64 = 1 << 20;
+        const WRITE: usize = 64 << 10;
+        let writes = RX_BUDGET / WRITE + 2;
+        let mem: &'static Arena = Box::leak(Box::new(Arena::new(2 * HALF as usize)));
+        let (qp_addr, peer_addr) = (BASE, BASE + HALF);
+        let (tx, rx) = std::os::unix::net::UnixStream::pair().unwrap();
+        let unread = rx.try_clone().unwrap();
+        let device = DeviceInfo {
+            name: "uiw_qptest".into(),
+            netdev: "lo".into(),
+            node_guid: 0,
+            gids: vec![std::net::Ipv4Addr::LOCALHOST.to_ipv6_mapped().octets()],
+            netdev_mtu: 65536,
+            gid_tbl_len: 1,
+            ibdev_path: "/nonexistent/uiw_qptest".into(),
+            active_speed: 1,
+            active_width: 1,
+            transport: TransportKind::Tcp,
+        };
+        let ctx = crate::engine::context::Context::new(Arc::new(device), DeviceLimits::UIW, AsyncSink::new(tx, unread, 16), mem);
+        let pd = ctx.alloc_pd().unwrap();
+        let qcq = ctx.create_cq(64, None).unwrap();
+        let cap = qp_state::QpCap { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+        let spec = QpSpec { pd, qp_type: qp_state::qp_type::RC, cap, sq_sig_all: false, send_cq: qcq.clone(), recv_cq: qcq.clone(), srq: None };
+        let qp = ctx.create_qp(spec).unwrap();
+        let qmr = ctx.mrs.register(pd, qp_addr, HALF, qp_addr, access::LOCAL_WRITE | access::REMOTE_WRITE).unwrap();
+
+        // The peer: a data path of its own over an in-memory stream that holds everything.
+        let peer_mrs = MrTable::new(4);
+        let pmr = peer_mrs.register(1, peer_addr, HALF, peer_addr, access::LOCAL_WRITE).unwrap();
+        let (pscq, prcq) = (cq(), cq());
+        let penv = Env { qpn: 0x1001, pd: 1, sq_sig_all: false, qp_access: 0, mrs: &peer_mrs, user_mem: mem, send_cq: &pscq, recv_cq: &prcq, srq: None };
+        let mut peer = DataPath::default();
+        let (sa, sb) = memory::pair(WRITE, 4 << 20);
+        let mut ca = config(Role::Initiator, 4, 4, b"hi".to_vec(), 1460);
+        ca.first_fpdu_hold_ms = 0;
+        peer.link = Some(Link::new(Connection::new(ca, 0), Box::new(sa)));
+        let mut p = Pending::new(Connection::new(config(Role::Responder, 0, 0, Vec::new(), 1460), 0), Box::new(sb));
+        let mut asked = false;
+        for _ in 0..1000 {
+            peer.pump(&penv);
+            if p.read_request().is_some() {
+                asked = true;
+                break;
+            }
+        }
+        assert!(asked, "no MPA Request");
+        p.conn.accept(4, 4, b"ok", 0).unwrap();
+        {
+            let mut inner = qp.inner.lock();
+            inner.attrs.qp_state = QpState::Rts;
+            inner.attrs.qp_access_flags = access::REMOTE_WRITE;
+            inner.dp.link = Some(Link::new(p.conn, p.stream));
+        }
+        let pump_qp = || {
+            let mut inner = qp.inner.lock();
+            let env = qp.env(access::REMOTE_WRITE);
+            inner.dp.pump(&env)
+        };
+        for _ in 0..1000 {
+            peer.pump(&penv);
+            pump_qp();
+            if peer.established() && qp.inner.lock().dp.established() {
+                break;
+            }
+        }
+        assert!(peer.established(), "MPA did not complete");
+
+        // A Send the QP has no receive for, then more Writes than one pump may read.
+        let wqe = |wr_id, op, addr, len, remote| SendWqe {
+            wr_id,
+            opcode: op,
+            flags: send_flags::SIGNALED,
+            payload: Payload::Sges(vec![Sge { addr, length: len as u32, lkey: pmr.stag }]),
+            remote_addr: remote,
+            rkey: qmr.stag,
+            imm_or_inv: 0,
+            compare_add: 0,
+            swap: 0,
+        };
+        assert_eq!(peer.post_send(&penv, wqe(1, opcode::SEND, peer_addr, 4, 0), 64, true).unwrap(), None);
+        for i in 0..writes {
+            let at = (i * WRITE) as u64;
+            mem.set(peer_addr + at, &vec![i as u8 + 1; WRITE]);
+            assert_eq!(peer.post_send(&penv, wqe(2 + i as u64, opcode::RDMA_WRITE, peer_addr + at, WRITE, qp_addr + at), 64, true).unwrap(), None);
+        }
+        for _ in 0..1000 {
+            peer.pump(&penv);
+        }
+        pump_qp();
+        assert!(qp.inner.lock().dp.link.as_ref().unwrap().conn.rx_stalled(), "the Send waits for a receive");
+
+        let last = qp_addr + ((writes - 1) * WRITE) as u64;
+        let landed = || mem.get(last, WRITE).iter().all(|&b| b == writes as u8);
+        assert!(!landed(), "the last Write landed before its receive was posted");
+        qp.post_recv(RecvWqe { wr_id: 9, sges: vec![Sge { addr: qp_addr + HALF - 64, length: 64, lkey: qmr.stag }] }).unwrap();
+        // Not a timing assertion: the progress thread reads the rest at once, or never.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !landed() {
+            assert!(std::time::Instant::now() < deadline, "the bytes past the receive budget were never read");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        ctx.destroy_qp(&qp);
+    }
+
+    /// RFC 6581 §9: an opener advertises the QP's own values, 0 included (an application that
+    /// set no responder resources, as SPDK does, is seen with IRD 0); one that opens in RTR,
+    /// before RTS gave it an ORD, does not cap its Reads at 1.
+    #[test]
+    fn an_opener_advertises_the_qps_ird_and_ord() {
+        assert_eq!(request_ird_ord(QpState::Rts, 0, 0), (0, 0));
+        assert_eq!(request_ird_ord(QpState::Rts, 16, 8), (16, 8));
+        assert_eq!(request_ird_ord(QpState::Rtr, 0, 0), (0, MAX_QP_INIT_RD_ATOM as u16));
+        assert_eq!(request_ird_ord(QpState::Rtr, 4, 0), (4, MAX_QP_INIT_RD_ATOM as u16));
     }
 }

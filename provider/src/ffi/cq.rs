@@ -187,7 +187,7 @@ pub(super) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
         let mut q = obj.q.lock();
         let mut got = 0;
         while got < n {
-            let Some(c) = q.pop() else { break };
+            let Some(c) = q.pop_batch(got as usize) else { break };
             // SAFETY: the caller's array has room for n entries.
             write_wc(&c, unsafe { &mut *wc.add(got as usize) });
             got += 1;
@@ -226,9 +226,10 @@ pub(super) unsafe extern "C" fn resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int 
 
 // ---- the ibv_cq_ex polling interface ----
 
-unsafe fn advance(cq: *mut ibv_cq_ex) -> c_int {
+/// `taken`: completions this poll (`ibv_start_poll` .. `ibv_end_poll`) has already read.
+unsafe fn advance(cq: *mut ibv_cq_ex, taken: usize) -> c_int {
     let u = uiw_cq(cq);
-    let Some(c) = u.obj.q.lock().pop() else {
+    let Some(c) = u.obj.q.lock().pop_batch(taken) else {
         return libc::ENOENT;
     };
     (*cq).wr_id = c.wr_id;
@@ -244,11 +245,11 @@ unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, _attr: *mut ibv_poll_cq_attr
         let obj = &uiw_cq(cq).obj;
         let empty = obj.q.lock().is_empty();
         obj.polling(empty);
-        advance(cq)
+        advance(cq, 0)
     })
 }
 unsafe extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
-    guard(libc::EFAULT, || unsafe { advance(cq) })
+    guard(libc::EFAULT, || unsafe { advance(cq, 1) })
 }
 unsafe extern "C" fn end_poll(_cq: *mut ibv_cq_ex) {}
 unsafe extern "C" fn read_opcode(cq: *mut ibv_cq_ex) -> ibv_wc_opcode::Type {

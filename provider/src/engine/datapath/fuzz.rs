@@ -573,11 +573,6 @@ impl Harness {
             return;
         }
         let Some(l) = self.dp.link.as_mut() else { return };
-        if l.peer_closed.is_some() {
-            l.conn.handle_eof();
-            self.failed(Fatal::Closed);
-            return;
-        }
         let Some(d) = l.conn.poll_timeout() else { return };
         self.now = self.now.max(d);
         l.conn.handle_timeout(self.now);

@@ -2,8 +2,8 @@
 //! (a `transport::Stream`: the kernel's TCP, or uiw's own on raw frames) through the sans-IO
 //! protocol core (`uiw_wire::conn::Connection`). The data path holds no descriptor: it moves
 //! bytes through the `Stream` it is given, which is what lets `tests.rs` drive it with an
-//! in-memory stream (the clock it reads in two places, the first-FPDU hold and the time a
-//! peer's FIN was seen, is the engine's `transport::now_ms`).
+//! in-memory stream (the clock it reads for the first-FPDU hold is the engine's
+//! `transport::now_ms`).
 //!
 //! Transmit is zero-copy over the kernel's TCP: FPDU headers and trailers are the engine's,
 //! payload goes to `sendmsg` straight from registered memory. Receive places payload straight
@@ -133,8 +133,8 @@ pub struct Link {
     /// The peer hung up (FIN or reset reported with the last readiness): read on past a short
     /// read, until the end of the stream is seen.
     pub peer_hup: bool,
-    /// When the peer's FIN was read (engine clock, ms).
-    pub peer_closed: Option<u64>,
+    /// The peer's FIN was read: nothing more arrives (see [`DataPath::pump`]).
+    pub peer_eof: bool,
     /// This pump's last read came back short: the socket is empty, and any later arrival
     /// raises a new (edge-triggered) event — no read that would only say EAGAIN.
     drained: bool,
@@ -157,7 +157,7 @@ impl Link {
             st_lo: 0,
             st_hi: 0,
             peer_hup: false,
-            peer_closed: None,
+            peer_eof: false,
             drained: false,
             stats_seen: Default::default(),
         }

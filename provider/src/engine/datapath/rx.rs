@@ -12,12 +12,28 @@ use super::{place_at, DataPath, Env, Fatal, Link, Mem, DIRECT_MIN, DIRECT_TAIL, 
 impl DataPath {
     /// Receives and transmits what the socket allows now. Returns whether there is more to do
     /// (the receive budget ran out) and whether the QP must fail.
+    ///
+    /// The peer's FIN ends the connection as soon as it is read (RFC 5040 §6, RDMAP stream
+    /// management: the LLP stream's close ends the RDMAP Stream). Everything that arrived
+    /// before it has been placed and completed by then, and what the application posted
+    /// before it still goes to the socket (its completions stand once the bytes leave); then
+    /// [`Fatal::Closed`], and the QP flushes the rest (the CQ hands the flushes out in a poll
+    /// of their own, see `cq::Cq`).
     pub fn pump(&mut self, env: &Env) -> (bool, Option<Fatal>) {
         let (more, f) = self.pump_rx(env);
         if f.is_some() {
             return (false, f);
         }
-        (more, self.pump_tx(env))
+        let f = self.pump_tx(env);
+        match self.link.as_mut() {
+            // A write that fails now (the peer's reset answering bytes sent after its close)
+            // does not make the orderly close a lost stream.
+            Some(l) if l.peer_eof && matches!(f, None | Some(Fatal::Lost)) => {
+                l.conn.handle_eof();
+                (false, Some(Fatal::Closed))
+            }
+            _ => (more, f),
+        }
     }
 
     /// Gives the connection a receive from the SRQ when it has none (one at a time: a QP never
@@ -43,7 +59,7 @@ impl DataPath {
                 return (true, self.drain_events(env));
             }
             let want = match self.link.as_ref() {
-                Some(l) if l.peer_closed.is_none() => l.conn.rx_want(),
+                Some(l) if !l.peer_eof => l.conn.rx_want(),
                 _ => return (false, None),
             };
             // A Send waiting for a receive (RxWant::Wait) takes one from the SRQ too, and goes
@@ -149,12 +165,8 @@ impl DataPath {
             match step {
                 Ok(0) if l.st_lo >= l.st_hi => {
                     // EOF: the peer closed its side. What arrived before the FIN has been
-                    // delivered; the QP fails `PEER_CLOSE_GRACE_MS` later (a deadline of the
-                    // progress thread's, see `Qp::next_timeout`), so that an application
-                    // finishing its last completions does not find flushes of its remaining
-                    // receives in the same batch (ibv_rc_pingpong treats any as a failure;
-                    // siw, too, handles a peer close from a work queue).
-                    l.peer_closed.get_or_insert(crate::engine::transport::now_ms());
+                    // delivered; `pump` ends the connection after its transmit pass.
+                    l.peer_eof = true;
                     return (false, self.drain_events(env));
                 }
                 // Staged bytes the core did not take: wait for the next event instead of

@@ -205,6 +205,52 @@ fn send_write_read_at_odd_boundaries() {
     }
 }
 
+/// The peer's FIN is acted on by the pump that reads it, with no deadline to wait for: the
+/// Send that arrived before it completes first, that pump reports `Fatal::Closed`, and the
+/// flushes of the remaining receives come out of the CQ in a poll of their own (an
+/// application reaping its last completions in a batch never finds flushes among them).
+#[test]
+fn peer_fin_fails_the_qp_when_it_is_read() {
+    for max_io in [7, 64 << 10] {
+        let mem = Arena::new(ARENA);
+        let (a_addr, b_addr) = (BASE, BASE + (ARENA / 2) as u64);
+        let half = (ARENA / 2) as u64;
+        let mut a = Side::new(a_addr, half);
+        let mut b = Side::new(b_addr, half);
+        connect(&mem, &mut a, &mut b, max_io);
+        let (a_key, b_key) = (a.mr.stag, b.mr.stag);
+        for wr_id in [7, 8, 9] {
+            let recv = RecvWqe { wr_id, sges: vec![Sge { addr: b_addr, length: 64, lkey: b_key }] };
+            assert_eq!(b.with(&mem, |dp, env| dp.post_recv(env, recv, false)), None);
+        }
+        mem.set(a_addr, b"last");
+        a.post_send(&mem, send_wqe(1, opcode::SEND, Sge { addr: a_addr, length: 4, lkey: a_key }, 0, 0));
+        // A closes in order: its last bytes, then FIN (what `Net::linger` does).
+        let closing = a.with(&mem, |dp, env| dp.shutdown(env, true)).expect("a stream to close");
+        let mut stream = closing.stream;
+        stream.close_with(&closing.bytes, std::time::Duration::ZERO);
+
+        let mut fatal = None;
+        for _ in 0..10_000 {
+            let (_, f) = b.with(&mem, |dp, env| dp.pump(env));
+            if f.is_some() {
+                fatal = f;
+                break;
+            }
+        }
+        assert_eq!(fatal, Some(super::Fatal::Closed), "the FIN was read but the QP did not fail (max_io {max_io})");
+        // The QP fails: its receives are flushed behind the Send's completion.
+        b.with(&mem, |dp, env| dp.shutdown(env, true));
+        let mut q = b.rcq.q.lock();
+        let first = q.pop_batch(0).expect("the Send's completion");
+        assert_eq!((first.wr_id, first.status, first.byte_len), (7, wc_status::SUCCESS, 4));
+        assert_eq!(q.pop_batch(1), None, "flushes share no poll with the completions before them");
+        let flushed: Vec<(u64, u32)> = std::iter::from_fn(|| q.pop()).map(|c| (c.wr_id, c.status)).collect();
+        assert_eq!(flushed, vec![(8, wc_status::WR_FLUSH_ERR), (9, wc_status::WR_FLUSH_ERR)]);
+        assert_eq!(mem.get(b_addr, 4), b"last");
+    }
+}
+
 /// A receive whose region is deregistered after it was posted: the Send that would place
 /// bytes into it fails at the receiver as memory that never checked out does
 /// (`IBV_WC_LOC_PROT_ERR`, a Terminate to the sender, the QP failed), with nothing written —
