@@ -211,6 +211,18 @@ pub trait PolledQp: Send + Sync {
     /// The application is going to sleep on the CQ's channel: the progress thread takes the
     /// QP back.
     fn hand_back(&self);
+    /// The application took a completion of this QP that [`delivered`] says the peer has: if
+    /// the QP at the other end is one of this process's, it places what it was sent before
+    /// the poll returns (see `Qp::local_peer`).
+    fn delivered(&self);
+}
+
+/// Whether a completion tells the application that the peer has what the WR carried: a
+/// successful Send or RDMA Write (RFC 5040 completes them once the stream took the bytes). A
+/// program that polls one and then reads the target (rdma-core's own tests do, with both QPs
+/// in one process) must find the bytes there.
+pub fn delivered(c: &Completion) -> bool {
+    c.status == wc_status::SUCCESS && matches!(c.opcode, wc_opcode::SEND | wc_opcode::RDMA_WRITE)
 }
 
 /// A completion queue and where its events go.
@@ -334,6 +346,15 @@ impl CqObj {
     /// most until its lease lapses.
     pub fn polled_lately(&self, now: u64) -> bool {
         now.saturating_sub(self.polled_at.load(Ordering::Relaxed)) < super::lease::CHECK_MAX_US
+    }
+
+    /// A poll took a completion of QP `qpn` that [`delivered`] says the peer has (called with
+    /// the CQ's queue let go: the peer may complete into this CQ).
+    pub fn delivered(&self, qpn: u32) {
+        let qp = self.qps.lock().iter().filter_map(Weak::upgrade).find(|q| q.qpn() == qpn);
+        if let Some(qp) = qp {
+            qp.delivered();
+        }
     }
 
     fn polled_qps(&self) -> Vec<Arc<dyn PolledQp>> {

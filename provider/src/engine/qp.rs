@@ -1047,6 +1047,12 @@ impl PolledQp for Qp {
     fn hand_back(&self) {
         Qp::hand_back(self)
     }
+    fn delivered(&self) {
+        // The WR went out from whichever thread pumped the QP — the progress thread, or a
+        // poll that found the stream just established and sent what was queued before it —
+        // not necessarily from a post that served the peer (`post_send`).
+        self.sent_to_local_peer()
+    }
 }
 
 impl CmQp for Qp {

@@ -13,7 +13,7 @@ use uiw_kabi::verbs::*;
 use super::qp::wait_for_acks;
 use super::{engine, guard, refuse, set_errno};
 use super::errno::Errno;
-use crate::engine::cq::CqObj;
+use crate::engine::cq::{self, CqObj};
 use crate::engine::cq::Completion;
 
 #[repr(C)]
@@ -184,13 +184,29 @@ pub(super) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
         let obj = unsafe { cq_obj(cq) };
         let empty = obj.q.lock().is_empty();
         obj.polling(empty);
+        // The QPs whose Sends or Writes this poll reports (see `cq::delivered`): served once
+        // the queue is let go. A poll that would name more QPs than fit returns early, which
+        // ibv_poll_cq allows.
+        let mut delivered = [0u32; 8];
+        let mut n_delivered = 0;
         let mut q = obj.q.lock();
         let mut got = 0;
         while got < n {
+            if n_delivered == delivered.len() {
+                break;
+            }
             let Some(c) = q.pop_batch(got as usize) else { break };
+            if cq::delivered(&c) && !delivered[..n_delivered].contains(&c.qp_num) {
+                delivered[n_delivered] = c.qp_num;
+                n_delivered += 1;
+            }
             // SAFETY: the caller's array has room for n entries.
             write_wc(&c, unsafe { &mut *wc.add(got as usize) });
             got += 1;
+        }
+        drop(q);
+        for &qpn in &delivered[..n_delivered] {
+            obj.delivered(qpn);
         }
         got
     })
@@ -232,6 +248,9 @@ unsafe fn advance(cq: *mut ibv_cq_ex, taken: usize) -> c_int {
     let Some(c) = u.obj.q.lock().pop_batch(taken) else {
         return libc::ENOENT;
     };
+    if cq::delivered(&c) {
+        u.obj.delivered(c.qp_num);
+    }
     (*cq).wr_id = c.wr_id;
     (*cq).status = c.status;
     *u.current.lock() = c;
