@@ -118,7 +118,7 @@ build() {
         say "configure (log: $work/configure.log)"
         ./configure --with-dpdk --with-rdma --without-crypto --without-vhost --without-virtio \
             --without-uring --without-xnvme --without-ocf --without-vfio-user \
-            --without-idxd --disable-tests --disable-unit-tests --disable-examples \
+            --without-idxd --without-nvme-cuse --disable-tests --disable-unit-tests --disable-examples \
             >"$work/configure.log" 2>&1 || { tail -30 "$work/configure.log"; die "configure failed"; }
         # configure turns IPSEC_MB on when the DPDK was built with it (Debian's is), which would
         # build the absent intel-ipsec-mb submodule; SPDK needs none of it for NVMe-oF.
