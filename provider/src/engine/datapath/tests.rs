@@ -103,6 +103,18 @@ fn connect(mem: &Arena, a: &mut Side, b: &mut Side, max_io: usize) {
     panic!("MPA negotiation did not finish over {max_io}-byte pieces");
 }
 
+/// The two halves of one arena as A's and B's regions, connected over `max_io`-byte pieces:
+/// the arena, both sides, and where each side's region starts.
+fn connected_pair(max_io: usize) -> (Arena, Side, Side, u64, u64) {
+    let mem = Arena::new(ARENA);
+    let (a_addr, b_addr) = (BASE, BASE + (ARENA / 2) as u64);
+    let half = (ARENA / 2) as u64;
+    let mut a = Side::new(a_addr, half);
+    let mut b = Side::new(b_addr, half);
+    connect(&mem, &mut a, &mut b, max_io);
+    (mem, a, b, a_addr, b_addr)
+}
+
 /// Pumps both sides until `done` holds (both ends run in this thread: no clock, no socket).
 fn run(mem: &Arena, a: &mut Side, b: &mut Side, mut done: impl FnMut(&Side, &Side) -> bool) {
     for _ in 0..200_000 {
@@ -135,12 +147,7 @@ fn send_wqe(wr_id: u64, op: u32, sge: Sge, remote_addr: u64, rkey: u32) -> SendW
 
 /// Send, RDMA Write and RDMA Read of `len` bytes over pieces of at most `max_io` bytes.
 fn transfer(max_io: usize, len: usize) {
-    let mem = Arena::new(ARENA);
-    let (a_addr, b_addr) = (BASE, BASE + (ARENA / 2) as u64);
-    let half = (ARENA / 2) as u64;
-    let mut a = Side::new(a_addr, half);
-    let mut b = Side::new(b_addr, half);
-    connect(&mem, &mut a, &mut b, max_io);
+    let (mem, mut a, mut b, a_addr, b_addr) = connected_pair(max_io);
     let (a_key, b_key) = (a.mr.stag, b.mr.stag);
 
     // Send: A's bytes at a_addr into B's receive at b_addr.
@@ -212,12 +219,7 @@ fn send_write_read_at_odd_boundaries() {
 #[test]
 fn peer_fin_fails_the_qp_when_it_is_read() {
     for max_io in [7, 64 << 10] {
-        let mem = Arena::new(ARENA);
-        let (a_addr, b_addr) = (BASE, BASE + (ARENA / 2) as u64);
-        let half = (ARENA / 2) as u64;
-        let mut a = Side::new(a_addr, half);
-        let mut b = Side::new(b_addr, half);
-        connect(&mem, &mut a, &mut b, max_io);
+        let (mem, mut a, mut b, a_addr, b_addr) = connected_pair(max_io);
         let (a_key, b_key) = (a.mr.stag, b.mr.stag);
         for wr_id in [7, 8, 9] {
             let recv = RecvWqe { wr_id, sges: vec![Sge { addr: b_addr, length: 64, lkey: b_key }] };
@@ -258,12 +260,7 @@ fn peer_fin_fails_the_qp_when_it_is_read() {
 #[test]
 fn a_send_into_a_receive_whose_region_was_deregistered_fails() {
     for max_io in [64 << 10, 7] {
-        let mem = Arena::new(ARENA);
-        let (a_addr, b_addr) = (BASE, BASE + (ARENA / 2) as u64);
-        let half = (ARENA / 2) as u64;
-        let mut a = Side::new(a_addr, half);
-        let mut b = Side::new(b_addr, half);
-        connect(&mem, &mut a, &mut b, max_io);
+        let (mem, mut a, mut b, a_addr, b_addr) = connected_pair(max_io);
         let recv_mr = b.mrs.register(PD, b_addr + 4096, 4096, b_addr + 4096, access::LOCAL_WRITE).unwrap();
         let recv = RecvWqe { wr_id: 7, sges: vec![Sge { addr: b_addr + 4096, length: 4096, lkey: recv_mr.stag }] };
         assert_eq!(b.with(&mem, |dp, env| dp.post_recv(env, recv, false)), None);
