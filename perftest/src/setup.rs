@@ -544,7 +544,7 @@ pub fn veth_up(uiw: &Result<PathBuf, String>, bin: &Path, logs: &Path) -> Result
         .arg(uiw.display().to_string());
     let o = run_capture(&up, Duration::from_secs(120), &logs.join("veth-testbed-up"))?;
     if !o.success() {
-        let why = o.stderr.lines().filter(|l| !l.trim().is_empty()).last().unwrap_or("").trim().to_string();
+        let why = o.stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string();
         // The script tears a failed bed down itself.
         return Err(format!("`{}` failed ({}): {why}", up.display(), o.describe(Duration::from_secs(120))));
     }
