@@ -23,8 +23,15 @@ pub struct RunOutput {
     pub cc_seen: Vec<String>,
 }
 
-fn ss_snapshot(ctx: &Ctx, pid: u32) -> Vec<String> {
-    match std::process::Command::new("ss").args(["-tinpH"]).output() {
+/// `ss -tinp` in `netns` (this process's namespace if None), for `pid`'s sockets.
+fn ss_snapshot(ctx: &Ctx, pid: u32, netns: Option<&str>) -> Vec<String> {
+    let out = match netns {
+        None => std::process::Command::new("ss").args(["-tinpH"]).output(),
+        Some(ns) => std::process::Command::new("ip")
+            .args(["netns", "exec", ns, "ss", "-tinpH"])
+            .output(),
+    };
+    match out {
         Ok(o) => parse::ss_congestion(&String::from_utf8_lossy(&o.stdout), pid, &ctx.known_cc),
         Err(_) => Vec::new(),
     }
@@ -92,13 +99,17 @@ pub fn run_plan(ctx: &Ctx, plan: &Plan, log: &Path) -> RunOutput {
     };
     if let Some(after) = plan.audit_after {
         if !client.wait_until(start_t + after) {
-            cc_seen = ss_snapshot(ctx, client.pid);
+            cc_seen = ss_snapshot(ctx, client.pid, plan.client_netns.as_deref());
         }
     }
     let o = client.finish(deadline);
     let server_o = server.map(|s| s.finish(Instant::now() + SERVER_GRACE));
     let stdout = if o.success() {
-        Ok(o.stdout)
+        match server_o.filter(|_| plan.measured_by_server) {
+            None => Ok(o.stdout),
+            Some(so) if so.success() => Ok(so.stdout),
+            Some(so) => Err(failed("server", &so, SERVER_GRACE)),
+        }
     } else {
         let mut why = failed("", &o, plan.timeout).trim_start().to_string();
         if let Some(so) = server_o.filter(|so| !so.success()) {
@@ -240,10 +251,14 @@ impl ProbeResult {
     }
 }
 
-/// Three significant digits, at most two decimals: 12.3, 4.57, 0.93, 1234.
+/// Three significant digits, at most two decimals: 12.3, 4.57, 0.93, 1234; below 0.1,
+/// three significant digits (0.0234, 0.00512: a 64-byte message rate in GB/s).
 pub fn fmt_num(x: f64) -> String {
     let a = x.abs();
-    if a >= 100.0 {
+    if a > 0.0 && a < 0.1 {
+        let decimals = (2.0 - a.log10().floor()) as usize;
+        format!("{x:.decimals$}")
+    } else if a >= 100.0 {
         format!("{x:.0}")
     } else if a >= 10.0 {
         format!("{x:.1}")
@@ -262,7 +277,7 @@ pub fn run_interleaved(
 ) -> Vec<ProbeResult> {
     let mut results: Vec<ProbeResult> = probes.iter().cloned().map(ProbeResult::new).collect();
     for r in results.iter_mut() {
-        if let Err(e) = ctx.available(r.probe.tool()) {
+        if let Err(e) = ctx.probe_available(&r.probe) {
             r.unavailable = Some(e);
         }
     }
@@ -311,6 +326,10 @@ fn run_probe_once(
         }
     }
     let stdout = out.stdout?;
+    let client_err = std::fs::read_to_string(format!("{}-client.err", log.display())).unwrap_or_default();
+    r.probe
+        .check_transport(&client_err)
+        .map_err(|e| format!("{e} (log: {}-client.err)", log.display()))?;
     let v = r
         .probe
         .parse(&stdout)
@@ -386,5 +405,8 @@ mod tests {
         assert_eq!(fmt_num(1234.5), "1234");
         assert_eq!(fmt_num(12.345), "12.3");
         assert_eq!(fmt_num(0.934), "0.93");
+        assert_eq!(fmt_num(0.0234), "0.0234");
+        assert_eq!(fmt_num(0.00512), "0.00512");
+        assert_eq!(fmt_num(0.0), "0.00");
     }
 }

@@ -31,7 +31,23 @@ DESCRIPTION
         ib_write_lat, ib_send_lat 8 B <= 1.2 x TCP busy-poll half round trip,
                                       <  UCX am_lat, < libfabric fi_pingpong
         placement_lag 8 B and 4 KiB   p99 <= 100 us (issue 9: 'well under 100 us')
+        veth_write_lat (xdp)          <  uiw's kernel-TCP transport (issue 12)
+        veth_write_bw_64 (xdp)        >  uiw's kernel-TCP transport (message rate)
+        veth_write_bw_64k, _1m (xdp)  >= uiw's kernel-TCP transport
     The other rows are informational.
+
+    The veth rows (issue 12) are opt-in: `--only veth` (or some of their names). They
+    set up, once per run, two network namespaces joined by a veth pair (ci/testbed.sh,
+    embedded: MTU 1500, the veths' offloads off, as uiw's userspace TCP needs) and
+    publish uiw_veth0 in each twice: with `--transport xdp` (AF_XDP, uiw's userspace
+    TCP) and with `--transport tcp` (the kernel's TCP), each in its own state dir.
+    Each repetition then runs, client in one namespace, server in the other: perftest
+    over the xdp devices, perftest over the kernel-TCP devices, and raw kernel TCP
+    (tcpbench -l/-c) between the same namespaces under the same congestion control.
+    The ratios are xdp / kernel-TCP transport and xdp / raw TCP. Every xdp run is checked
+    to have opened the xdp transport (the provider's VERBS_LOG_LEVEL=3 line), every
+    kernel-TCP run to have opened none. Without root, ip/nft/ethtool or AF_XDP the
+    rows say `unavailable: <reason>`. The test bed is torn down at the end of the run.
 
     Every program, uiw's runs included, gets the same TCP congestion control: the
     benchmark builds cc_preload.so and LD_PRELOADs it, so the program's own sockets
@@ -61,7 +77,8 @@ OPTIONS
     --cc NAME      TCP congestion control for every row (default cubic, if the kernel
                    has it, else the system default).
     --only ROW     run only these rows (comma-separated or repeated). `sweep` selects
-                   the sweep. Without --only: every row and the sweep. See --list.
+                   the sweep, `veth` the four veth rows. Without --only: every row but
+                   the opt-in veth rows, and the sweep. See --list.
     --no-sweep     skip the message-size sweep.
     --no-install   do not apt-get install missing peer packages.
     --uiw PATH     the uiw binary (default: beside uiw-bench, then PATH).
@@ -90,6 +107,16 @@ ROWS
                                its data being visible at a passive target (its CQ never
                                polled); p99 of each run, with p50, p99.9 and max beside
                                it. No peer: judged against issue 9's bound, p99 <= 100 us
+    veth_write_lat             ib_write_lat -s 8 across the veth pair: xdp transport vs
+                               kernel-TCP transport vs raw TCP busy-poll ping-pong
+                               (tcpbench pp -b, half round trip)
+    veth_write_bw_64           ib_write_bw -s 64 across the veth pair (message rate): xdp
+                               vs kernel-TCP transport vs raw TCP 64-byte send()s
+    veth_write_bw_64k veth_write_bw_1m
+                               ib_write_bw -s 64K / 1M across the veth pair: xdp vs
+                               kernel-TCP transport vs raw single-stream TCP (receiver)
+    veth                       all four veth rows (opt-in: not part of a run without
+                               --only; need root)
     sweep                      the size sweep
 
 UNITS
@@ -111,7 +138,10 @@ OUTPUT
                        placement_lag)
 
 ENVIRONMENT
-    UIW_STATE_DIR      passed through to `uiw up` and `uiw run` (the uiw state dir)
+    UIW_STATE_DIR      passed through to `uiw up` and `uiw run` (the uiw state dir); the
+                       veth rows use their own, under /tmp/PREFIX-testbed
+    UIW_TESTBED_PREFIX the veth test bed's name (namespaces PREFIX-a, PREFIX-b; default
+                       uwb<pid>)
     LD_PRELOAD         kept, after cc_preload.so
     PATH               where the peer tools are looked up
 
@@ -124,6 +154,7 @@ EXAMPLES
     cargo run -p uiw-perftest --release -- --quick --no-sweep
     cargo run -p uiw-perftest --release -- --reps 5 --out /tmp/bench
     UIW_STATE_DIR=/tmp/uiw-bench-state target/release/uiw-bench --only write_lat,send_lat
+    target/release/uiw-bench --only veth --reps 3 --out results/veth     # as root
 
 CAVEATS
     Loopback on a small shared VM: both ends share the vCPUs and neighbours steal
@@ -278,5 +309,6 @@ mod tests {
         for r in crate::rows::all() {
             assert!(HELP.contains(&r.name), "row {} undocumented", r.name);
         }
+        assert!(HELP.contains("--only veth"));
     }
 }

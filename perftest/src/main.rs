@@ -93,9 +93,11 @@ fn run() -> Result<(), Fail> {
                     b.target.label()
                 ));
             }
-            println!("{:<16} {} vs {}", r.name, r.uiw.label(), peers.join("; "));
+            let opt = if r.opt_in { " (opt-in)" } else { "" };
+            println!("{:<17} {}{opt} vs {}", r.name, r.uiw.label(), peers.join("; "));
         }
-        println!("{:<16} size sweep 2 B … 8 MiB", "sweep");
+        println!("{:<17} the four veth_* rows (opt-in: root, two network namespaces)", rows::VETH_GROUP);
+        println!("{:<17} size sweep 2 B … 8 MiB", "sweep");
         return Ok(());
     }
 
@@ -126,6 +128,33 @@ fn run() -> Result<(), Fail> {
     tools.insert("placement_lag".into(), built);
     let uiw =
         setup::find_uiw(opts.uiw.as_deref()).and_then(|u| setup::uiw_up(&u, &logs).map(|()| u));
+    let probes = rows::probe_order(&rows);
+    let veth = if probes.iter().any(|p| p.on_veth()) {
+        eprintln!("uiw-bench: setting up the veth test bed (two network namespaces)");
+        let bed = setup::veth_up(&uiw, &bin, &logs);
+        match &bed {
+            Ok(b) => notes.push(format!(
+                "veth rows: test bed `{}` (ci/testbed.sh): namespaces {} ({}) and {} ({}) over a veth \
+                 pair, MTU {}, veth offloads: {}; device {} published in each namespace twice, \
+                 with `--transport xdp` and with `--transport tcp` (own UIW_STATE_DIR each); \
+                 client on A, server on B. The xdp transport's streams are uiw's userspace TCP \
+                 (NewReno, RFC 5681/6582): the congestion control above applies to the kernel \
+                 sockets only (the tcp transport's streams, raw TCP, perftest's exchange socket)",
+                b.prefix,
+                b.ns(setup::Host::A),
+                b.addr_a,
+                b.ns(setup::Host::B),
+                b.addr_b,
+                b.mtu,
+                b.offloads(),
+                b.dev
+            )),
+            Err(e) => notes.push(format!("veth rows unavailable: {e}")),
+        }
+        bed
+    } else {
+        Err("no veth row selected".into())
+    };
     let mut ctx = setup::Ctx {
         cc: cc.clone(),
         known_cc,
@@ -136,6 +165,7 @@ fn run() -> Result<(), Fail> {
         device: opts.device.clone(),
         tools,
         logs,
+        veth,
     };
     let check = ctx.cmd(&cc_check.display().to_string());
     setup::verify_cc(&check, &cc, "cc_preload.so", &ctx.logs.join("cc_check"))
@@ -182,7 +212,7 @@ fn run() -> Result<(), Fail> {
         opts.reps,
         out.display()
     );
-    let results = bench::run_interleaved(&ctx, &rows::probe_order(&rows), opts.reps, &len);
+    let results = bench::run_interleaved(&ctx, &probes, opts.reps, &len);
 
     let sweep = if opts.sweep {
         sweep::run(&ctx, opts.quick)

@@ -3,7 +3,7 @@
 
 use crate::parse;
 use crate::proc::Cmd;
-use crate::setup::Ctx;
+use crate::setup::{Ctx, Host, Transport};
 use std::time::Duration;
 
 /// What a probe's figure is.
@@ -57,6 +57,16 @@ pub enum Kind {
     /// (whose CQ nobody polls). The figure is the p99 of one run; p50, p99.9 and max are its
     /// details.
     PlacementLag,
+    /// A perftest program between the veth test bed's two namespaces (issue 12): client on
+    /// host A, server on host B, over the uiw device published there with `transport`.
+    VethPerftest {
+        prog: &'static str,
+        transport: Transport,
+    },
+    /// `tcpbench bw -l` on host B (the receiver, measuring), `tcpbench bw -c` on host A.
+    VethTcpBw,
+    /// `tcpbench pp -l -b` (echo) on host B, `tcpbench pp -c -b` (timing) on host A.
+    VethTcpPp,
 }
 
 /// A run's further figures besides its main one, named: `[("p50", 1.2), …]`.
@@ -90,6 +100,11 @@ impl Probe {
             Kind::Perftest { prog } => return format!("uiw.{prog}.{}", self.size),
             Kind::PerftestCrc { prog } => return format!("uiw_crc.{prog}.{}", self.size),
             Kind::PerftestQ { prog, qps } => return format!("uiw.{prog}_q{qps}.{}", self.size),
+            Kind::VethPerftest { prog, transport } => {
+                return format!("veth.uiw_{}.{prog}.{}", transport.name(), self.size)
+            }
+            Kind::VethTcpBw => "veth.tcp.bw",
+            Kind::VethTcpPp => "veth.tcp.pp_busy",
             Kind::TcpBwN { streams } => return format!("tcp.bw_{streams}streams.{}", self.size),
             Kind::TcpBw => "tcp.bw",
             Kind::TcpPp => "tcp.pp_busy",
@@ -121,6 +136,14 @@ impl Probe {
             Kind::FiPingpong => format!("libfabric tcp fi_pingpong {s}"),
             Kind::FiRmaBw => format!("libfabric tcp fi_rma_bw write {s}"),
             Kind::PlacementLag => format!("uiw placement lag {s} (placement_lag)"),
+            Kind::VethPerftest { prog, transport: Transport::Xdp } => {
+                format!("uiw {prog} {s}, xdp transport, veth")
+            }
+            Kind::VethPerftest { prog, transport: Transport::Tcp } => {
+                format!("uiw {prog} {s}, kernel-TCP transport, veth")
+            }
+            Kind::VethTcpBw => format!("raw TCP single stream {s}, veth (tcpbench bw)"),
+            Kind::VethTcpPp => format!("raw TCP busy-poll ping-pong {s}, veth (tcpbench pp -b)"),
         }
     }
 
@@ -131,6 +154,9 @@ impl Probe {
             | Kind::PerftestCrc { .. }
             | Kind::PerftestQ { .. }
             | Kind::PlacementLag => "uiw",
+            Kind::VethPerftest { transport: Transport::Xdp, .. } => "uiw-xdp",
+            Kind::VethPerftest { transport: Transport::Tcp, .. } => "uiw-tcp",
+            Kind::VethTcpBw | Kind::VethTcpPp => "TCP",
             Kind::TcpBw | Kind::TcpBwN { .. } | Kind::TcpPp | Kind::Iperf3 => "TCP",
             Kind::UcxPutBw | Kind::UcxAmLat | Kind::UcxTagLat => "UCX",
             Kind::FiPingpong | Kind::FiRmaBw => "libfabric",
@@ -139,7 +165,11 @@ impl Probe {
 
     pub fn metric(&self) -> Metric {
         match self.kind {
-            Kind::Perftest { prog } if prog.ends_with("_lat") => Metric::Latency,
+            Kind::Perftest { prog } | Kind::VethPerftest { prog, .. } if prog.ends_with("_lat") => {
+                Metric::Latency
+            }
+            Kind::VethPerftest { .. } | Kind::VethTcpBw => Metric::Bandwidth,
+            Kind::VethTcpPp => Metric::Latency,
             Kind::Perftest { .. } | Kind::PerftestCrc { .. } | Kind::PerftestQ { .. } => Metric::Bandwidth,
             Kind::TcpBw | Kind::TcpBwN { .. } | Kind::Iperf3 | Kind::UcxPutBw | Kind::FiRmaBw => Metric::Bandwidth,
             Kind::TcpPp | Kind::UcxAmLat | Kind::UcxTagLat | Kind::FiPingpong | Kind::PlacementLag => Metric::Latency,
@@ -152,9 +182,12 @@ impl Probe {
             Kind::Perftest {
                 prog: "ib_read_lat",
             } => "requester, full read round trip",
-            Kind::Perftest { .. } if self.metric() == Metric::Latency => {
+            Kind::Perftest { .. } | Kind::VethPerftest { .. } if self.metric() == Metric::Latency => {
                 "requester, half round trip"
             }
+            Kind::VethPerftest { .. } => "requester",
+            Kind::VethTcpBw => "receiver",
+            Kind::VethTcpPp => "client, half round trip",
             Kind::Perftest { .. } | Kind::PerftestCrc { .. } | Kind::PerftestQ { .. } => "requester",
             Kind::TcpBw | Kind::TcpBwN { .. } | Kind::Iperf3 => "receiver",
             Kind::UcxPutBw | Kind::FiRmaBw => "initiator",
@@ -168,7 +201,11 @@ impl Probe {
     /// The program that must exist on PATH (or be built) for this probe.
     pub fn tool(&self) -> &'static str {
         match self.kind {
-            Kind::Perftest { prog } | Kind::PerftestCrc { prog } | Kind::PerftestQ { prog, .. } => prog,
+            Kind::Perftest { prog }
+            | Kind::PerftestCrc { prog }
+            | Kind::PerftestQ { prog, .. }
+            | Kind::VethPerftest { prog, .. } => prog,
+            Kind::VethTcpBw | Kind::VethTcpPp => "tcpbench",
             Kind::TcpBw | Kind::TcpBwN { .. } | Kind::TcpPp => "tcpbench",
             Kind::Iperf3 => "iperf3",
             Kind::UcxPutBw | Kind::UcxAmLat | Kind::UcxTagLat => "ucx_perftest",
@@ -180,10 +217,15 @@ impl Probe {
 
     pub fn parse(&self, out: &str) -> Result<f64, String> {
         match self.kind {
-            Kind::Perftest { .. } if self.metric() == Metric::Latency => parse::perftest_lat(out),
-            Kind::Perftest { .. } | Kind::PerftestCrc { .. } | Kind::PerftestQ { .. } => parse::perftest_bw(out),
-            Kind::TcpBw | Kind::TcpBwN { .. } => parse::tcpbench_bw(out),
-            Kind::TcpPp => parse::tcpbench_pp(out),
+            Kind::Perftest { .. } | Kind::VethPerftest { .. } if self.metric() == Metric::Latency => {
+                parse::perftest_lat(out)
+            }
+            Kind::Perftest { .. }
+            | Kind::PerftestCrc { .. }
+            | Kind::PerftestQ { .. }
+            | Kind::VethPerftest { .. } => parse::perftest_bw(out),
+            Kind::TcpBw | Kind::TcpBwN { .. } | Kind::VethTcpBw => parse::tcpbench_bw(out),
+            Kind::TcpPp | Kind::VethTcpPp => parse::tcpbench_pp(out),
             Kind::Iperf3 => parse::iperf3_json(out),
             Kind::UcxPutBw => parse::ucx_bw(out),
             Kind::UcxAmLat | Kind::UcxTagLat => parse::ucx_lat(out),
@@ -202,6 +244,27 @@ impl Probe {
                 .unwrap_or_default(),
             _ => Vec::new(),
         }
+    }
+
+    /// For a uiw probe on the veth test bed: did the client's streams go over the transport the
+    /// probe names? The provider says so at VERBS_LOG_LEVEL 3 ("QP streams go over uiw's TCP
+    /// on veth0 (xdp …)" when it opens a raw transport; nothing for the kernel's TCP), so a
+    /// row labelled xdp cannot silently measure the kernel's TCP.
+    pub fn check_transport(&self, client_stderr: &str) -> Result<(), String> {
+        let Kind::VethPerftest { transport, .. } = self.kind else { return Ok(()) };
+        let raw = client_stderr.lines().find(|l| l.contains("QP streams go over uiw's TCP on"));
+        match (transport, raw) {
+            (Transport::Xdp, Some(l)) if l.contains("(xdp") => Ok(()),
+            (Transport::Xdp, Some(l)) => Err(format!("not the xdp transport: {}", l.trim())),
+            (Transport::Xdp, None) => Err("the provider opened no xdp transport (no \"QP streams go over\" line at VERBS_LOG_LEVEL=3)".into()),
+            (Transport::Tcp, Some(l)) => Err(format!("a raw transport was opened on the tcp device: {}", l.trim())),
+            (Transport::Tcp, None) => Ok(()),
+        }
+    }
+
+    /// Does this probe run between the veth test bed's namespaces?
+    pub fn on_veth(&self) -> bool {
+        matches!(self.kind, Kind::VethPerftest { .. } | Kind::VethTcpBw | Kind::VethTcpPp)
     }
 
     /// What the figure is, when a cell must say it (the placement lag's p99 beside its
@@ -226,6 +289,10 @@ pub struct Plan {
     /// When to look at the client's sockets with `ss` (bandwidth runs only:
     /// their connections live long enough).
     pub audit_after: Option<Duration>,
+    /// The server prints the figure (a receiver across the veth), not the client.
+    pub measured_by_server: bool,
+    /// The network namespace the client runs in (for `ss`), when not this one.
+    pub client_netns: Option<String>,
 }
 
 /// Per-run lengths, from `--quick` or not.
@@ -271,7 +338,7 @@ impl Probe {
     /// Builds the commands for this probe (port `port` for the rendezvous).
     /// Err says why the probe cannot run here.
     pub fn plan(&self, ctx: &Ctx, len: &Lengths, port: u16) -> Result<Plan, String> {
-        ctx.available(self.tool())?;
+        ctx.probe_available(self)?;
         let size = self.size.to_string();
         let p = port.to_string();
         let bw_timeout = Duration::from_secs_f64(len.secs + 30.0);
@@ -309,6 +376,8 @@ impl Probe {
                     port: Some(port),
                     timeout: if bw { bw_timeout } else { lat_timeout },
                     audit_after: bw.then(|| Duration::from_secs_f64(len.secs / 2.0)),
+                    measured_by_server: false,
+                    client_netns: None,
                 }
             }
             Kind::TcpBw | Kind::TcpBwN { .. } | Kind::TcpPp => {
@@ -329,6 +398,8 @@ impl Probe {
                     timeout: bw_timeout,
                     audit_after: (self.kind != Kind::TcpPp)
                         .then(|| Duration::from_secs_f64(len.secs / 2.0)),
+                    measured_by_server: false,
+                    client_netns: None,
                 }
             }
             Kind::Iperf3 => Plan {
@@ -350,6 +421,8 @@ impl Probe {
                 port: Some(port),
                 timeout: bw_timeout,
                 audit_after: Some(Duration::from_secs_f64(len.secs / 2.0)),
+                measured_by_server: false,
+                client_netns: None,
             },
             Kind::UcxPutBw | Kind::UcxAmLat => {
                 let (test, iters, extra): (&str, u64, &[&str]) = if self.kind == Kind::UcxPutBw {
@@ -373,6 +446,8 @@ impl Probe {
                         lat_timeout
                     },
                     audit_after: (self.kind == Kind::UcxPutBw).then(|| Duration::from_millis(300)),
+                    measured_by_server: false,
+                    client_netns: None,
                 }
             }
             Kind::UcxTagLat => {
@@ -393,6 +468,8 @@ impl Probe {
                     port: Some(port),
                     timeout: lat_timeout,
                     audit_after: None,
+                    measured_by_server: false,
+                    client_netns: None,
                 }
             }
             Kind::PlacementLag => {
@@ -414,6 +491,69 @@ impl Probe {
                     // well within this.
                     timeout: lat_timeout,
                     audit_after: None,
+                    measured_by_server: false,
+                    client_netns: None,
+                }
+            }
+            Kind::VethPerftest { prog, transport } => {
+                let bed = ctx.veth.as_ref().map_err(Clone::clone)?;
+                let uiw = ctx.uiw.as_ref().map_err(Clone::clone)?;
+                let mut args: Vec<String> = vec![
+                    "-d".into(),
+                    bed.dev.clone(),
+                    "-x".into(),
+                    "0".into(),
+                    "-p".into(),
+                    p,
+                    "-s".into(),
+                    size,
+                    "-F".into(),
+                ];
+                let bw = self.metric() == Metric::Bandwidth;
+                if bw {
+                    args.extend(["-D".into(), secs_arg(len.secs.max(1.0).round())]);
+                } else {
+                    args.extend(["-n".into(), len.lat_iters.to_string()]);
+                }
+                let on = |h: Host, args: &[String]| {
+                    let c = ctx.cmd(&uiw.display().to_string()).args(["run", "--", prog]).args(args.iter().cloned());
+                    bed.on(h, c)
+                        .env("UIW_STATE_DIR", bed.state(h, transport).display().to_string())
+                        .env("VERBS_LOG_LEVEL", "3")
+                };
+                let server = on(Host::B, &args);
+                args.push(bed.addr_b.clone());
+                Plan {
+                    server: Some(server),
+                    client: on(Host::A, &args),
+                    port: Some(port),
+                    timeout: if bw { bw_timeout } else { lat_timeout },
+                    audit_after: bw.then(|| Duration::from_secs_f64(len.secs / 2.0)),
+                    measured_by_server: false,
+                    client_netns: Some(bed.ns(Host::A)),
+                }
+            }
+            Kind::VethTcpBw | Kind::VethTcpPp => {
+                let bed = ctx.veth.as_ref().map_err(Clone::clone)?;
+                let bw = self.kind == Kind::VethTcpBw;
+                let half = |h: Host, role: &str| {
+                    let mut c = ctx
+                        .cmd(&ctx.tcpbench.display().to_string())
+                        .arg(if bw { "bw" } else { "pp" })
+                        .args(["-s", &size, "-t", &secs_arg(len.secs), "-p", &p, "-a", &bed.addr_b, role]);
+                    if !bw {
+                        c = c.arg("-b");
+                    }
+                    bed.on(h, c)
+                };
+                Plan {
+                    server: Some(half(Host::B, "-l")),
+                    client: half(Host::A, "-c"),
+                    port: Some(port),
+                    timeout: bw_timeout,
+                    audit_after: bw.then(|| Duration::from_secs_f64(len.secs / 2.0)),
+                    measured_by_server: bw,
+                    client_netns: Some(bed.ns(Host::A)),
                 }
             }
             Kind::FiPingpong | Kind::FiRmaBw => {
@@ -446,6 +586,8 @@ impl Probe {
                         bw_timeout
                     },
                     audit_after: None,
+                    measured_by_server: false,
+                    client_netns: None,
                 }
             }
         };
@@ -482,6 +624,23 @@ mod tests {
         assert_eq!(p.side(), "requester, full read round trip");
         assert_eq!(Probe::new(Kind::TcpBw, 8).side(), "receiver");
         assert_eq!(Probe::new(Kind::UcxPutBw, 8).side(), "initiator");
+    }
+
+    #[test]
+    fn veth_probes_check_their_transport() {
+        let p = |t| Probe::new(Kind::VethPerftest { prog: "ib_write_bw", transport: t }, 64);
+        let xdp = "uiw: uiw_veth0: QP streams go over uiw's TCP on veth0 (xdp, copy mode), port 4791\n";
+        let packet = "uiw: uiw_veth0: QP streams go over uiw's TCP on veth0 (packet), port 4791\n";
+        assert_eq!(p(Transport::Xdp).check_transport(xdp), Ok(()));
+        assert!(p(Transport::Xdp).check_transport("").unwrap_err().contains("no xdp transport"));
+        assert!(p(Transport::Xdp).check_transport(packet).unwrap_err().contains("not the xdp"));
+        assert_eq!(p(Transport::Tcp).check_transport("something else\n"), Ok(()));
+        assert!(p(Transport::Tcp).check_transport(xdp).is_err());
+        assert_eq!(Probe::new(Kind::VethTcpBw, 64).check_transport(""), Ok(()));
+        assert_eq!(p(Transport::Xdp).id(), "veth.uiw_xdp.ib_write_bw.64");
+        assert_eq!(p(Transport::Tcp).stack(), "uiw-tcp");
+        assert_eq!(Probe::new(Kind::VethTcpBw, 64).side(), "receiver");
+        assert_eq!(Probe::new(Kind::VethTcpPp, 8).metric(), Metric::Latency);
     }
 
     #[test]

@@ -219,11 +219,14 @@ pub fn proc_net_tcp_listens(table: &str, port: u16) -> bool {
 }
 
 /// Waits until some socket listens on `port`, the server dies, or `limit`
-/// passes. Returns whether it listens.
+/// passes. Returns whether it listens. The sockets are looked up in the server's own
+/// network namespace (`/proc/PID/net/tcp`): a server started with `ip netns exec`
+/// listens in another one than ours.
 pub fn wait_listening(server: &mut Running, port: u16, limit: Duration) -> bool {
     let end = Instant::now() + limit;
+    let tables = [format!("/proc/{}/net/tcp", server.pid), format!("/proc/{}/net/tcp6", server.pid)];
     loop {
-        let listening = ["/proc/net/tcp", "/proc/net/tcp6"]
+        let listening = tables
             .iter()
             .any(|p| proc_net_tcp_listens(&std::fs::read_to_string(p).unwrap_or_default(), port));
         if listening {

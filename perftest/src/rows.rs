@@ -2,6 +2,7 @@
 //! issue's targets on the ratios.
 
 use crate::probes::{Kind, Probe};
+use crate::setup::Transport;
 use crate::stats::Target;
 
 /// The perftest programs the rows use.
@@ -41,6 +42,9 @@ pub struct Row {
     pub uiw: Probe,
     pub peers: Vec<Peer>,
     pub bound: Option<Bound>,
+    /// Runs only when named in `--only` (or its group, `veth`): the veth rows need root,
+    /// build network namespaces and add minutes to a run.
+    pub opt_in: bool,
 }
 
 const KIB64: u64 = 64 << 10;
@@ -67,6 +71,7 @@ fn bw_row(prog: &'static str, size: u64, with_targets: bool) -> Row {
             peer(Kind::Iperf3, size, None),
         ],
         bound: None,
+        opt_in: false,
     }
 }
 
@@ -82,6 +87,7 @@ fn lat_row(prog: &'static str, with_targets: bool) -> Row {
             peer(Kind::UcxTagLat, 8, None),
         ],
         bound: None,
+        opt_in: false,
     }
 }
 
@@ -96,6 +102,7 @@ fn crc_row() -> Row {
             peer(Kind::TcpBw, MIB1, None),
         ],
         bound: None,
+        opt_in: false,
     }
 }
 
@@ -110,6 +117,7 @@ fn multi_rows() -> Vec<Row> {
             uiw: Probe::new(Kind::Perftest { prog: "ib_write_bw" }, 64),
             peers: vec![peer(Kind::TcpBw, 64, Some(Target::AtLeast(1.0)))],
             bound: None,
+            opt_in: false,
         },
         Row {
             name: "write_bw_64_q4".into(),
@@ -119,12 +127,14 @@ fn multi_rows() -> Vec<Row> {
                 peer(Kind::TcpBw, 64, None),
             ],
             bound: None,
+            opt_in: false,
         },
         Row {
             name: "write_bw_64k_q2".into(),
             uiw: q(2, KIB64),
             peers: vec![peer(Kind::TcpBwN { streams: 2 }, KIB64, Some(Target::AtLeast(0.9)))],
             bound: None,
+            opt_in: false,
         },
     ]
 }
@@ -144,8 +154,36 @@ fn lag_rows() -> Vec<Row> {
                 target: Target::AtMost(1.0),
                 source: "issue 9: p99 well under 100 µs",
             }),
+            opt_in: false,
         })
         .collect()
+}
+
+/// `--only veth` selects every row of this group.
+pub const VETH_GROUP: &str = "veth";
+
+/// Issue 12: across the veth test bed (two network namespaces, MTU 1500, offloads off), uiw
+/// with the xdp transport on both hosts against uiw with the kernel-TCP transport on both
+/// hosts (the targets: latency and message rate ahead, bandwidth at least equal) and against
+/// raw kernel TCP between the same namespaces (informational). Opt-in.
+fn veth_rows() -> Vec<Row> {
+    let uiw = |prog, t, size| Probe::new(Kind::VethPerftest { prog, transport: t }, size);
+    let row = |name: &str, prog: &'static str, size: u64, tcp_target: Target, raw: Kind| Row {
+        name: name.into(),
+        uiw: uiw(prog, Transport::Xdp, size),
+        peers: vec![
+            Peer { probe: uiw(prog, Transport::Tcp, size), target: Some(tcp_target), scale: 1.0 },
+            peer(raw, size, None),
+        ],
+        bound: None,
+        opt_in: true,
+    };
+    vec![
+        row("veth_write_lat", "ib_write_lat", 8, Target::Below(1.0), Kind::VethTcpPp),
+        row("veth_write_bw_64", "ib_write_bw", 64, Target::Above(1.0), Kind::VethTcpBw),
+        row("veth_write_bw_64k", "ib_write_bw", KIB64, Target::AtLeast(1.0), Kind::VethTcpBw),
+        row("veth_write_bw_1m", "ib_write_bw", MIB1, Target::AtLeast(1.0), Kind::VethTcpBw),
+    ]
 }
 
 /// Every row, in table order. The issue's targets sit on the write_bw,
@@ -172,28 +210,31 @@ pub fn all() -> Vec<Row> {
     let at = rows.iter().position(|r| r.name == "write_lat").unwrap_or(rows.len());
     rows.splice(at..at, multi_rows());
     rows.extend(lag_rows());
+    rows.extend(veth_rows());
     rows
 }
 
-/// The rows `--only` selects (all when `only` is empty). Unknown names are
-/// an error listing the valid ones. `sweep` is not a row and is skipped.
+/// The rows `--only` selects (all but the opt-in ones when `only` is empty; `veth` names
+/// the veth rows). Unknown names are an error listing the valid ones. `sweep` is not a row
+/// and is skipped.
 pub fn select(only: &[String]) -> Result<Vec<Row>, String> {
     let rows = all();
     if only.is_empty() {
-        return Ok(rows);
+        return Ok(rows.into_iter().filter(|r| !r.opt_in).collect());
     }
     let names: Vec<String> = rows.iter().map(|r| r.name.clone()).collect();
     for o in only {
-        if o != "sweep" && !names.contains(o) {
+        if o != "sweep" && o != VETH_GROUP && !names.contains(o) {
             return Err(format!(
-                "unknown row {o:?} for --only (rows: {}, sweep)",
+                "unknown row {o:?} for --only (rows: {}, {VETH_GROUP}, sweep)",
                 names.join(", ")
             ));
         }
     }
+    let veth = only.iter().any(|o| o == VETH_GROUP);
     Ok(rows
         .into_iter()
-        .filter(|r| only.contains(&r.name))
+        .filter(|r| only.contains(&r.name) || (veth && r.name.starts_with("veth_")))
         .collect())
 }
 
@@ -236,7 +277,11 @@ mod tests {
                 "send_bw_1m",
                 "read_lat",
                 "placement_lag",
-                "placement_lag_4k"
+                "placement_lag_4k",
+                "veth_write_lat",
+                "veth_write_bw_64",
+                "veth_write_bw_64k",
+                "veth_write_bw_1m"
             ]
         );
         let w = &rows[0];
@@ -266,6 +311,34 @@ mod tests {
         );
         assert_eq!(rows[14].uiw.size, 4096);
         assert!(rows[..13].iter().all(|r| r.bound.is_none()));
+        assert!(rows[..15].iter().all(|r| !r.opt_in));
+    }
+
+    #[test]
+    fn veth_rows_set_xdp_against_the_kernel_tcp_transport_and_raw_tcp() {
+        let rows = select(&[VETH_GROUP.into()]).unwrap();
+        assert_eq!(rows.len(), 4);
+        for r in &rows {
+            assert!(r.opt_in && r.uiw.on_veth() && r.peers.iter().all(|p| p.probe.on_veth()), "{}", r.name);
+            let Kind::VethPerftest { prog, transport } = r.uiw.kind else { panic!("{}", r.name) };
+            assert_eq!(transport, Transport::Xdp);
+            assert_eq!(r.peers[0].probe.kind, Kind::VethPerftest { prog, transport: Transport::Tcp });
+            assert_eq!(r.peers[0].probe.size, r.uiw.size);
+            assert_eq!(r.peers[1].target, None, "raw TCP is informational");
+        }
+        let t = |i: usize| rows[i].peers[0].target;
+        assert_eq!((rows[0].uiw.size, t(0)), (8, Some(Target::Below(1.0))), "latency ahead");
+        assert_eq!(rows[0].peers[1].probe.kind, Kind::VethTcpPp);
+        assert_eq!((rows[1].uiw.size, t(1)), (64, Some(Target::Above(1.0))), "message rate ahead");
+        assert_eq!((rows[2].uiw.size, t(2)), (65536, Some(Target::AtLeast(1.0))), "bandwidth at least equal");
+        assert_eq!((rows[3].uiw.size, t(3)), (1 << 20, Some(Target::AtLeast(1.0))));
+        assert!(rows[1..].iter().all(|r| r.peers[1].probe.kind == Kind::VethTcpBw));
+        // Opt-in: not in a default run, selectable one by one.
+        assert!(select(&[]).unwrap().iter().all(|r| !r.opt_in));
+        assert_eq!(select(&["veth_write_bw_1m".into()]).unwrap().len(), 1);
+        // One repetition alternates xdp, kernel-TCP transport, raw TCP.
+        let ids: Vec<String> = probe_order(&rows[..1]).iter().map(|p| p.id()).collect();
+        assert_eq!(ids, ["veth.uiw_xdp.ib_write_lat.8", "veth.uiw_tcp.ib_write_lat.8", "veth.tcp.pp_busy.8"]);
     }
 
     #[test]

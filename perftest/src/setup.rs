@@ -14,6 +14,9 @@ const CC_CHECK_C: &str = include_str!("../c/cc_check.c");
 /// The placement-lag probe: one of the example programs (its behaviour is tested there, by
 /// examples/tests/placement_lag.rs), built here against the installed libibverbs.
 const PLACEMENT_LAG_C: &str = include_str!("../../examples/c/placement_lag.c");
+/// The two-host test bed of the veth rows (two network namespaces over a veth pair): the
+/// repository's own script, written out beside the helpers so the binary needs no checkout.
+const TESTBED_SH: &str = include_str!("../../ci/testbed.sh");
 
 /// Debian packages providing the peer tools.
 pub const PACKAGES: &[(&str, &str)] = &[
@@ -39,6 +42,8 @@ pub struct Ctx {
     /// Tool name → available, or why not.
     pub tools: BTreeMap<String, Result<(), String>>,
     pub logs: PathBuf,
+    /// The veth test bed (set up only when a veth row is selected), or why it is not there.
+    pub veth: Result<VethBed, String>,
 }
 
 impl Ctx {
@@ -62,6 +67,14 @@ impl Ctx {
             .cmd(&uiw.display().to_string())
             .args(["run", "--", prog])
             .args(args.iter().cloned()))
+    }
+
+    /// Can `probe` run here: its tool, uiw for uiw's probes, the test bed for the veth ones.
+    pub fn probe_available(&self, probe: &crate::probes::Probe) -> Result<(), String> {
+        if probe.on_veth() {
+            self.veth.as_ref().map(|_| ()).map_err(Clone::clone)?;
+        }
+        self.available(probe.tool())
     }
 
     pub fn available(&self, tool: &str) -> Result<(), String> {
@@ -376,4 +389,192 @@ pub fn now_utc() -> String {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "unknown date".into())
+}
+
+/// What carries a uiw device's streams on the veth test bed (`uiw up --transport`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// AF_XDP: uiw's userspace TCP on raw frames.
+    Xdp,
+    /// The kernel's TCP sockets.
+    Tcp,
+}
+
+impl Transport {
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Xdp => "xdp",
+            Transport::Tcp => "tcp",
+        }
+    }
+}
+
+/// Which host of the test bed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Host {
+    /// The client (requester, sender) side: 198.51.100.1.
+    A,
+    /// The server side: 198.51.100.2.
+    B,
+}
+
+/// The veth rows' test bed: `ci/testbed.sh up --transport xdp` (namespaces PREFIX-a and
+/// PREFIX-b over a veth pair, MTU 1500, the veths' offloads off, a uiw device published with
+/// the xdp transport in each), plus in each namespace a second state dir publishing the same
+/// netdev with the kernel-TCP transport. Torn down on drop.
+#[derive(Debug)]
+pub struct VethBed {
+    pub prefix: String,
+    pub script: PathBuf,
+    pub uiw: PathBuf,
+    /// The uiw device on both hosts and with both transports (`uiw_veth0`).
+    pub dev: String,
+    pub netdev: String,
+    pub addr_a: String,
+    pub addr_b: String,
+    pub mtu: String,
+    /// `/tmp/PREFIX-testbed`: the script's state dirs `a`, `b` (xdp) and ours, `tcp-a`, `tcp-b`.
+    pub dir: PathBuf,
+    pub logs: PathBuf,
+}
+
+impl VethBed {
+    pub fn ns(&self, h: Host) -> String {
+        match h {
+            Host::A => format!("{}-a", self.prefix),
+            Host::B => format!("{}-b", self.prefix),
+        }
+    }
+
+    /// The uiw state dir of `h`'s device with transport `t`.
+    pub fn state(&self, h: Host, t: Transport) -> PathBuf {
+        let host = if h == Host::A { "a" } else { "b" };
+        match t {
+            Transport::Xdp => self.dir.join(host),
+            Transport::Tcp => self.dir.join(format!("tcp-{host}")),
+        }
+    }
+
+    /// `ip netns exec NS PROGRAM`: `cmd` (built with [`Ctx::cmd`], its environment kept) run
+    /// on host `h`.
+    pub fn on(&self, h: Host, cmd: Cmd) -> Cmd {
+        let mut c = Cmd::new("ip").args(["netns", "exec", &self.ns(h)]).arg(cmd.program).args(cmd.args);
+        c.env = cmd.env;
+        c
+    }
+
+    /// The offload settings of host `h`'s veth as `ethtool -k` shows them (for the report).
+    pub fn offloads(&self) -> String {
+        let cmd = Cmd::new("ip").args(["netns", "exec", &self.ns(Host::A), "ethtool", "-k", &self.netdev]);
+        match run_capture(&cmd, Duration::from_secs(10), &self.logs.join("veth-ethtool")) {
+            Ok(o) if o.success() => {
+                let want = [
+                    "tx-checksumming:",
+                    "tcp-segmentation-offload:",
+                    "generic-segmentation-offload:",
+                    "generic-receive-offload:",
+                ];
+                o.stdout
+                    .lines()
+                    .filter(|l| want.iter().any(|w| l.starts_with(w)))
+                    .map(|l| l.replace(':', ""))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+            _ => "unknown (ethtool -k failed)".into(),
+        }
+    }
+}
+
+impl Drop for VethBed {
+    fn drop(&mut self) {
+        for h in [Host::A, Host::B] {
+            let st = self.state(h, Transport::Tcp);
+            let down = self.on(h, Cmd::new(self.uiw.display().to_string()).arg("down"))
+                .env("UIW_STATE_DIR", st.display().to_string());
+            let _ = run_capture(&down, Duration::from_secs(30), &self.logs.join(format!("veth-uiw-down-tcp-{h:?}")));
+        }
+        let down = Cmd::new(self.script.display().to_string()).args(["-p", &self.prefix, "down"]);
+        match run_capture(&down, Duration::from_secs(60), &self.logs.join("veth-testbed-down")) {
+            Ok(o) if o.success() => eprintln!("uiw-bench: veth test bed {} torn down", self.prefix),
+            Ok(o) => eprintln!(
+                "uiw-bench: `{} down` failed ({}): {}",
+                down.display(),
+                o.describe(Duration::from_secs(60)),
+                o.stderr.trim()
+            ),
+            Err(e) => eprintln!("uiw-bench: {e}"),
+        }
+    }
+}
+
+/// The test bed's name: `UIW_TESTBED_PREFIX` if set, else `uwb` and this process's id
+/// (unique among concurrent runs; at most 20 characters, as the script demands).
+pub fn veth_prefix() -> String {
+    std::env::var("UIW_TESTBED_PREFIX")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| format!("uwb{}", std::process::id()))
+}
+
+/// Sets up the veth rows' test bed, or says why it cannot be here: not root, no uiw, a tool
+/// missing (ip, nft, ethtool), or AF_XDP unavailable (`uiw up --transport xdp` probes it and
+/// says so).
+pub fn veth_up(uiw: &Result<PathBuf, String>, bin: &Path, logs: &Path) -> Result<VethBed, String> {
+    if !is_root() {
+        return Err("needs root: network namespaces, a veth pair and AF_XDP (CAP_NET_RAW, CAP_NET_ADMIN, CAP_BPF)".into());
+    }
+    let uiw = uiw.as_ref().map_err(|e| format!("uiw: {e}"))?.clone();
+    for (tool, pkg) in [("ip", "iproute2"), ("nft", "nftables"), ("ethtool", "ethtool")] {
+        if on_path(tool).is_none() && !Path::new("/usr/sbin").join(tool).exists() {
+            return Err(format!("{tool} not found (Debian package {pkg})"));
+        }
+    }
+    let script = bin.join("testbed.sh");
+    std::fs::write(&script, TESTBED_SH).map_err(|e| format!("cannot write {}: {e}", script.display()))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))
+            .map_err(|e| format!("chmod {}: {e}", script.display()))?;
+    }
+    let script = script.canonicalize().unwrap_or(script);
+    let prefix = veth_prefix();
+    let up = Cmd::new(script.display().to_string())
+        .args(["-p", &prefix, "up", "--transport", "xdp", "--uiw"])
+        .arg(uiw.display().to_string());
+    let o = run_capture(&up, Duration::from_secs(120), &logs.join("veth-testbed-up"))?;
+    if !o.success() {
+        let why = o.stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string();
+        // The script tears a failed bed down itself.
+        return Err(format!("`{}` failed ({}): {why}", up.display(), o.describe(Duration::from_secs(120))));
+    }
+    let bed = VethBed {
+        dir: PathBuf::from(format!("/tmp/{prefix}-testbed")),
+        prefix,
+        script,
+        uiw: uiw.clone(),
+        dev: "uiw_veth0".into(),
+        netdev: "veth0".into(),
+        addr_a: "198.51.100.1".into(),
+        addr_b: "198.51.100.2".into(),
+        mtu: "1500".into(),
+        logs: logs.to_path_buf(),
+    };
+    // From here on, dropping `bed` tears it down.
+    for h in [Host::A, Host::B] {
+        let st = bed.state(h, Transport::Tcp);
+        let cmd = bed
+            .on(h, Cmd::new(uiw.display().to_string()).args(["up", "--netdev", &bed.netdev, "--transport", "tcp"]))
+            .env("UIW_STATE_DIR", st.display().to_string());
+        let o = run_capture(&cmd, Duration::from_secs(60), &logs.join(format!("veth-uiw-up-tcp-{h:?}")))?;
+        if !o.success() {
+            return Err(format!(
+                "`{}` failed ({}): {}",
+                cmd.display(),
+                o.describe(Duration::from_secs(60)),
+                crate::parse::failure_reason(&o.stderr, &o.stdout).unwrap_or_default()
+            ));
+        }
+    }
+    Ok(bed)
 }

@@ -73,6 +73,8 @@ fn perftest_all(ctx: &Ctx, prog: &'static str, iters: u64) -> SweepSeries {
             port: Some(port),
             timeout: Duration::from_secs(400),
             audit_after: None,
+            measured_by_server: false,
+            client_netns: None,
         })
     })();
     let plan = match plan {
