@@ -262,7 +262,7 @@ pub fn run_interleaved(
 ) -> Vec<ProbeResult> {
     let mut results: Vec<ProbeResult> = probes.iter().cloned().map(ProbeResult::new).collect();
     for r in results.iter_mut() {
-        if let Err(e) = ctx.available(r.probe.tool()) {
+        if let Err(e) = ctx.probe_available(&r.probe) {
             r.unavailable = Some(e);
         }
     }

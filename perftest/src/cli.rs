@@ -19,6 +19,10 @@ DESCRIPTION
     TCP ping-pong with both sides busy-polling (tcpbench pp -b), UCX over tcp
     (ucx_perftest put_bw zcopy, am_lat, tag_lat) and libfabric's tcp provider
     (fi_pingpong; fi_rma_bw where installed).
+    Applications, each against the same application over TCP in the same run: two Open
+    MPI ranks of perftest/mpi/mpi_check.c (built with mpicc) over libfabric's
+    `verbs;ofi_rxm` on uiw against `FI_PROVIDER=tcp`, and qperf's RC latency tests with
+    rdma_cm (`-cm 1`) against qperf's own tcp_lat.
     One probe has no peer: placement_lag (built from examples/c/placement_lag.c, with
     gcc and libibverbs-dev) measures, in one process, how long after an RDMA Write's
     completion its data is visible at a target nobody polls, judged against issue 9's
@@ -31,6 +35,9 @@ DESCRIPTION
         ib_write_lat, ib_send_lat 8 B <= 1.2 x TCP busy-poll half round trip,
                                       <  UCX am_lat, < libfabric fi_pingpong
         placement_lag 8 B and 4 KiB   p99 <= 100 us (issue 9: 'well under 100 us')
+        mpi_lat_8                     <  Open MPI over libfabric tcp
+        mpi_bw_64k, mpi_bw_1m         >= Open MPI over libfabric tcp
+        qperf_rc_lat, qperf_rc_rdma_write_poll_lat   < qperf tcp_lat
     The other rows are informational.
 
     Every program, uiw's runs included, gets the same TCP congestion control: the
@@ -48,9 +55,10 @@ DESCRIPTION
     installed shows `unavailable: <reason>`. Nothing aborts the run once measuring
     started; each program has a deadline after which its process group is killed.
 
-    Root is needed to publish the device (`uiw up`), to set a congestion control not in
+    Root is needed to publish the device (`uiw up`), for the MPI rows' namespace, to set a congestion control not in
     net.ipv4.tcp_allowed_congestion_control (cubic here), and to install missing
-    packages (apt-get install -y perftest ucx-utils libfabric-bin iperf3).
+    packages (apt-get install -y perftest ucx-utils libfabric-bin iperf3 qperf; the MPI
+    rows' openmpi-bin libopenmpi-dev are not installed for you).
 
 OPTIONS
     --quick        1 repetition, 1-second bandwidth runs, fewer latency iterations, a
@@ -61,7 +69,8 @@ OPTIONS
     --cc NAME      TCP congestion control for every row (default cubic, if the kernel
                    has it, else the system default).
     --only ROW     run only these rows (comma-separated or repeated). `sweep` selects
-                   the sweep. Without --only: every row and the sweep. See --list.
+                   the sweep. Without --only: every row but the opt-in MPI rows, and
+                   the sweep. See --list.
     --no-sweep     skip the message-size sweep.
     --no-install   do not apt-get install missing peer packages.
     --uiw PATH     the uiw binary (default: beside uiw-bench, then PATH).
@@ -90,6 +99,26 @@ ROWS
                                its data being visible at a passive target (its CQ never
                                polled); p99 of each run, with p50, p99.9 and max beside
                                it. No peer: judged against issue 9's bound, p99 <= 100 us
+    mpi_lat_8 mpi_bw_64k mpi_bw_1m
+                               opt-in (only with --only; a minute or more per repetition).
+                               Two Open MPI ranks (mpirun --mca pml cm --mca mtl ofi) of
+                               mpi_check `lat 8 ITERS` (ping-pong, median half round trip;
+                               mean and p99 beside it) or `bw SIZE BYTES` (64 messages in
+                               flight, timed at rank 0 until rank 1's acknowledgement),
+                               every message (lat) or a window after the timed ones (bw)
+                               checked. uiw: `uiw run -- mpirun ... -x
+                               FI_PROVIDER=verbs;ofi_rxm`; peer: the same with
+                               FI_PROVIDER=tcp. Both in a network namespace of the run's
+                               own (uiw-bench-PID: a veth, v0 10.77.0.1/24, uiw_v0 published
+                               there from DIR/mpi-state), as libfabric 1.17's verbs provider
+                               skips loopback netdevs. Needs root, openmpi-bin,
+                               libopenmpi-dev (mpicc) and iproute2; else `unavailable`
+    qperf_rc_lat qperf_rc_rdma_write_poll_lat
+                               qperf -cm 1 -m 8 -t secs 127.0.0.1 rc_lat (or
+                               rc_rdma_write_poll_lat) quit, server and client under
+                               `uiw run`, against qperf -m 8 tcp_lat (plain TCP, run once
+                               per repetition for both rows). qperf's latency is half the
+                               round trip. Needs qperf (Debian package qperf) and uiw
     sweep                      the size sweep
 
 UNITS
@@ -108,7 +137,8 @@ OUTPUT
                        rsvg-convert is installed: Debian librsvg2-bin)
     DIR/logs/          stdout/stderr of every program run
     DIR/bin/           the compiled helpers (tcpbench, cc_preload.so, cc_check,
-                       placement_lag)
+                       placement_lag, mpi_check)
+    DIR/mpi-state/     the MPI rows' uiw state directory (uiw_v0)
 
 ENVIRONMENT
     UIW_STATE_DIR      passed through to `uiw up` and `uiw run` (the uiw state dir)

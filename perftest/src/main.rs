@@ -93,7 +93,8 @@ fn run() -> Result<(), Fail> {
                     b.target.label()
                 ));
             }
-            println!("{:<16} {} vs {}", r.name, r.uiw.label(), peers.join("; "));
+            let opt_in = if r.opt_in { " (opt-in: only with --only)" } else { "" };
+            println!("{:<16} {} vs {}{opt_in}", r.name, r.uiw.label(), peers.join("; "));
         }
         println!("{:<16} size sweep 2 B … 8 MiB", "sweep");
         return Ok(());
@@ -136,6 +137,7 @@ fn run() -> Result<(), Fail> {
         device: opts.device.clone(),
         tools,
         logs,
+        mpi: None,
     };
     let check = ctx.cmd(&cc_check.display().to_string());
     setup::verify_cc(&check, &cc, "cc_preload.so", &ctx.logs.join("cc_check"))
@@ -156,8 +158,25 @@ fn run() -> Result<(), Fail> {
     if let Err(e) = &ctx.uiw {
         notes.push(format!("uiw rows cannot run: {e}"));
     }
+    if rows::probe_order(&rows).iter().any(|p| p.tool() == "mpi_check") {
+        let state = out.join("mpi-state");
+        let mpi = setup::MpiNet::up(&ctx.uiw, &bin, &ctx.logs, &state);
+        ctx.tools.insert("mpi_check".into(), mpi.as_ref().map(|_| ()).map_err(Clone::clone));
+        match mpi {
+            Ok(net) => {
+                notes.push(format!(
+                    "MPI rows: namespace {} with a veth (v0 10.77.0.1/24), uiw_v0 published there from {}",
+                    net.netns,
+                    net.state_dir.display()
+                ));
+                ctx.mpi = Some(net);
+            }
+            Err(e) => notes.push(format!("MPI rows cannot run: {e}")),
+        }
+    }
+    let used: Vec<&str> = rows::probe_order(&rows).iter().map(|p| p.tool()).collect();
     for (tool, r) in &ctx.tools {
-        if let Err(e) = r {
+        if let (Err(e), true) = (r, used.contains(&tool.as_str()) || (opts.sweep && tool != "mpi_check" && tool != "qperf")) {
             eprintln!("uiw-bench: {tool}: {e}");
         }
     }

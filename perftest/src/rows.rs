@@ -1,7 +1,7 @@
 //! The table's rows: a uiw measurement, the peers it is set beside, and the
 //! issue's targets on the ratios.
 
-use crate::probes::{Kind, Probe};
+use crate::probes::{Fabric, Kind, Probe};
 use crate::stats::Target;
 
 /// The perftest programs the rows use.
@@ -41,6 +41,9 @@ pub struct Row {
     pub uiw: Probe,
     pub peers: Vec<Peer>,
     pub bound: Option<Bound>,
+    /// Run only when `--only` names it (the MPI rows: minutes per repetition, a network
+    /// namespace, Open MPI).
+    pub opt_in: bool,
 }
 
 const KIB64: u64 = 64 << 10;
@@ -67,6 +70,7 @@ fn bw_row(prog: &'static str, size: u64, with_targets: bool) -> Row {
             peer(Kind::Iperf3, size, None),
         ],
         bound: None,
+        opt_in: false,
     }
 }
 
@@ -82,6 +86,7 @@ fn lat_row(prog: &'static str, with_targets: bool) -> Row {
             peer(Kind::UcxTagLat, 8, None),
         ],
         bound: None,
+        opt_in: false,
     }
 }
 
@@ -96,6 +101,7 @@ fn crc_row() -> Row {
             peer(Kind::TcpBw, MIB1, None),
         ],
         bound: None,
+        opt_in: false,
     }
 }
 
@@ -110,6 +116,7 @@ fn multi_rows() -> Vec<Row> {
             uiw: Probe::new(Kind::Perftest { prog: "ib_write_bw" }, 64),
             peers: vec![peer(Kind::TcpBw, 64, Some(Target::AtLeast(1.0)))],
             bound: None,
+            opt_in: false,
         },
         Row {
             name: "write_bw_64_q4".into(),
@@ -119,12 +126,14 @@ fn multi_rows() -> Vec<Row> {
                 peer(Kind::TcpBw, 64, None),
             ],
             bound: None,
+            opt_in: false,
         },
         Row {
             name: "write_bw_64k_q2".into(),
             uiw: q(2, KIB64),
             peers: vec![peer(Kind::TcpBwN { streams: 2 }, KIB64, Some(Target::AtLeast(0.9)))],
             bound: None,
+            opt_in: false,
         },
     ]
 }
@@ -144,8 +153,45 @@ fn lag_rows() -> Vec<Row> {
                 target: Target::AtMost(1.0),
                 source: "issue 9: p99 well under 100 µs",
             }),
+            opt_in: false,
         })
         .collect()
+}
+
+/// Applications over uiw (issue 9), against the same application over TCP in the same run:
+/// two Open MPI ranks (mpi_check) over libfabric `verbs;ofi_rxm` on uiw against
+/// `FI_PROVIDER=tcp` — uiw's 8-byte latency below tcp's, its 64 KiB and 1 MiB bandwidth at
+/// least tcp's —, and qperf's RC latency tests with rdma_cm (`-cm 1`) against qperf's own
+/// `tcp_lat`, 8 bytes, below it. The MPI rows are opt-in.
+fn app_rows() -> Vec<Row> {
+    let mpi = |name: &str, size: u64, lat: bool| {
+        let k = |fabric| if lat { Kind::MpiLat { fabric } } else { Kind::MpiBw { fabric } };
+        Row {
+            name: name.into(),
+            uiw: Probe::new(k(Fabric::UiwVerbs), size),
+            peers: vec![peer(
+                k(Fabric::Tcp),
+                size,
+                Some(if lat { Target::Below(1.0) } else { Target::AtLeast(1.0) }),
+            )],
+            bound: None,
+            opt_in: true,
+        }
+    };
+    let qperf = |test: &'static str| Row {
+        name: format!("qperf_{test}"),
+        uiw: Probe::new(Kind::Qperf { test }, 8),
+        peers: vec![peer(Kind::Qperf { test: "tcp_lat" }, 8, Some(Target::Below(1.0)))],
+        bound: None,
+        opt_in: false,
+    };
+    vec![
+        mpi("mpi_lat_8", 8, true),
+        mpi("mpi_bw_64k", KIB64, false),
+        mpi("mpi_bw_1m", MIB1, false),
+        qperf("rc_lat"),
+        qperf("rc_rdma_write_poll_lat"),
+    ]
 }
 
 /// Every row, in table order. The issue's targets sit on the write_bw,
@@ -172,15 +218,16 @@ pub fn all() -> Vec<Row> {
     let at = rows.iter().position(|r| r.name == "write_lat").unwrap_or(rows.len());
     rows.splice(at..at, multi_rows());
     rows.extend(lag_rows());
+    rows.extend(app_rows());
     rows
 }
 
-/// The rows `--only` selects (all when `only` is empty). Unknown names are
-/// an error listing the valid ones. `sweep` is not a row and is skipped.
+/// The rows `--only` selects (all but the opt-in ones when `only` is empty). Unknown names
+/// are an error listing the valid ones. `sweep` is not a row and is skipped.
 pub fn select(only: &[String]) -> Result<Vec<Row>, String> {
     let rows = all();
     if only.is_empty() {
-        return Ok(rows);
+        return Ok(rows.into_iter().filter(|r| !r.opt_in).collect());
     }
     let names: Vec<String> = rows.iter().map(|r| r.name.clone()).collect();
     for o in only {
@@ -236,7 +283,12 @@ mod tests {
                 "send_bw_1m",
                 "read_lat",
                 "placement_lag",
-                "placement_lag_4k"
+                "placement_lag_4k",
+                "mpi_lat_8",
+                "mpi_bw_64k",
+                "mpi_bw_1m",
+                "qperf_rc_lat",
+                "qperf_rc_rdma_write_poll_lat"
             ]
         );
         let w = &rows[0];
@@ -266,6 +318,45 @@ mod tests {
         );
         assert_eq!(rows[14].uiw.size, 4096);
         assert!(rows[..13].iter().all(|r| r.bound.is_none()));
+        let m = &rows[15];
+        assert_eq!(m.uiw.kind, Kind::MpiLat { fabric: Fabric::UiwVerbs });
+        assert_eq!(m.uiw.size, 8);
+        assert_eq!(m.peers.len(), 1);
+        assert_eq!(m.peers[0].probe.kind, Kind::MpiLat { fabric: Fabric::Tcp });
+        assert_eq!(m.peers[0].target, Some(Target::Below(1.0)), "uiw below tcp");
+        for (r, size) in [(&rows[16], KIB64), (&rows[17], MIB1)] {
+            assert_eq!(r.uiw, Probe::new(Kind::MpiBw { fabric: Fabric::UiwVerbs }, size));
+            assert_eq!(r.peers[0].probe, Probe::new(Kind::MpiBw { fabric: Fabric::Tcp }, size));
+            assert_eq!(r.peers[0].target, Some(Target::AtLeast(1.0)), "at least tcp");
+        }
+        for (r, test) in [(&rows[18], "rc_lat"), (&rows[19], "rc_rdma_write_poll_lat")] {
+            assert_eq!(r.uiw, Probe::new(Kind::Qperf { test }, 8));
+            assert_eq!(r.peers[0].probe, Probe::new(Kind::Qperf { test: "tcp_lat" }, 8));
+            assert_eq!(r.peers[0].target, Some(Target::Below(1.0)));
+        }
+        let opt_in: Vec<&str> = rows.iter().filter(|r| r.opt_in).map(|r| r.name.as_str()).collect();
+        assert_eq!(opt_in, ["mpi_lat_8", "mpi_bw_64k", "mpi_bw_1m"]);
+    }
+
+    #[test]
+    fn opt_in_rows_only_by_name() {
+        let default = select(&[]).unwrap();
+        assert_eq!(default.len(), all().len() - 3);
+        assert!(default.iter().all(|r| !r.name.starts_with("mpi_")));
+        assert!(default.iter().any(|r| r.name == "qperf_rc_lat"));
+        let r = select(&["mpi_lat_8".into(), "qperf_rc_lat".into(), "qperf_rc_rdma_write_poll_lat".into()]).unwrap();
+        let ids: Vec<String> = probe_order(&r).iter().map(|p| p.id()).collect();
+        assert_eq!(
+            ids,
+            [
+                "uiw.mpi_lat_verbs_ofi_rxm.8",
+                "libfabric.mpi_lat_tcp.8",
+                "uiw.qperf_rc_lat.8",
+                "tcp.qperf_tcp_lat.8",
+                "uiw.qperf_rc_rdma_write_poll_lat.8"
+            ],
+            "uiw and its peer alternate; the shared tcp_lat runs once per repetition"
+        );
     }
 
     #[test]
