@@ -100,7 +100,9 @@ ROWS
                                polled); p99 of each run, with p50, p99.9 and max beside
                                it. No peer: judged against issue 9's bound, p99 <= 100 us
     mpi_lat_8 mpi_bw_64k mpi_bw_1m
-                               opt-in (only with --only; a minute or more per repetition).
+                               opt-in (only with --only: they need Open MPI, which is not
+                               installed for you, and make a network namespace; about 30 s
+                               per repetition).
                                Two Open MPI ranks (mpirun --mca pml cm --mca mtl ofi) of
                                mpi_check `lat 8 ITERS` (ping-pong, median half round trip;
                                mean and p99 beside it) or `bw SIZE BYTES` (64 messages in
@@ -108,7 +110,9 @@ ROWS
                                every message (lat) or a window after the timed ones (bw)
                                checked. uiw: `uiw run -- mpirun ... -x
                                FI_PROVIDER=verbs;ofi_rxm`; peer: the same with
-                               FI_PROVIDER=tcp. Both in a network namespace of the run's
+                               FI_PROVIDER=tcp FI_TCP_NODELAY=1; and, informational, Open
+                               MPI's own TCP (--mca pml ob1 --mca btl self,tcp). All in a
+                               network namespace of the run's
                                own (uiw-bench-PID: a veth, v0 10.77.0.1/24, uiw_v0 published
                                there from DIR/mpi-state), as libfabric 1.17's verbs provider
                                skips loopback netdevs. Needs root, openmpi-bin,

@@ -81,6 +81,9 @@ pub enum Fabric {
     UiwVerbs,
     /// `FI_PROVIDER=tcp` (libfabric gives it as `tcp;ofi_rxm`) on the same veth.
     Tcp,
+    /// Open MPI's own TCP transport (`--mca pml ob1 --mca btl self,tcp`), no libfabric: an
+    /// informational second TCP reference, to show whether libfabric's tcp is the slow part.
+    Ob1Tcp,
 }
 
 impl Fabric {
@@ -88,12 +91,14 @@ impl Fabric {
         match self {
             Fabric::UiwVerbs => "verbs_ofi_rxm",
             Fabric::Tcp => "tcp",
+            Fabric::Ob1Tcp => "ob1_btl_tcp",
         }
     }
     fn label(self) -> &'static str {
         match self {
             Fabric::UiwVerbs => "uiw (libfabric verbs;ofi_rxm)",
             Fabric::Tcp => "libfabric tcp",
+            Fabric::Ob1Tcp => "Open MPI's TCP BTL (pml ob1)",
         }
     }
 }
@@ -185,6 +190,7 @@ impl Probe {
             Kind::MpiLat { fabric } | Kind::MpiBw { fabric } => match fabric {
                 Fabric::UiwVerbs => "uiw",
                 Fabric::Tcp => "libfabric",
+                Fabric::Ob1Tcp => "TCP",
             },
             Kind::Qperf { test } if test.starts_with("tcp_") => "TCP",
             Kind::Qperf { .. } => "uiw",
@@ -625,6 +631,8 @@ mod tests {
         assert_eq!(t.id(), "libfabric.mpi_bw_tcp.1048576");
         assert_eq!((t.stack(), t.metric()), ("libfabric", Metric::Bandwidth));
         assert_eq!(t.label(), "Open MPI stream 1 MiB over libfabric tcp (mpi_check)");
+        let o = Probe::new(Kind::MpiLat { fabric: Fabric::Ob1Tcp }, 8);
+        assert_eq!((o.id().as_str(), o.stack()), ("tcp.mpi_lat_ob1_btl_tcp.8", "TCP"));
         let q = Probe::new(Kind::Qperf { test: "rc_rdma_write_poll_lat" }, 8);
         assert_eq!(q.id(), "uiw.qperf_rc_rdma_write_poll_lat.8");
         assert_eq!(q.label(), "uiw qperf -cm 1 rc_rdma_write_poll_lat 8 B");

@@ -162,18 +162,23 @@ fn lag_rows() -> Vec<Row> {
 /// two Open MPI ranks (mpi_check) over libfabric `verbs;ofi_rxm` on uiw against
 /// `FI_PROVIDER=tcp` — uiw's 8-byte latency below tcp's, its 64 KiB and 1 MiB bandwidth at
 /// least tcp's —, and qperf's RC latency tests with rdma_cm (`-cm 1`) against qperf's own
-/// `tcp_lat`, 8 bytes, below it. The MPI rows are opt-in.
+/// `tcp_lat`, 8 bytes, below it. Open MPI's own TCP transport is beside the MPI rows for
+/// reference. The MPI rows are opt-in: they need Open MPI (which uiw-bench does not install)
+/// and make a network namespace.
 fn app_rows() -> Vec<Row> {
     let mpi = |name: &str, size: u64, lat: bool| {
         let k = |fabric| if lat { Kind::MpiLat { fabric } } else { Kind::MpiBw { fabric } };
         Row {
             name: name.into(),
             uiw: Probe::new(k(Fabric::UiwVerbs), size),
-            peers: vec![peer(
-                k(Fabric::Tcp),
-                size,
-                Some(if lat { Target::Below(1.0) } else { Target::AtLeast(1.0) }),
-            )],
+            peers: vec![
+                peer(
+                    k(Fabric::Tcp),
+                    size,
+                    Some(if lat { Target::Below(1.0) } else { Target::AtLeast(1.0) }),
+                ),
+                peer(k(Fabric::Ob1Tcp), size, None),
+            ],
             bound: None,
             opt_in: true,
         }
@@ -321,9 +326,11 @@ mod tests {
         let m = &rows[15];
         assert_eq!(m.uiw.kind, Kind::MpiLat { fabric: Fabric::UiwVerbs });
         assert_eq!(m.uiw.size, 8);
-        assert_eq!(m.peers.len(), 1);
+        assert_eq!(m.peers.len(), 2);
         assert_eq!(m.peers[0].probe.kind, Kind::MpiLat { fabric: Fabric::Tcp });
         assert_eq!(m.peers[0].target, Some(Target::Below(1.0)), "uiw below tcp");
+        assert_eq!(m.peers[1].probe.kind, Kind::MpiLat { fabric: Fabric::Ob1Tcp });
+        assert_eq!(m.peers[1].target, None, "Open MPI's own TCP: informational");
         for (r, size) in [(&rows[16], KIB64), (&rows[17], MIB1)] {
             assert_eq!(r.uiw, Probe::new(Kind::MpiBw { fabric: Fabric::UiwVerbs }, size));
             assert_eq!(r.peers[0].probe, Probe::new(Kind::MpiBw { fabric: Fabric::Tcp }, size));
@@ -351,6 +358,7 @@ mod tests {
             [
                 "uiw.mpi_lat_verbs_ofi_rxm.8",
                 "libfabric.mpi_lat_tcp.8",
+                "tcp.mpi_lat_ob1_btl_tcp.8",
                 "uiw.qperf_rc_lat.8",
                 "tcp.qperf_tcp_lat.8",
                 "uiw.qperf_rc_rdma_write_poll_lat.8"

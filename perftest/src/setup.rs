@@ -82,28 +82,33 @@ impl Ctx {
 
     /// `mpirun` of two mpi_check ranks with `args`, in the MPI namespace, over `fabric`: for
     /// uiw under `uiw run` with `FI_PROVIDER="verbs;ofi_rxm"` on the veth's device, else
-    /// plainly with `FI_PROVIDER=tcp` on the same veth.
+    /// plainly with `FI_PROVIDER=tcp` on the same veth, or Open MPI's own TCP (ob1, btl tcp).
     pub fn mpi_cmd(&self, fabric: Fabric, args: &[String]) -> Result<Cmd, String> {
         let net = self.mpi.as_ref().ok_or("the MPI namespace is not set up")?;
         let mut c = self.cmd("ip").args(["netns", "exec", &net.netns]);
-        let provider = match fabric {
-            Fabric::UiwVerbs => {
-                let uiw = self.uiw.as_ref().map_err(Clone::clone)?;
-                c = c
-                    .arg(uiw.display().to_string())
-                    .args(["run", "--"])
-                    .env("UIW_STATE_DIR", net.state_dir.display().to_string());
-                "FI_PROVIDER=verbs;ofi_rxm"
-            }
-            Fabric::Tcp => "FI_PROVIDER=tcp",
-        };
-        c = c.arg("mpirun").args(MPIRUN_ARGS.iter().copied()).args(["-x", provider]);
-        if fabric == Fabric::Tcp {
+        if fabric == Fabric::UiwVerbs {
+            let uiw = self.uiw.as_ref().map_err(Clone::clone)?;
+            c = c
+                .arg(uiw.display().to_string())
+                .args(["run", "--"])
+                .env("UIW_STATE_DIR", net.state_dir.display().to_string());
+        }
+        c = c.arg("mpirun").args(MPIRUN_ARGS.iter().copied());
+        c = match fabric {
+            Fabric::UiwVerbs => c.args(MPIRUN_OFI.iter().copied()).args(["-x", "FI_PROVIDER=verbs;ofi_rxm"]),
             // TCP_NODELAY, as the fi_pingpong peer has it: the tcp provider's own default
             // ("overrides default TCP_NODELAY socket setting", unset) cost it 5x at 64 KiB
             // here (51 against 257 MB/s, same run) and milliseconds of tail latency.
-            c = c.args(["-x", &format!("FI_TCP_IFACE={MPI_VETH}"), "-x", "FI_TCP_NODELAY=1"]);
-        }
+            Fabric::Tcp => c.args(MPIRUN_OFI.iter().copied()).args([
+                "-x",
+                "FI_PROVIDER=tcp",
+                "-x",
+                &format!("FI_TCP_IFACE={MPI_VETH}"),
+                "-x",
+                "FI_TCP_NODELAY=1",
+            ]),
+            Fabric::Ob1Tcp => c.args(["--mca", "pml", "ob1", "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", MPI_VETH]),
+        };
         Ok(c.arg(net.exe.display().to_string()).args(args.iter().cloned()))
     }
 
@@ -132,15 +137,14 @@ pub fn on_path(prog: &str) -> Option<PathBuf> {
         })
 }
 
-/// mpirun's options for both fabrics (as rdmacm/tests/apps.rs runs mpi_check in CI): the cm
-/// PML over libfabric's MTL, out-of-band traffic on the veth, and Open MPI's default
-/// `mtl_ofi_provider_exclude` without `tcp` (its default, "shm,sockets,tcp,udp,rstream,usnic",
-/// would leave the tcp peer with "PML cm cannot be selected").
-pub const MPIRUN_ARGS: &[&str] = &[
-    "--allow-run-as-root",
-    "--oversubscribe",
-    "-np",
-    "2",
+/// mpirun's options for every fabric: two ranks, out-of-band traffic on the veth.
+pub const MPIRUN_ARGS: &[&str] = &["--allow-run-as-root", "--oversubscribe", "-np", "2", "--mca", "oob_tcp_if_include", MPI_VETH];
+
+/// mpirun's options for the libfabric fabrics (as rdmacm/tests/apps.rs runs mpi_check in CI):
+/// the cm PML over libfabric's MTL, and Open MPI's default `mtl_ofi_provider_exclude` without
+/// `tcp` (its default, "shm,sockets,tcp,udp,rstream,usnic", would leave the tcp peer with
+/// "PML cm cannot be selected").
+pub const MPIRUN_OFI: &[&str] = &[
     "--mca",
     "pml",
     "cm",
@@ -150,9 +154,6 @@ pub const MPIRUN_ARGS: &[&str] = &[
     "--mca",
     "btl",
     "self",
-    "--mca",
-    "oob_tcp_if_include",
-    MPI_VETH,
     "--mca",
     "mtl_ofi_provider_exclude",
     "shm,sockets,udp,rstream,usnic",
