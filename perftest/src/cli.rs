@@ -19,6 +19,11 @@ DESCRIPTION
     TCP ping-pong with both sides busy-polling (tcpbench pp -b), UCX over tcp
     (ucx_perftest put_bw zcopy, am_lat, tag_lat) and libfabric's tcp provider
     (fi_pingpong; fi_rma_bw where installed).
+    Applications, each against the same application over TCP in the same run: two Open
+    MPI ranks of perftest/mpi/mpi_check.c (built with mpicc) over libfabric's
+    `verbs;ofi_rxm` on uiw against `FI_PROVIDER=tcp`, and qperf's RC latency tests with
+    rdma_cm (`-cm 1`) against qperf's own tcp_lat. The qperf rows are part of every
+    run; the MPI rows are opt-in (name them in --only).
     One probe has no peer: placement_lag (built from examples/c/placement_lag.c, with
     gcc and libibverbs-dev) measures, in one process, how long after an RDMA Write's
     completion its data is visible at a target nobody polls, judged against issue 9's
@@ -34,19 +39,25 @@ DESCRIPTION
         veth_write_lat (xdp)          <  uiw's kernel-TCP transport (issue 12)
         veth_write_bw_64 (xdp)        >  uiw's kernel-TCP transport (message rate)
         veth_write_bw_64k, _1m (xdp)  >= uiw's kernel-TCP transport
+        mpi_lat_8                     <  Open MPI over libfabric tcp
+        mpi_bw_64k, mpi_bw_1m         >= Open MPI over libfabric tcp
+        qperf_rc_lat, qperf_rc_rdma_write_poll_lat   < qperf tcp_lat
     The other rows are informational.
 
-    The veth rows (issue 12) are opt-in: `--only veth` (or some of their names). They
-    set up, once per run, two network namespaces joined by a veth pair (ci/testbed.sh,
-    embedded: MTU 1500, the veths' offloads off, as uiw's userspace TCP needs) and
-    publish uiw_veth0 in each twice: with `--transport xdp` (AF_XDP, uiw's userspace
-    TCP) and with `--transport tcp` (the kernel's TCP), each in its own state dir.
-    Each repetition then runs, client in one namespace, server in the other: perftest
-    over the xdp devices, perftest over the kernel-TCP devices, and raw kernel TCP
-    (tcpbench -l/-c) between the same namespaces under the same congestion control.
-    The ratios are xdp / kernel-TCP transport and xdp / raw TCP. Every xdp run is checked
-    to have opened the xdp transport (the provider's VERBS_LOG_LEVEL=3 line), every
-    kernel-TCP run to have opened none. Without root, ip/nft/ethtool or AF_XDP the
+    Two groups of rows are opt-in, left out of a run without --only: the veth rows
+    (`--only veth`, or some of their names) and the MPI rows (`--only mpi_lat_8,...`).
+    --list marks them `(opt-in)`.
+
+    The veth rows (issue 12) set up, once per run, two network namespaces joined by a
+    veth pair (ci/testbed.sh, embedded: MTU 1500, the veths' offloads off, as uiw's
+    userspace TCP needs) and publish uiw_veth0 in each twice: with `--transport xdp`
+    (AF_XDP, uiw's userspace TCP) and with `--transport tcp` (the kernel's TCP), each in
+    its own state dir. Each repetition then runs, client in one namespace, server in the
+    other: perftest over the xdp devices, perftest over the kernel-TCP devices, and raw
+    kernel TCP (tcpbench -l/-c) between the same namespaces under the same congestion
+    control. The ratios are xdp / kernel-TCP transport and xdp / raw TCP. Every xdp run
+    is checked to have opened the xdp transport (the provider's VERBS_LOG_LEVEL=3 line),
+    every kernel-TCP run to have opened none. Without root, ip/nft/ethtool or AF_XDP the
     rows say `unavailable: <reason>`. The test bed is torn down at the end of the run.
 
     Every program, uiw's runs included, gets the same TCP congestion control: the
@@ -64,9 +75,11 @@ DESCRIPTION
     installed shows `unavailable: <reason>`. Nothing aborts the run once measuring
     started; each program has a deadline after which its process group is killed.
 
-    Root is needed to publish the device (`uiw up`), to set a congestion control not in
+    Root is needed to publish the device (`uiw up`), for the veth rows' test bed and
+    the MPI rows' namespace, to set a congestion control not in
     net.ipv4.tcp_allowed_congestion_control (cubic here), and to install missing
-    packages (apt-get install -y perftest ucx-utils libfabric-bin iperf3).
+    packages (apt-get install -y perftest ucx-utils libfabric-bin iperf3 qperf; the MPI
+    rows' openmpi-bin libopenmpi-dev are not installed for you).
 
 OPTIONS
     --quick        1 repetition, 1-second bandwidth runs, fewer latency iterations, a
@@ -78,7 +91,7 @@ OPTIONS
                    has it, else the system default).
     --only ROW     run only these rows (comma-separated or repeated). `sweep` selects
                    the sweep, `veth` the four veth rows. Without --only: every row but
-                   the opt-in veth rows, and the sweep. See --list.
+                   the opt-in ones (veth_*, mpi_*), and the sweep. See --list.
     --no-sweep     skip the message-size sweep.
     --no-install   do not apt-get install missing peer packages.
     --uiw PATH     the uiw binary (default: beside uiw-bench, then PATH).
@@ -117,6 +130,30 @@ ROWS
                                kernel-TCP transport vs raw single-stream TCP (receiver)
     veth                       all four veth rows (opt-in: not part of a run without
                                --only; need root)
+    mpi_lat_8 mpi_bw_64k mpi_bw_1m
+                               opt-in (only with --only: they need Open MPI, which is not
+                               installed for you, and make a network namespace; about 30 s
+                               per repetition).
+                               Two Open MPI ranks (mpirun --mca pml cm --mca mtl ofi) of
+                               mpi_check `lat 8 ITERS` (ping-pong, median half round trip;
+                               mean and p99 beside it) or `bw SIZE BYTES` (64 messages in
+                               flight, timed at rank 0 until rank 1's acknowledgement),
+                               every message (lat) or a window after the timed ones (bw)
+                               checked. uiw: `uiw run -- mpirun ... -x
+                               FI_PROVIDER=verbs;ofi_rxm`; peer: the same with
+                               FI_PROVIDER=tcp FI_TCP_NODELAY=1; and, informational, Open
+                               MPI's own TCP (--mca pml ob1 --mca btl self,tcp). All in a
+                               network namespace of the run's own (uiw-bench-PID: a veth,
+                               v0 10.77.0.1/24, uiw_v0 published there from
+                               DIR/mpi-state), as libfabric 1.17's verbs provider skips
+                               loopback netdevs. Needs root, openmpi-bin,
+                               libopenmpi-dev (mpicc) and iproute2; else `unavailable`
+    qperf_rc_lat qperf_rc_rdma_write_poll_lat
+                               qperf -cm 1 -m 8 -t secs 127.0.0.1 rc_lat (or
+                               rc_rdma_write_poll_lat) quit, server and client under
+                               `uiw run`, against qperf -m 8 tcp_lat (plain TCP, run once
+                               per repetition for both rows). qperf's latency is half the
+                               round trip. Needs qperf (Debian package qperf) and uiw
     sweep                      the size sweep
 
 UNITS
@@ -135,7 +172,8 @@ OUTPUT
                        rsvg-convert is installed: Debian librsvg2-bin)
     DIR/logs/          stdout/stderr of every program run
     DIR/bin/           the compiled helpers (tcpbench, cc_preload.so, cc_check,
-                       placement_lag)
+                       placement_lag, mpi_check)
+    DIR/mpi-state/     the MPI rows' uiw state directory (uiw_v0)
 
 ENVIRONMENT
     UIW_STATE_DIR      passed through to `uiw up` and `uiw run` (the uiw state dir); the
@@ -155,6 +193,7 @@ EXAMPLES
     cargo run -p uiw-perftest --release -- --reps 5 --out /tmp/bench
     UIW_STATE_DIR=/tmp/uiw-bench-state target/release/uiw-bench --only write_lat,send_lat
     target/release/uiw-bench --only veth --reps 3 --out results/veth     # as root
+    target/release/uiw-bench --no-sweep --only mpi_lat_8,mpi_bw_64k,mpi_bw_1m   # as root
 
 CAVEATS
     Loopback on a small shared VM: both ends share the vCPUs and neighbours steal

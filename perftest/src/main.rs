@@ -75,7 +75,9 @@ fn run() -> Result<(), Fail> {
     }
     let rows = rows::select(&opts.only).map_err(Fail::Usage)?;
     if opts.list {
-        for r in rows::all() {
+        let all = rows::all();
+        let w = all.iter().map(|r| r.name.len()).max().unwrap_or(0);
+        for r in all {
             let mut peers: Vec<String> = r
                 .peers
                 .iter()
@@ -93,11 +95,11 @@ fn run() -> Result<(), Fail> {
                     b.target.label()
                 ));
             }
-            let opt = if r.opt_in { " (opt-in)" } else { "" };
-            println!("{:<17} {}{opt} vs {}", r.name, r.uiw.label(), peers.join("; "));
+            let opt = if r.opt_in { "(opt-in) " } else { "" };
+            println!("{:<w$} {opt}{} vs {}", r.name, r.uiw.label(), peers.join("; "));
         }
-        println!("{:<17} the four veth_* rows (opt-in: root, two network namespaces)", rows::VETH_GROUP);
-        println!("{:<17} size sweep 2 B … 8 MiB", "sweep");
+        println!("{:<w$} the four veth_* rows (opt-in: root, two network namespaces)", rows::VETH_GROUP);
+        println!("{:<w$} size sweep 2 B … 8 MiB", "sweep");
         return Ok(());
     }
 
@@ -166,6 +168,7 @@ fn run() -> Result<(), Fail> {
         tools,
         logs,
         veth,
+        mpi: None,
     };
     let check = ctx.cmd(&cc_check.display().to_string());
     setup::verify_cc(&check, &cc, "cc_preload.so", &ctx.logs.join("cc_check"))
@@ -186,8 +189,25 @@ fn run() -> Result<(), Fail> {
     if let Err(e) = &ctx.uiw {
         notes.push(format!("uiw rows cannot run: {e}"));
     }
+    if probes.iter().any(|p| p.tool() == "mpi_check") {
+        let state = out.join("mpi-state");
+        let mpi = setup::MpiNet::up(&ctx.uiw, &bin, &ctx.logs, &state);
+        ctx.tools.insert("mpi_check".into(), mpi.as_ref().map(|_| ()).map_err(Clone::clone));
+        match mpi {
+            Ok(net) => {
+                notes.push(format!(
+                    "MPI rows: namespace {} with a veth (v0 10.77.0.1/24), uiw_v0 published there from {}",
+                    net.netns,
+                    net.state_dir.display()
+                ));
+                ctx.mpi = Some(net);
+            }
+            Err(e) => notes.push(format!("MPI rows cannot run: {e}")),
+        }
+    }
+    let used: Vec<&str> = probes.iter().map(|p| p.tool()).collect();
     for (tool, r) in &ctx.tools {
-        if let Err(e) = r {
+        if let (Err(e), true) = (r, used.contains(&tool.as_str()) || (opts.sweep && tool != "mpi_check" && tool != "qperf")) {
             eprintln!("uiw-bench: {tool}: {e}");
         }
     }

@@ -13,6 +13,10 @@
 //! - fi_pingpong prints `usec/xfer` with two transfers per iteration (half the
 //!   round trip) and `MB/sec` as bytes per µs (10^6 B/s).
 //! - iperf3 `-J` gives `bits_per_second` (10^9 bits = 1 Gbit).
+//! - mpi_check (perftest/mpi/mpi_check.c) prints its own µs (each round trip timed and
+//!   halved) and MB/s with MB = 10^6 bytes.
+//! - qperf prints `latency = X us` (one way: the round trip halved) with its unit scaled
+//!   to the figure (`ns`, `us`, `ms`, `sec`).
 
 pub const MIB: f64 = 1_048_576.0;
 pub const GB: f64 = 1e9;
@@ -173,6 +177,99 @@ pub fn placement_lag(out: &str) -> Result<Lag, String> {
     })
 }
 
+/// mpi_check's closing `N passed, N failed` line: an error unless it is there with 0 failed
+/// (the first `not ok` line says why).
+fn mpi_check_passed(out: &str) -> Result<(), String> {
+    let line = out
+        .lines()
+        .rev()
+        .find(|l| l.ends_with(" failed") && l.contains(" passed, "))
+        .ok_or("no `N passed, N failed` line in mpi_check output")?;
+    if line.ends_with(", 0 failed") {
+        return Ok(());
+    }
+    let why = out.lines().find(|l| l.starts_with("not ok")).unwrap_or(line);
+    Err(format!("mpi_check: {why}"))
+}
+
+/// `X us` after `key` in an mpi_check figure line.
+fn mpi_us(l: &str, key: &str) -> Result<f64, String> {
+    let mut w = l.split_whitespace().skip_while(|w| *w != key).skip(1);
+    match (w.next().map(str::parse::<f64>), w.next()) {
+        (Some(Ok(v)), Some("us")) => Ok(v),
+        _ => Err(format!("no `{key} X us` in {l:?}")),
+    }
+}
+
+/// What `mpi_check lat SIZE ITERS` measured: the half round trip, µs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MpiLat {
+    pub median: f64,
+    pub mean: f64,
+    pub p99: f64,
+}
+
+/// `mpi_check: lat 8 B x 10000: half round trip median 7.481 us mean 19.181 us p99 21.547 us`,
+/// in a run whose checks all passed.
+pub fn mpi_lat(out: &str) -> Result<MpiLat, String> {
+    mpi_check_passed(out)?;
+    let l = out
+        .lines()
+        .find(|l| l.starts_with("mpi_check: lat "))
+        .ok_or("no `mpi_check: lat` line in mpi_check output")?;
+    Ok(MpiLat {
+        median: mpi_us(l, "median")?,
+        mean: mpi_us(l, "mean")?,
+        p99: mpi_us(l, "p99")?,
+    })
+}
+
+/// `mpi_check: bw 65536 B x 2048 messages, 64 in flight: 191.0 MB/s` (10^6 B/s), in a run
+/// whose checks all passed: GB/s.
+pub fn mpi_bw(out: &str) -> Result<f64, String> {
+    mpi_check_passed(out)?;
+    let l = out
+        .lines()
+        .find(|l| l.starts_with("mpi_check: bw "))
+        .ok_or("no `mpi_check: bw` line in mpi_check output")?;
+    let mut w = l.rsplit(' ');
+    match (w.next(), w.next().map(str::parse::<f64>)) {
+        (Some("MB/s"), Some(Ok(v))) => Ok(v * 1e6 / GB),
+        _ => Err(format!("no `X MB/s` at the end of {l:?}")),
+    }
+}
+
+/// qperf's result for `test`: the `latency = X unit` line under `test:`, in µs.
+pub fn qperf_lat(out: &str, test: &str) -> Result<f64, String> {
+    let mut lines = out
+        .lines()
+        .skip_while(|l| l.trim_end() != format!("{test}:"));
+    if lines.next().is_none() {
+        return Err(format!("no `{test}:` in qperf output"));
+    }
+    // The test's own lines are indented; the next test's name is not.
+    for l in lines.take_while(|l| l.starts_with(' ')) {
+        let Some((k, v)) = l.split_once('=') else { continue };
+        if k.trim() != "latency" {
+            continue;
+        }
+        let mut w = v.split_whitespace();
+        let x: f64 = w
+            .next()
+            .and_then(|x| x.parse().ok())
+            .ok_or_else(|| format!("no number in qperf's {l:?}"))?;
+        let scale = match w.next() {
+            Some("ns") => 1e-3,
+            Some("us") => 1.0,
+            Some("ms") => 1e3,
+            Some("sec") | Some("s") => 1e6,
+            u => return Err(format!("unknown unit {u:?} in qperf's {l:?}")),
+        };
+        return Ok(x * scale);
+    }
+    Err(format!("no `latency =` line for {test} in qperf output (the test failed?)"))
+}
+
 /// tcpbench pp: median half round trip, µs.
 pub fn tcpbench_pp(out: &str) -> Result<f64, String> {
     let l = result_line(out, "pp")?;
@@ -328,11 +425,13 @@ pub fn failure_reason(stderr: &str, stdout: &str) -> Option<String> {
         .iter()
         .any(|w| l.contains(w))
     };
-    let pick = stderr
-        .lines()
-        .chain(stdout.lines())
-        .map(str::trim)
-        .find(bad)
+    // Lines that name the cause outright, before the generic words: mpi_check's failed
+    // check, Open MPI's component selection (its other lines say "ORTE_ERROR_LOG").
+    let telling = |l: &&str| l.starts_with("not ok") || l.contains("cannot be selected");
+    let lines = || stderr.lines().chain(stdout.lines()).map(str::trim);
+    let pick = lines()
+        .find(telling)
+        .or_else(|| lines().find(bad))
         .or_else(|| stderr.lines().map(str::trim).rfind(|l| !l.is_empty()))?;
     let mut s: String = pick.chars().take(120).collect();
     if pick.chars().count() > 120 {
@@ -530,6 +629,50 @@ mod tests {
         assert_eq!(ss_congestion(ss, 123, &known), ["cubic"]);
         assert_eq!(ss_congestion(ss, 1234, &known), ["bbr"]);
         assert!(ss_congestion(ss, 9, &known).is_empty());
+    }
+
+    #[test]
+    fn mpi_check_figures() {
+        let out = include_str!("../fixtures/mpi_check_lat_8.txt");
+        assert_eq!(
+            mpi_lat(out).unwrap(),
+            MpiLat { median: 7.481, mean: 19.181, p99: 21.547 }
+        );
+        assert!(mpi_bw(out).is_err(), "a lat run has no bw line");
+        let out = include_str!("../fixtures/mpi_check_bw_64k.txt");
+        assert!(close(mpi_bw(out).unwrap(), 0.191));
+        // A failed check makes the run's figure an error, whatever it printed.
+        let bad = out
+            .replace("ok - rank 0: bw", "not ok - rank 1: bw")
+            .replace("2 passed, 0 failed", "1 passed, 1 failed");
+        let e = mpi_bw(&bad).unwrap_err();
+        assert!(e.contains("not ok - rank 1: bw 65536 B"), "{e}");
+        let cut: String = out.lines().take(2).collect::<Vec<_>>().join("\n");
+        assert!(mpi_bw(&cut).unwrap_err().contains("passed"), "no summary line");
+        // Open MPI that could not select the cm PML (libfabric's tcp excluded by default).
+        let err = include_str!("../fixtures/mpi_pml_cm_not_selected.txt");
+        assert!(mpi_lat("").is_err());
+        assert_eq!(
+            failure_reason(err, "").unwrap(),
+            "[vm:28506] PML cm cannot be selected"
+        );
+    }
+
+    #[test]
+    fn qperf_latency() {
+        let rc = include_str!("../fixtures/qperf_rc_lat_8.txt");
+        assert_eq!(qperf_lat(rc, "rc_lat").unwrap(), 31.7);
+        assert!(qperf_lat(rc, "tcp_lat").is_err());
+        let poll = include_str!("../fixtures/qperf_rc_rdma_write_poll_lat_8.txt");
+        assert_eq!(qperf_lat(poll, "rc_rdma_write_poll_lat").unwrap(), 832.0);
+        let tcp = include_str!("../fixtures/qperf_tcp_lat_8.txt");
+        assert_eq!(qperf_lat(tcp, "tcp_lat").unwrap(), 20.0);
+        assert_eq!(qperf_lat("rc_lat:\n    latency  =  1.2 ms\n", "rc_lat").unwrap(), 1200.0);
+        assert!(close(qperf_lat("tcp_lat:\n    latency  =  950 ns\n", "tcp_lat").unwrap(), 0.95));
+        // A client whose server had no RDMA device: the test's name, then nothing.
+        let failed = include_str!("../fixtures/qperf_rc_lat_no_device.txt");
+        let e = qperf_lat(failed, "rc_lat").unwrap_err();
+        assert!(e.contains("no `latency =` line"), "{e}");
     }
 
     #[test]

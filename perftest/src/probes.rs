@@ -67,6 +67,50 @@ pub enum Kind {
     VethTcpBw,
     /// `tcpbench pp -l -b` (echo) on host B, `tcpbench pp -c -b` (timing) on host A.
     VethTcpPp,
+    /// perftest/mpi/mpi_check.c, `lat SIZE ITERS`: two Open MPI ranks (`--mca pml cm --mca
+    /// mtl ofi`) ping-ponging, in the MPI network namespace ([`crate::setup::MpiNet`]). The
+    /// figure is the median half round trip; mean and p99 are its details.
+    MpiLat {
+        fabric: Fabric,
+    },
+    /// mpi_check `bw SIZE BYTES`: rank 0 streams to rank 1, 64 messages in flight.
+    MpiBw {
+        fabric: Fabric,
+    },
+    /// qperf 0.4.11, server and client on this host: an RC test with rdma_cm (`-cm 1`) over
+    /// uiw, or `tcp_lat` over plain TCP.
+    Qperf {
+        test: &'static str,
+    },
+}
+
+/// The libfabric provider under an MPI probe's ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fabric {
+    /// `FI_PROVIDER="verbs;ofi_rxm"` on the uiw device of the namespace's veth, under `uiw run`.
+    UiwVerbs,
+    /// `FI_PROVIDER=tcp` (libfabric gives it as `tcp;ofi_rxm`) on the same veth.
+    Tcp,
+    /// Open MPI's own TCP transport (`--mca pml ob1 --mca btl self,tcp`), no libfabric: an
+    /// informational second TCP reference, to show whether libfabric's tcp is the slow part.
+    Ob1Tcp,
+}
+
+impl Fabric {
+    fn id(self) -> &'static str {
+        match self {
+            Fabric::UiwVerbs => "verbs_ofi_rxm",
+            Fabric::Tcp => "tcp",
+            Fabric::Ob1Tcp => "ob1_btl_tcp",
+        }
+    }
+    fn label(self) -> &'static str {
+        match self {
+            Fabric::UiwVerbs => "uiw (libfabric verbs;ofi_rxm)",
+            Fabric::Tcp => "libfabric tcp",
+            Fabric::Ob1Tcp => "Open MPI's TCP BTL (pml ob1)",
+        }
+    }
 }
 
 /// A run's further figures besides its main one, named: `[("p50", 1.2), …]`.
@@ -115,6 +159,11 @@ impl Probe {
             Kind::FiPingpong => "libfabric.fi_pingpong",
             Kind::FiRmaBw => "libfabric.fi_rma_bw_write",
             Kind::PlacementLag => "uiw.placement_lag_p99",
+            Kind::MpiLat { fabric } | Kind::MpiBw { fabric } => {
+                let test = if matches!(self.kind, Kind::MpiLat { .. }) { "lat" } else { "bw" };
+                return format!("{}.mpi_{test}_{}.{}", self.stack_id(), fabric.id(), self.size);
+            }
+            Kind::Qperf { test } => return format!("{}.qperf_{test}.{}", self.stack_id(), self.size),
         };
         format!("{k}.{}", self.size)
     }
@@ -144,6 +193,10 @@ impl Probe {
             }
             Kind::VethTcpBw => format!("raw TCP single stream {s}, veth (tcpbench bw)"),
             Kind::VethTcpPp => format!("raw TCP busy-poll ping-pong {s}, veth (tcpbench pp -b)"),
+            Kind::MpiLat { fabric } => format!("Open MPI ping-pong {s} over {} (mpi_check)", fabric.label()),
+            Kind::MpiBw { fabric } => format!("Open MPI stream {s} over {} (mpi_check)", fabric.label()),
+            Kind::Qperf { test } if test.starts_with("tcp_") => format!("qperf {test} {s}"),
+            Kind::Qperf { test } => format!("uiw qperf -cm 1 {test} {s}"),
         }
     }
 
@@ -160,6 +213,22 @@ impl Probe {
             Kind::TcpBw | Kind::TcpBwN { .. } | Kind::TcpPp | Kind::Iperf3 => "TCP",
             Kind::UcxPutBw | Kind::UcxAmLat | Kind::UcxTagLat => "UCX",
             Kind::FiPingpong | Kind::FiRmaBw => "libfabric",
+            Kind::MpiLat { fabric } | Kind::MpiBw { fabric } => match fabric {
+                Fabric::UiwVerbs => "uiw",
+                Fabric::Tcp => "libfabric",
+                Fabric::Ob1Tcp => "TCP",
+            },
+            Kind::Qperf { test } if test.starts_with("tcp_") => "TCP",
+            Kind::Qperf { .. } => "uiw",
+        }
+    }
+
+    /// The first part of [`Probe::id`].
+    fn stack_id(&self) -> &'static str {
+        match self.stack() {
+            "uiw" => "uiw",
+            "TCP" => "tcp",
+            _ => "libfabric",
         }
     }
 
@@ -173,6 +242,8 @@ impl Probe {
             Kind::Perftest { .. } | Kind::PerftestCrc { .. } | Kind::PerftestQ { .. } => Metric::Bandwidth,
             Kind::TcpBw | Kind::TcpBwN { .. } | Kind::Iperf3 | Kind::UcxPutBw | Kind::FiRmaBw => Metric::Bandwidth,
             Kind::TcpPp | Kind::UcxAmLat | Kind::UcxTagLat | Kind::FiPingpong | Kind::PlacementLag => Metric::Latency,
+            Kind::MpiLat { .. } | Kind::Qperf { .. } => Metric::Latency,
+            Kind::MpiBw { .. } => Metric::Bandwidth,
         }
     }
 
@@ -195,6 +266,9 @@ impl Probe {
                 "client, half round trip"
             }
             Kind::PlacementLag => "initiator's completion to data seen at the passive target, p99",
+            Kind::MpiLat { .. } => "rank 0, half round trip",
+            Kind::MpiBw { .. } => "rank 0 (sender), until rank 1 acknowledged",
+            Kind::Qperf { .. } => "client, half round trip",
         }
     }
 
@@ -212,6 +286,8 @@ impl Probe {
             Kind::FiPingpong => "fi_pingpong",
             Kind::FiRmaBw => "fi_rma_bw",
             Kind::PlacementLag => "placement_lag",
+            Kind::MpiLat { .. } | Kind::MpiBw { .. } => "mpi_check",
+            Kind::Qperf { .. } => "qperf",
         }
     }
 
@@ -232,6 +308,9 @@ impl Probe {
             Kind::FiPingpong => parse::fabtests_lat(out),
             Kind::FiRmaBw => parse::fabtests_bw(out),
             Kind::PlacementLag => parse::placement_lag(out).map(|l| l.p99),
+            Kind::MpiLat { .. } => parse::mpi_lat(out).map(|l| l.median),
+            Kind::MpiBw { .. } => parse::mpi_bw(out),
+            Kind::Qperf { test } => parse::qperf_lat(out, test),
         }
     }
 
@@ -241,6 +320,9 @@ impl Probe {
         match self.kind {
             Kind::PlacementLag => parse::placement_lag(out)
                 .map(|l| vec![("p50", l.p50), ("p99.9", l.p999), ("max", l.max)])
+                .unwrap_or_default(),
+            Kind::MpiLat { .. } => parse::mpi_lat(out)
+                .map(|l| vec![("mean", l.mean), ("p99", l.p99)])
                 .unwrap_or_default(),
             _ => Vec::new(),
         }
@@ -272,6 +354,7 @@ impl Probe {
     pub fn figure_name(&self) -> Option<&'static str> {
         match self.kind {
             Kind::PlacementLag => Some("p99"),
+            Kind::MpiLat { .. } => Some("median"),
             _ => None,
         }
     }
@@ -322,6 +405,18 @@ impl Lengths {
             ucx_bytes: 512 << 20,
         }
     }
+}
+
+/// Round trips of an MPI ping-pong run (mpi_check adds 200 untimed ones): half the perftest
+/// iterations, as two ranks under mpirun on a loaded machine took 36 s for 20000.
+pub fn mpi_lat_iters(len: &Lengths) -> u64 {
+    len.lat_iters / 2
+}
+
+/// Bytes an MPI streaming run moves: a quarter of UCX put_bw's (512 MiB, or 128 MiB with
+/// --quick).
+pub fn mpi_bw_bytes(len: &Lengths) -> u64 {
+    len.ucx_bytes / 4
 }
 
 fn secs_arg(s: f64) -> String {
@@ -556,6 +651,53 @@ impl Probe {
                     client_netns: Some(bed.ns(Host::A)),
                 }
             }
+            Kind::MpiLat { fabric } | Kind::MpiBw { fabric } => {
+                let args = if let Kind::MpiLat { .. } = self.kind {
+                    vec!["lat".to_string(), size, mpi_lat_iters(len).to_string()]
+                } else {
+                    vec!["bw".to_string(), size, mpi_bw_bytes(len).to_string()]
+                };
+                Plan {
+                    server: None,
+                    client: ctx.mpi_cmd(fabric, &args)?,
+                    port: None,
+                    // mpirun's start-up and a loaded machine's stalls (a tcp ping-pong's mean
+                    // reached 840 µs at load 13: 10000 round trips in 17 s).
+                    timeout: Duration::from_secs(180),
+                    audit_after: None,
+                    measured_by_server: false,
+                    client_netns: None,
+                }
+            }
+            Kind::Qperf { test } => {
+                let rc = !test.starts_with("tcp_");
+                let secs = secs_arg(len.secs.max(1.0).round());
+                let qperf = |c: Cmd| c.args(["-lp", &p]);
+                let mut client = vec!["-lp".to_string(), p.clone()];
+                if rc {
+                    client.extend(["-cm".into(), "1".into()]);
+                }
+                client.extend(
+                    ["-m", &size, "-t", &secs, "127.0.0.1", test, "quit"].map(String::from),
+                );
+                let (server, client) = if rc {
+                    (
+                        ctx.uiw_cmd("qperf", &["-lp".into(), p.clone()])?,
+                        ctx.uiw_cmd("qperf", &client)?,
+                    )
+                } else {
+                    (qperf(ctx.cmd("qperf")), ctx.cmd("qperf").args(client))
+                };
+                Plan {
+                    server: Some(server),
+                    client,
+                    port: Some(port),
+                    timeout: lat_timeout,
+                    audit_after: None,
+                    measured_by_server: false,
+                    client_netns: None,
+                }
+            }
             Kind::FiPingpong | Kind::FiRmaBw => {
                 let (prog, extra, iters): (&str, &[&str], u64) = if self.kind == Kind::FiPingpong {
                     ("fi_pingpong", &[], len.lat_iters * 2)
@@ -641,6 +783,30 @@ mod tests {
         assert_eq!(p(Transport::Tcp).stack(), "uiw-tcp");
         assert_eq!(Probe::new(Kind::VethTcpBw, 64).side(), "receiver");
         assert_eq!(Probe::new(Kind::VethTcpPp, 8).metric(), Metric::Latency);
+    }
+
+    #[test]
+    fn app_probes() {
+        let m = Probe::new(Kind::MpiLat { fabric: Fabric::UiwVerbs }, 8);
+        assert_eq!(m.id(), "uiw.mpi_lat_verbs_ofi_rxm.8");
+        assert_eq!((m.stack(), m.metric(), m.tool()), ("uiw", Metric::Latency, "mpi_check"));
+        let t = Probe::new(Kind::MpiBw { fabric: Fabric::Tcp }, 1 << 20);
+        assert_eq!(t.id(), "libfabric.mpi_bw_tcp.1048576");
+        assert_eq!((t.stack(), t.metric()), ("libfabric", Metric::Bandwidth));
+        assert_eq!(t.label(), "Open MPI stream 1 MiB over libfabric tcp (mpi_check)");
+        let o = Probe::new(Kind::MpiLat { fabric: Fabric::Ob1Tcp }, 8);
+        assert_eq!((o.id().as_str(), o.stack()), ("tcp.mpi_lat_ob1_btl_tcp.8", "TCP"));
+        let q = Probe::new(Kind::Qperf { test: "rc_rdma_write_poll_lat" }, 8);
+        assert_eq!(q.id(), "uiw.qperf_rc_rdma_write_poll_lat.8");
+        assert_eq!(q.label(), "uiw qperf -cm 1 rc_rdma_write_poll_lat 8 B");
+        let q = Probe::new(Kind::Qperf { test: "tcp_lat" }, 8);
+        assert_eq!((q.id().as_str(), q.stack()), ("tcp.qperf_tcp_lat.8", "TCP"));
+        let out = include_str!("../fixtures/mpi_check_lat_8.txt");
+        let m = Probe::new(Kind::MpiLat { fabric: Fabric::Tcp }, 8);
+        assert_eq!(m.parse(out), Ok(7.481));
+        assert_eq!(m.details(out), vec![("mean", 19.181), ("p99", 21.547)]);
+        assert_eq!(mpi_lat_iters(&Lengths::normal()), 10_000);
+        assert_eq!(mpi_bw_bytes(&Lengths::normal()), 512 << 20);
     }
 
     #[test]

@@ -41,12 +41,28 @@ impl Cmd {
         self.env.push((k.into(), v.into()));
         self
     }
-    /// The command line as a shell would show it (environment first).
+    /// The command line as a shell would show it (environment first), words a shell would
+    /// split or interpret quoted (`FI_PROVIDER=verbs;ofi_rxm`), so it can be pasted.
     pub fn display(&self) -> String {
-        let mut parts: Vec<String> = self.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        parts.push(self.program.clone());
-        parts.extend(self.args.iter().cloned());
+        let mut parts: Vec<String> = self
+            .env
+            .iter()
+            .map(|(k, v)| format!("{k}={}", shell_word(v)))
+            .collect();
+        parts.push(shell_word(&self.program));
+        parts.extend(self.args.iter().map(|a| shell_word(a)));
         parts.join(" ")
+    }
+}
+
+/// `w` as one shell word: as is when it has only characters no shell treats specially,
+/// else in single quotes.
+fn shell_word(w: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-./=:,+@%".contains(c);
+    if !w.is_empty() && w.chars().all(plain) {
+        w.to_string()
+    } else {
+        format!("'{}'", w.replace('\'', "'\\''"))
     }
 }
 
@@ -281,5 +297,7 @@ mod tests {
             .args(["-d", "uiw_lo"])
             .env("BENCH_TCPCC", "cubic");
         assert_eq!(c.display(), "BENCH_TCPCC=cubic ib_write_bw -d uiw_lo");
+        let c = Cmd::new("mpirun").args(["-x", "FI_PROVIDER=verbs;ofi_rxm", "it's", ""]);
+        assert_eq!(c.display(), "mpirun -x 'FI_PROVIDER=verbs;ofi_rxm' 'it'\\''s' ''");
     }
 }

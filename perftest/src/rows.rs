@@ -1,7 +1,7 @@
 //! The table's rows: a uiw measurement, the peers it is set beside, and the
 //! issue's targets on the ratios.
 
-use crate::probes::{Kind, Probe};
+use crate::probes::{Fabric, Kind, Probe};
 use crate::setup::Transport;
 use crate::stats::Target;
 
@@ -42,8 +42,9 @@ pub struct Row {
     pub uiw: Probe,
     pub peers: Vec<Peer>,
     pub bound: Option<Bound>,
-    /// Runs only when named in `--only` (or its group, `veth`): the veth rows need root,
-    /// build network namespaces and add minutes to a run.
+    /// Runs only when named in `--only` (the veth rows also by their group, `veth`): the veth
+    /// rows need root, build network namespaces and add minutes to a run; the MPI rows take
+    /// minutes per repetition, a network namespace and Open MPI.
     pub opt_in: bool,
 }
 
@@ -186,6 +187,47 @@ fn veth_rows() -> Vec<Row> {
     ]
 }
 
+/// Applications over uiw (issue 9), against the same application over TCP in the same run:
+/// two Open MPI ranks (mpi_check) over libfabric `verbs;ofi_rxm` on uiw against
+/// `FI_PROVIDER=tcp` — uiw's 8-byte latency below tcp's, its 64 KiB and 1 MiB bandwidth at
+/// least tcp's —, and qperf's RC latency tests with rdma_cm (`-cm 1`) against qperf's own
+/// `tcp_lat`, 8 bytes, below it. Open MPI's own TCP transport is beside the MPI rows for
+/// reference. The MPI rows are opt-in: they need Open MPI (which uiw-bench does not install)
+/// and make a network namespace.
+fn app_rows() -> Vec<Row> {
+    let mpi = |name: &str, size: u64, lat: bool| {
+        let k = |fabric| if lat { Kind::MpiLat { fabric } } else { Kind::MpiBw { fabric } };
+        Row {
+            name: name.into(),
+            uiw: Probe::new(k(Fabric::UiwVerbs), size),
+            peers: vec![
+                peer(
+                    k(Fabric::Tcp),
+                    size,
+                    Some(if lat { Target::Below(1.0) } else { Target::AtLeast(1.0) }),
+                ),
+                peer(k(Fabric::Ob1Tcp), size, None),
+            ],
+            bound: None,
+            opt_in: true,
+        }
+    };
+    let qperf = |test: &'static str| Row {
+        name: format!("qperf_{test}"),
+        uiw: Probe::new(Kind::Qperf { test }, 8),
+        peers: vec![peer(Kind::Qperf { test: "tcp_lat" }, 8, Some(Target::Below(1.0)))],
+        bound: None,
+        opt_in: false,
+    };
+    vec![
+        mpi("mpi_lat_8", 8, true),
+        mpi("mpi_bw_64k", KIB64, false),
+        mpi("mpi_bw_1m", MIB1, false),
+        qperf("rc_lat"),
+        qperf("rc_rdma_write_poll_lat"),
+    ]
+}
+
 /// Every row, in table order. The issue's targets sit on the write_bw,
 /// write_lat and send_lat rows; the others are informational.
 pub fn all() -> Vec<Row> {
@@ -211,12 +253,13 @@ pub fn all() -> Vec<Row> {
     rows.splice(at..at, multi_rows());
     rows.extend(lag_rows());
     rows.extend(veth_rows());
+    rows.extend(app_rows());
     rows
 }
 
-/// The rows `--only` selects (all but the opt-in ones when `only` is empty; `veth` names
-/// the veth rows). Unknown names are an error listing the valid ones. `sweep` is not a row
-/// and is skipped.
+/// The rows `--only` selects (all but the opt-in ones — veth_* and mpi_* — when `only` is
+/// empty; `veth` names the veth rows). Unknown names are an error listing the valid ones.
+/// `sweep` is not a row and is skipped.
 pub fn select(only: &[String]) -> Result<Vec<Row>, String> {
     let rows = all();
     if only.is_empty() {
@@ -281,7 +324,12 @@ mod tests {
                 "veth_write_lat",
                 "veth_write_bw_64",
                 "veth_write_bw_64k",
-                "veth_write_bw_1m"
+                "veth_write_bw_1m",
+                "mpi_lat_8",
+                "mpi_bw_64k",
+                "mpi_bw_1m",
+                "qperf_rc_lat",
+                "qperf_rc_rdma_write_poll_lat"
             ]
         );
         let w = &rows[0];
@@ -312,6 +360,38 @@ mod tests {
         assert_eq!(rows[14].uiw.size, 4096);
         assert!(rows[..13].iter().all(|r| r.bound.is_none()));
         assert!(rows[..15].iter().all(|r| !r.opt_in));
+        assert!(rows[15..19].iter().all(|r| r.name.starts_with("veth_")), "the veth rows: see below");
+        let m = &rows[19];
+        assert_eq!(m.uiw.kind, Kind::MpiLat { fabric: Fabric::UiwVerbs });
+        assert_eq!(m.uiw.size, 8);
+        assert_eq!(m.peers.len(), 2);
+        assert_eq!(m.peers[0].probe.kind, Kind::MpiLat { fabric: Fabric::Tcp });
+        assert_eq!(m.peers[0].target, Some(Target::Below(1.0)), "uiw below tcp");
+        assert_eq!(m.peers[1].probe.kind, Kind::MpiLat { fabric: Fabric::Ob1Tcp });
+        assert_eq!(m.peers[1].target, None, "Open MPI's own TCP: informational");
+        for (r, size) in [(&rows[20], KIB64), (&rows[21], MIB1)] {
+            assert_eq!(r.uiw, Probe::new(Kind::MpiBw { fabric: Fabric::UiwVerbs }, size));
+            assert_eq!(r.peers[0].probe, Probe::new(Kind::MpiBw { fabric: Fabric::Tcp }, size));
+            assert_eq!(r.peers[0].target, Some(Target::AtLeast(1.0)), "at least tcp");
+        }
+        for (r, test) in [(&rows[22], "rc_lat"), (&rows[23], "rc_rdma_write_poll_lat")] {
+            assert_eq!(r.uiw, Probe::new(Kind::Qperf { test }, 8));
+            assert_eq!(r.peers[0].probe, Probe::new(Kind::Qperf { test: "tcp_lat" }, 8));
+            assert_eq!(r.peers[0].target, Some(Target::Below(1.0)));
+        }
+        let opt_in: Vec<&str> = rows.iter().filter(|r| r.opt_in).map(|r| r.name.as_str()).collect();
+        assert_eq!(
+            opt_in,
+            [
+                "veth_write_lat",
+                "veth_write_bw_64",
+                "veth_write_bw_64k",
+                "veth_write_bw_1m",
+                "mpi_lat_8",
+                "mpi_bw_64k",
+                "mpi_bw_1m"
+            ]
+        );
     }
 
     #[test]
@@ -339,6 +419,28 @@ mod tests {
         // One repetition alternates xdp, kernel-TCP transport, raw TCP.
         let ids: Vec<String> = probe_order(&rows[..1]).iter().map(|p| p.id()).collect();
         assert_eq!(ids, ["veth.uiw_xdp.ib_write_lat.8", "veth.uiw_tcp.ib_write_lat.8", "veth.tcp.pp_busy.8"]);
+    }
+
+    #[test]
+    fn opt_in_rows_only_by_name() {
+        let default = select(&[]).unwrap();
+        assert_eq!(default.len(), all().len() - 7, "the 3 MPI rows and the 4 veth rows");
+        assert!(default.iter().all(|r| !r.name.starts_with("mpi_") && !r.name.starts_with("veth_")));
+        assert!(default.iter().any(|r| r.name == "qperf_rc_lat"));
+        let r = select(&["mpi_lat_8".into(), "qperf_rc_lat".into(), "qperf_rc_rdma_write_poll_lat".into()]).unwrap();
+        let ids: Vec<String> = probe_order(&r).iter().map(|p| p.id()).collect();
+        assert_eq!(
+            ids,
+            [
+                "uiw.mpi_lat_verbs_ofi_rxm.8",
+                "libfabric.mpi_lat_tcp.8",
+                "tcp.mpi_lat_ob1_btl_tcp.8",
+                "uiw.qperf_rc_lat.8",
+                "tcp.qperf_tcp_lat.8",
+                "uiw.qperf_rc_rdma_write_poll_lat.8"
+            ],
+            "uiw and its peer alternate; the shared tcp_lat runs once per repetition"
+        );
     }
 
     #[test]

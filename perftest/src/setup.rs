@@ -3,6 +3,7 @@
 //! sockets, missing peer packages installed, `uiw up`, the machine
 //! described.
 
+use crate::probes::{Fabric, Probe};
 use crate::proc::{run_capture, Cmd};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,6 +18,9 @@ const PLACEMENT_LAG_C: &str = include_str!("../../examples/c/placement_lag.c");
 /// The two-host test bed of the veth rows (two network namespaces over a veth pair): the
 /// repository's own script, written out beside the helpers so the binary needs no checkout.
 const TESTBED_SH: &str = include_str!("../../ci/testbed.sh");
+/// The MPI rows' program (ping-pong, streaming, allreduce, every byte checked); CI runs its
+/// full check over uiw (rdmacm/tests/apps.rs).
+const MPI_CHECK_C: &str = include_str!("../mpi/mpi_check.c");
 
 /// Debian packages providing the peer tools.
 pub const PACKAGES: &[(&str, &str)] = &[
@@ -24,6 +28,7 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("ucx_perftest", "ucx-utils"),
     ("fi_pingpong", "libfabric-bin"),
     ("iperf3", "iperf3"),
+    ("qperf", "qperf"),
 ];
 
 /// What every probe needs to build its commands.
@@ -44,6 +49,9 @@ pub struct Ctx {
     pub logs: PathBuf,
     /// The veth test bed (set up only when a veth row is selected), or why it is not there.
     pub veth: Result<VethBed, String>,
+    /// The MPI rows' namespace and device, when they are selected and could be set up
+    /// (why not is in `tools["mpi_check"]`).
+    pub mpi: Option<MpiNet>,
 }
 
 impl Ctx {
@@ -69,12 +77,48 @@ impl Ctx {
             .args(args.iter().cloned()))
     }
 
-    /// Can `probe` run here: its tool, uiw for uiw's probes, the test bed for the veth ones.
-    pub fn probe_available(&self, probe: &crate::probes::Probe) -> Result<(), String> {
-        if probe.on_veth() {
+    /// Can `p` run here: its tool, uiw for a probe of uiw (on lo or on the veth test bed), and
+    /// the test bed for the veth probes.
+    pub fn probe_available(&self, p: &Probe) -> Result<(), String> {
+        if p.on_veth() {
             self.veth.as_ref().map(|_| ()).map_err(Clone::clone)?;
         }
-        self.available(probe.tool())
+        if p.stack().starts_with("uiw") {
+            self.uiw.as_ref().map_err(Clone::clone)?;
+        }
+        self.available(p.tool())
+    }
+
+    /// `mpirun` of two mpi_check ranks with `args`, in the MPI namespace, over `fabric`: for
+    /// uiw under `uiw run` with `FI_PROVIDER="verbs;ofi_rxm"` on the veth's device, else
+    /// plainly with `FI_PROVIDER=tcp` on the same veth, or Open MPI's own TCP (ob1, btl tcp).
+    pub fn mpi_cmd(&self, fabric: Fabric, args: &[String]) -> Result<Cmd, String> {
+        let net = self.mpi.as_ref().ok_or("the MPI namespace is not set up")?;
+        let mut c = self.cmd("ip").args(["netns", "exec", &net.netns]);
+        if fabric == Fabric::UiwVerbs {
+            let uiw = self.uiw.as_ref().map_err(Clone::clone)?;
+            c = c
+                .arg(uiw.display().to_string())
+                .args(["run", "--"])
+                .env("UIW_STATE_DIR", net.state_dir.display().to_string());
+        }
+        c = c.arg("mpirun").args(MPIRUN_ARGS.iter().copied());
+        c = match fabric {
+            Fabric::UiwVerbs => c.args(MPIRUN_OFI.iter().copied()).args(["-x", "FI_PROVIDER=verbs;ofi_rxm"]),
+            // TCP_NODELAY, as the fi_pingpong peer has it: the tcp provider's own default
+            // ("overrides default TCP_NODELAY socket setting", unset) cost it 5x at 64 KiB
+            // here (51 against 257 MB/s, same run) and milliseconds of tail latency.
+            Fabric::Tcp => c.args(MPIRUN_OFI.iter().copied()).args([
+                "-x",
+                "FI_PROVIDER=tcp",
+                "-x",
+                &format!("FI_TCP_IFACE={MPI_VETH}"),
+                "-x",
+                "FI_TCP_NODELAY=1",
+            ]),
+            Fabric::Ob1Tcp => c.args(["--mca", "pml", "ob1", "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", MPI_VETH]),
+        };
+        Ok(c.arg(net.exe.display().to_string()).args(args.iter().cloned()))
     }
 
     pub fn available(&self, tool: &str) -> Result<(), String> {
@@ -100,6 +144,152 @@ pub fn on_path(prog: &str) -> Option<PathBuf> {
                     m.permissions().mode() & 0o111 != 0
                 })
         })
+}
+
+/// mpirun's options for every fabric: two ranks, out-of-band traffic on the veth.
+pub const MPIRUN_ARGS: &[&str] = &["--allow-run-as-root", "--oversubscribe", "-np", "2", "--mca", "oob_tcp_if_include", MPI_VETH];
+
+/// mpirun's options for the libfabric fabrics (as rdmacm/tests/apps.rs runs mpi_check in CI):
+/// the cm PML over libfabric's MTL, and Open MPI's default `mtl_ofi_provider_exclude` without
+/// `tcp` (its default, "shm,sockets,tcp,udp,rstream,usnic", would leave the tcp peer with
+/// "PML cm cannot be selected").
+pub const MPIRUN_OFI: &[&str] = &[
+    "--mca",
+    "pml",
+    "cm",
+    "--mca",
+    "mtl",
+    "ofi",
+    "--mca",
+    "btl",
+    "self",
+    "--mca",
+    "mtl_ofi_provider_exclude",
+    "shm,sockets,udp,rstream,usnic",
+];
+
+/// The namespace's veth end that carries the address and the uiw device (`uiw_v0`).
+const MPI_VETH: &str = "v0";
+const NETNS_PREFIX: &str = "uiw-bench-";
+
+/// The MPI rows' network: a namespace of this run's own (`uiw-bench-<pid>`) with a veth pair,
+/// `v0` 10.77.0.1/24 and `v1`, and a uiw device on `v0` published from a state directory of
+/// its own. libfabric 1.17's verbs provider skips loopback netdevs, so uiw_lo cannot serve
+/// MPI; the namespace keeps the address off the host's network, and the separate state
+/// directory leaves uiw_v0 the only device the ranks see. Dropping it withdraws the device
+/// and deletes the namespace.
+#[derive(Debug)]
+pub struct MpiNet {
+    pub netns: String,
+    pub state_dir: PathBuf,
+    /// mpi_check, built with mpicc.
+    pub exe: PathBuf,
+    uiw: PathBuf,
+    logs: PathBuf,
+}
+
+fn ip(args: &[&str], logs: &Path) -> Result<(), String> {
+    let o = run_capture(&Cmd::new("ip").args(args.iter().copied()), Duration::from_secs(30), &logs.join("ip"))?;
+    if o.success() {
+        Ok(())
+    } else {
+        Err(format!("ip {} failed: {}", args.join(" "), o.stderr.trim()))
+    }
+}
+
+impl MpiNet {
+    /// Checks what the MPI rows need (Open MPI with its libfabric MTL, mpicc, iproute2, root,
+    /// uiw), builds mpi_check into `bin`, and sets the namespace and device up. Err says why
+    /// the rows cannot run.
+    pub fn up(uiw: &Result<PathBuf, String>, bin: &Path, logs: &Path, state_dir: &Path) -> Result<MpiNet, String> {
+        for (prog, pkg) in [
+            ("mpirun", "openmpi-bin"),
+            ("ompi_info", "openmpi-bin"),
+            ("mpicc", "libopenmpi-dev"),
+            ("ip", "iproute2"),
+        ] {
+            on_path(prog).ok_or_else(|| format!("{prog} not found (Debian package {pkg})"))?;
+        }
+        if !is_root() {
+            return Err("not root: the MPI rows need a network namespace with a veth (libfabric 1.17's verbs provider skips loopback netdevs)".into());
+        }
+        let o = run_capture(&Cmd::new("ompi_info").arg("--parsable"), Duration::from_secs(60), &logs.join("ompi_info"))?;
+        if !o.stdout.contains("mca:mtl:ofi:") {
+            return Err("Open MPI has no libfabric MTL (no mca:mtl:ofi in `ompi_info --parsable`)".into());
+        }
+        let uiw = uiw.as_ref().map_err(Clone::clone)?.clone();
+        let c = bin.join("mpi_check.c");
+        let exe = bin.join("mpi_check");
+        std::fs::write(&c, MPI_CHECK_C).map_err(|e| format!("cannot write {}: {e}", c.display()))?;
+        let cmd = Cmd::new("mpicc")
+            .args(["-O2", "-Wall", "-Werror", "-o"])
+            .arg(exe.display().to_string())
+            .arg(c.display().to_string());
+        let o = run_capture(&cmd, Duration::from_secs(120), &logs.join("mpicc-mpi_check"))?;
+        if !o.success() {
+            return Err(format!("mpicc failed to build mpi_check: {}", o.stderr.trim()));
+        }
+        let exe = exe.canonicalize().unwrap_or(exe);
+        remove_stale_namespaces(logs);
+        let _ = std::fs::remove_dir_all(state_dir);
+        std::fs::create_dir_all(state_dir).map_err(|e| format!("cannot create {}: {e}", state_dir.display()))?;
+        let state_dir = state_dir.canonicalize().unwrap_or_else(|_| state_dir.to_path_buf());
+        let net = MpiNet {
+            netns: format!("{NETNS_PREFIX}{}", std::process::id()),
+            state_dir,
+            exe,
+            uiw,
+            logs: logs.to_path_buf(),
+        };
+        let ns = net.netns.as_str();
+        ip(&["netns", "add", ns], logs)?;
+        // From here on, dropping `net` undoes what was done.
+        for args in [
+            &["-n", ns, "link", "set", "lo", "up"][..],
+            &["-n", ns, "link", "add", MPI_VETH, "type", "veth", "peer", "name", "v1"],
+            &["-n", ns, "addr", "add", "10.77.0.1/24", "dev", MPI_VETH],
+            &["-n", ns, "link", "set", MPI_VETH, "up"],
+            &["-n", ns, "link", "set", "v1", "up"],
+        ] {
+            ip(args, logs)?;
+        }
+        let o = run_capture(&net.uiw_in_ns(&["up", "--netdev", MPI_VETH]), Duration::from_secs(60), &logs.join("uiw-up-mpi"))?;
+        if !o.success() {
+            return Err(format!(
+                "`uiw up --netdev {MPI_VETH}` in namespace {ns} failed: {}",
+                crate::parse::failure_reason(&o.stderr, &o.stdout).unwrap_or_default()
+            ));
+        }
+        Ok(net)
+    }
+
+    fn uiw_in_ns(&self, args: &[&str]) -> Cmd {
+        Cmd::new("ip")
+            .args(["netns", "exec", &self.netns])
+            .arg(self.uiw.display().to_string())
+            .args(args.iter().copied())
+            .env("UIW_STATE_DIR", self.state_dir.display().to_string())
+    }
+}
+
+impl Drop for MpiNet {
+    fn drop(&mut self) {
+        let _ = run_capture(&self.uiw_in_ns(&["down"]), Duration::from_secs(60), &self.logs.join("uiw-down-mpi"));
+        let _ = ip(&["netns", "del", &self.netns], &self.logs);
+    }
+}
+
+/// Deletes the namespaces of earlier runs that were killed before they could (named after a
+/// pid that is gone).
+fn remove_stale_namespaces(logs: &Path) {
+    let Ok(dir) = std::fs::read_dir("/run/netns") else { return };
+    for e in dir.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix(NETNS_PREFIX).and_then(|p| p.parse::<u32>().ok()) else { continue };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = ip(&["netns", "del", &name], logs);
+        }
+    }
 }
 
 /// Effective uid 0, from /proc/self/status ("Uid: real effective saved fs").
@@ -295,6 +485,10 @@ pub fn check_tools(tcpbench: &Path) -> BTreeMap<String, Result<(), String>> {
         on_path("fi_rma_bw")
             .map(|_| ())
             .ok_or_else(|| "no fi_rma_bw (Debian 12 packages no fabtests)".to_string()),
+    );
+    m.insert(
+        "mpi_check".into(),
+        Err("the MPI rows were not selected (they are opt-in: --only mpi_lat_8,…)".into()),
     );
     m.insert(
         "tcpbench".into(),
