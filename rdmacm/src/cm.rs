@@ -297,6 +297,9 @@ pub struct St {
     pub state: State,
     /// The bound socket (rdma_bind_addr / rdma_resolve_addr) or the listener.
     sock: Option<Arc<OwnedFd>>,
+    /// `sock`'s port was picked by the system, not asked for (port 0): `connect` may take
+    /// another one (see `connect_thread`).
+    port_picked: bool,
     target: Option<Arc<Target>>,
     pending: Vec<Arc<Target>>,
     pub reuseaddr: bool,
@@ -343,6 +346,7 @@ impl Id {
                 dev: None,
                 state: State::Idle,
                 sock: None,
+                port_picked: false,
                 target: None,
                 pending: Vec::new(),
                 reuseaddr: false,
@@ -439,6 +443,7 @@ impl Id {
         let s = Self::new_socket(&st, &a, true)?;
         let local = sys::local_addr(&s)?;
         st.sock = Some(Arc::new(s));
+        st.port_picked = a.port() == 0;
         if let Some(d) = &dev {
             self.set_device(d);
         }
@@ -504,6 +509,7 @@ impl Id {
             st.sock = None; // a wildcard-bound socket is replaced by one on the source
             let s = Self::new_socket(&st, &a, port != 0)?;
             st.sock = Some(Arc::new(s));
+            st.port_picked = port == 0;
         }
         let local = st.sock.as_ref().map(|s| sys::local_addr(s)).transpose()?;
         self.set_device(&dev);
@@ -700,7 +706,7 @@ impl Id {
     /// ESTABLISHED / REJECTED / UNREACHABLE / CONNECT_ERROR follows.
     pub fn connect(self: &Arc<Self>, pdata: Vec<u8>, ird: u8, ord: u8) -> io::Result<()> {
         let qp = self.c.qp().ok_or_else(|| err(libc::EINVAL))?;
-        let (sock, dst, dev, cancel) = {
+        let (sock, port_picked, dst, dev, cancel) = {
             let mut st = self.st();
             if st.state != State::RouteResolved {
                 return Err(err(libc::EINVAL));
@@ -712,13 +718,13 @@ impl Id {
             let dst = self.c.dst().ok_or_else(|| err(libc::EINVAL))?;
             let sock = st.sock.take().ok_or_else(|| err(libc::EINVAL))?;
             st.state = State::Connect;
-            (sock, dst, dev, st.cancel.clone())
+            (sock, st.port_picked, dst, dev, st.cancel.clone())
         };
         let sock = Arc::try_unwrap(sock).map_err(|_| err(libc::EBUSY))?;
         let me = Arc::downgrade(self);
         std::thread::Builder::new()
             .name("uiw-rdmacm-connect".into())
-            .spawn(move || connect_thread(me, sock, dst, dev, qp, pdata, ird, ord, cancel))
+            .spawn(move || connect_thread(me, sock, port_picked, dst, dev, qp, pdata, ird, ord, cancel))
             .map_err(|_| err(libc::ENOMEM))?;
         Ok(())
     }
@@ -892,10 +898,41 @@ fn accept_loop(id: Weak<Id>, sock: Arc<OwnedFd>) {
     }
 }
 
+/// Connects `sock` to `dst`, giving up when `cancel` is raised; leaves it blocking.
+fn connect_stream(sock: &OwnedFd, dst: &SocketAddr, cancel: &AtomicBool) -> io::Result<()> {
+    sys::set_nonblocking(sock, true)?;
+    if !sys::connect_start(sock, dst)? {
+        loop {
+            if cancel.load(Ordering::SeqCst) {
+                return Err(err(libc::ECANCELED));
+            }
+            let r = sys::poll1(sock.as_raw_fd(), libc::POLLOUT, 100)?;
+            if r != 0 {
+                break;
+            }
+        }
+        match sys::take_error(sock)? {
+            0 => {}
+            e => return Err(err(e)),
+        }
+    }
+    sys::set_nonblocking(sock, false)
+}
+
+/// A TCP socket on `local`'s address whose port `connect` picks (see
+/// [`sys::set_bind_address_no_port`]).
+fn rebound(local: &SocketAddr) -> io::Result<OwnedFd> {
+    let s = sys::tcp_socket(local.is_ipv6())?;
+    sys::set_bind_address_no_port(&s)?;
+    sys::bind(&s, local)?;
+    Ok(s)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn connect_thread(
     id: Weak<Id>,
     sock: OwnedFd,
+    port_picked: bool,
     dst: SocketAddr,
     dev: Arc<Device>,
     qp: verbs::Qp,
@@ -904,26 +941,21 @@ fn connect_thread(
     ord: u8,
     cancel: Arc<AtomicBool>,
 ) {
-    let result = (|| -> io::Result<()> {
-        sys::set_nonblocking(&sock, true)?;
-        if !sys::connect_start(&sock, &dst)? {
-            loop {
-                if cancel.load(Ordering::SeqCst) {
-                    return Err(err(libc::ECANCELED));
-                }
-                let r = sys::poll1(sock.as_raw_fd(), libc::POLLOUT, 100)?;
-                if r != 0 {
-                    break;
-                }
-            }
-            match sys::take_error(&sock)? {
-                0 => {}
-                e => return Err(err(e)),
-            }
-        }
-        sys::set_nonblocking(&sock, false)?;
-        Ok(())
-    })();
+    let mut sock = sock;
+    let mut result = connect_stream(&sock, &dst, &cancel);
+    if port_picked && result.as_ref().err().and_then(io::Error::raw_os_error) == Some(libc::EADDRNOTAVAIL) {
+        // The port the system picked at rdma_resolve_addr (as the kernel's rdma_cm picks one
+        // then) has a connection to this same destination still in TIME_WAIT — SPDK's hosts
+        // reconnect to one target port many times ("RDMA connect error -99"). Once more from
+        // a port `connect` picks, knowing the destination. A port the application asked for
+        // is kept, and the error is its.
+        result = sys::local_addr(&sock)
+            .and_then(|l| rebound(&SocketAddr::new(l.ip(), 0)))
+            .and_then(|s| {
+                sock = s;
+                connect_stream(&sock, &dst, &cancel)
+            });
+    }
     let Some(me) = id.upgrade() else { return };
     debug!("id {:#x}: TCP connect to {dst}: {:?}", me.ptr(), result);
     if let Err(e) = result {

@@ -80,6 +80,14 @@ pub fn set_reuseaddr(fd: &OwnedFd, on: bool) -> io::Result<()> {
     setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, on as libc::c_int)
 }
 
+/// `IP_BIND_ADDRESS_NO_PORT`: a bind to port 0 takes only the address; the port is picked at
+/// `connect`, knowing the destination, so it is never one whose connection to that same
+/// destination is still in TIME_WAIT (a port picked at bind time can be, and `connect` then
+/// fails with EADDRNOTAVAIL).
+pub fn set_bind_address_no_port(fd: &OwnedFd) -> io::Result<()> {
+    setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_BIND_ADDRESS_NO_PORT, 1)
+}
+
 pub fn set_v6only(fd: &OwnedFd, on: bool) -> io::Result<()> {
     setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, on as libc::c_int)
 }
