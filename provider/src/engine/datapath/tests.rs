@@ -84,7 +84,7 @@ impl Side {
     }
 }
 
-/// Who asks for MPA CRC (RFC 5044 §7.1: the M bit; if either side asks, both use it).
+/// Who asks for MPA CRC (RFC 5044 §7.1: the C bit; if either side sets it, both use CRC).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Crc {
     Off,
