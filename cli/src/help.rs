@@ -68,8 +68,8 @@ ENVIRONMENT
                        levels (1 errors, 2 warnings, 3 information, 4 debug)
                        and log file (appended; default stderr); UIW_DEBUG=1
                        is level 4
-    UIW_CRC=0          connections do not ask for MPA CRC32c (asked for by
-                       default; a peer that asks still gets it, RFC 5044 §7.1)
+    UIW_CRC=1          connections ask for MPA CRC32c (off by default; a peer
+                       that asks gets it either way, RFC 5044 §7.1)
     UIW_LIBDIR         colon-separated directories searched first for
                        libuiw_rdmav34.so and libuiw_preload.so
     UIW_NODE_REGISTRY  node ownership registry (default /run/uiw-nodes)

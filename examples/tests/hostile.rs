@@ -78,9 +78,10 @@ fn num(s: &str) -> u64 {
 impl Target {
     fn start(dev: &Published, name: &str, port_base: u16, args: &[&str]) -> Target {
         let mut c = dev.command();
-        // UIW_CRC=0: the scripted peer does not ask for CRC and crafts (and corrupts) FPDUs
-        // without it; uiw's default would make it use CRC (RFC 5044 §7.1), and every crafted
-        // fault would end as an MPA CRC error before reaching the check it is aimed at.
+        // UIW_CRC=0 whatever uiw's default: the scripted peer does not ask for CRC and crafts
+        // (and corrupts) FPDUs without it; a uiw asking for CRC would make it use CRC (RFC 5044
+        // §7.1), and every crafted fault would end as an MPA CRC error before reaching the
+        // check it is aimed at.
         c.arg("run").arg("--").arg(target_exe()).args(args).env("UIW_PORT_BASE", port_base.to_string()).env("UIW_CRC", "0").stdin(Stdio::piped());
         let mut run = Running::spawn(name, c);
         let stdin = run.stdin().unwrap();

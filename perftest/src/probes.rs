@@ -263,8 +263,8 @@ impl Probe {
                     args.extend(["-n".into(), len.lat_iters.to_string()]);
                 }
                 let crc = matches!(self.kind, Kind::PerftestCrc { .. });
-                // Explicit either way: uiw asks for CRC by default since issue 10, and the rows
-                // without `_crc` stay what they were, uiw without CRC (the CRC row's baseline).
+                // Explicit either way, whatever uiw's default: the rows without `_crc` are uiw
+                // without CRC (the CRC row's baseline).
                 let with_crc = |c: Cmd| c.env("UIW_CRC", if crc { "1" } else { "0" });
                 let server = with_crc(ctx.uiw_cmd(prog, &args)?);
                 args.push("127.0.0.1".into());

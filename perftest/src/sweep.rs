@@ -65,7 +65,7 @@ fn perftest_all(ctx: &Ctx, prog: &'static str, iters: u64) -> SweepSeries {
         .map(|a| a.to_string())
         .collect();
         args.push(iters.to_string());
-        // CRC off, as the rows without `_crc` (uiw asks for it by default since issue 10).
+        // CRC off, as the rows without `_crc`, whatever uiw's default.
         let server = ctx.uiw_cmd(prog, &args)?.env("UIW_CRC", "0");
         args.push("127.0.0.1".into());
         Ok(Plan {
