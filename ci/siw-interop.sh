@@ -10,10 +10,12 @@
 #   tools       rping -V (verified data), ib_send_bw -R, ib_write_bw -R, ib_read_bw -R
 #   directions  h2g: uiw is the client, siw (guest) the server
 #               g2h: siw is the client, uiw (host) the server
-#   modes       off      stock siw, CRC off on both sides
+#   modes       off      stock siw, CRC off on both sides (uiw with UIW_CRC=0)
 #               crc-uiw  stock siw, uiw asks for CRC (UIW_CRC=1); siw must use it (RFC 5044)
 #               crc-siw  siw built with mpa_crc_required: siw asks for CRC (as initiator
-#                        only: as responder it uses CRC only when asked)
+#                        only: as responder it uses CRC only when asked); uiw with UIW_CRC=0
+#               rev1, p2p run with UIW_CRC=0 too: every mode sets UIW_CRC, so none depends
+#                        on uiw's default (off, see README "CRC")
 #               rev1     siw built with mpa_version=1 (MPA revision 1, no IRD/ORD words)
 #               p2p      siw built with peer_to_peer: MPA v2 P2P with an RTR message
 #
@@ -173,8 +175,10 @@ declare -A cell
 # The uiw side's environment for a mode and direction.
 uiw_env() {
 	local mode=$1 dir=$2 tool=$3
+	# Every mode says whether uiw asks for CRC, so none depends on uiw's default: crc-uiw
+	# asks, the others test the CRC they name or none.
+	if [[ $mode == crc-uiw ]]; then echo UIW_CRC=1; else echo UIW_CRC=0; fi
 	case $mode in
-	crc-uiw) echo UIW_CRC=1 ;;
 	# uiw asks siw (built with peer_to_peer) for an RTR
 	p2p) [[ $dir == h2g ]] && echo UIW_MPA_P2P=1 ;;
 	# uiw as a revision 1 initiator. Not for rping: siw reports IRD/ORD 0 to the server of

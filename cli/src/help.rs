@@ -71,6 +71,8 @@ ENVIRONMENT
     UIW_PROGRESS_CPUS  CPUs (a list such as 0,2-3) of a program's uiw progress
                        thread; default: those the process may use minus the
                        CPUs of the thread that created the first QP
+    UIW_CRC=1          connections ask for MPA CRC32c (off by default; a peer
+                       that asks gets it either way, RFC 5044 §7.1)
     UIW_LIBDIR         colon-separated directories searched first for
                        libuiw_rdmav34.so and libuiw_preload.so
     UIW_NODE_REGISTRY  node ownership registry (default /run/uiw-nodes)

@@ -78,7 +78,11 @@ fn num(s: &str) -> u64 {
 impl Target {
     fn start(dev: &Published, name: &str, port_base: u16, args: &[&str]) -> Target {
         let mut c = dev.command();
-        c.arg("run").arg("--").arg(target_exe()).args(args).env("UIW_PORT_BASE", port_base.to_string()).stdin(Stdio::piped());
+        // UIW_CRC=0 whatever uiw's default: the scripted peer does not ask for CRC and crafts
+        // (and corrupts) FPDUs without it; a uiw asking for CRC would make it use CRC (RFC 5044
+        // §7.1), and every crafted fault would end as an MPA CRC error before reaching the
+        // check it is aimed at.
+        c.arg("run").arg("--").arg(target_exe()).args(args).env("UIW_PORT_BASE", port_base.to_string()).env("UIW_CRC", "0").stdin(Stdio::piped());
         let mut run = Running::spawn(name, c);
         let stdin = run.stdin().unwrap();
         let l = run.wait_for_line("READY", Duration::from_secs(20)).unwrap_or_else(|e| panic!("{e}\n{:?}", run.lines()));
@@ -591,7 +595,7 @@ fn connection_flood_with_few_descriptors() {
     let base = port_base();
     let mut c = dev.command();
     c.arg("run").arg("--").args(["sh", "-c", "ulimit -n 48 && exec \"$0\" \"$@\""]).arg(target_exe());
-    c.env("UIW_PORT_BASE", base.to_string()).stdin(Stdio::piped());
+    c.env("UIW_PORT_BASE", base.to_string()).env("UIW_CRC", "0").stdin(Stdio::piped());
     let mut run = Running::spawn("flooded", c);
     let stdin = run.stdin().unwrap();
     let l = run.wait_for_line("READY", Duration::from_secs(20)).unwrap_or_else(|e| panic!("{e}\n{:?}", run.lines()));

@@ -102,7 +102,8 @@ OPTIONS
 ROWS
     write_bw_64k write_bw_1m   ib_write_bw -s SIZE -D secs, requester side
     write_bw_1m_crc            ib_write_bw 1 MiB with MPA CRC32c requested (UIW_CRC=1 on
-                               both sides) against the same without: CRC's cost
+                               both sides) against the same without: CRC's cost. Every
+                               other uiw row and the sweep run with UIW_CRC=0.
     write_bw_64                ib_write_bw -s 64: message rate against 64-byte TCP writes
     write_bw_64_q4             ib_write_bw -s 64 -q 4 against four such TCP streams
     write_bw_64k_q2            ib_write_bw -s 65536 -q 2 against two TCP streams

@@ -27,7 +27,7 @@ impl Metric {
 /// The program behind a probe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
-    /// perftest program (ib_write_bw, ib_send_lat, …) over uiw.
+    /// perftest program (ib_write_bw, ib_send_lat, …) over uiw, MPA CRC off (`UIW_CRC=0`).
     Perftest {
         prog: &'static str,
     },
@@ -461,7 +461,9 @@ impl Probe {
                     args.extend(["-n".into(), len.lat_iters.to_string()]);
                 }
                 let crc = matches!(self.kind, Kind::PerftestCrc { .. });
-                let with_crc = |c: Cmd| if crc { c.env("UIW_CRC", "1") } else { c };
+                // Explicit either way, whatever uiw's default: the rows without `_crc` are uiw
+                // without CRC (the CRC row's baseline).
+                let with_crc = |c: Cmd| c.env("UIW_CRC", if crc { "1" } else { "0" });
                 let server = with_crc(ctx.uiw_cmd(prog, &args)?);
                 args.push("127.0.0.1".into());
                 let client = with_crc(ctx.uiw_cmd(prog, &args)?);

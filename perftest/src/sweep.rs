@@ -65,11 +65,12 @@ fn perftest_all(ctx: &Ctx, prog: &'static str, iters: u64) -> SweepSeries {
         .map(|a| a.to_string())
         .collect();
         args.push(iters.to_string());
-        let server = ctx.uiw_cmd(prog, &args)?;
+        // CRC off, as the rows without `_crc`, whatever uiw's default.
+        let server = ctx.uiw_cmd(prog, &args)?.env("UIW_CRC", "0");
         args.push("127.0.0.1".into());
         Ok(Plan {
             server: Some(server),
-            client: ctx.uiw_cmd(prog, &args)?,
+            client: ctx.uiw_cmd(prog, &args)?.env("UIW_CRC", "0"),
             port: Some(port),
             timeout: Duration::from_secs(400),
             audit_after: None,

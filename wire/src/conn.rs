@@ -86,6 +86,7 @@
 
 use std::collections::VecDeque;
 
+use crate::crc::Crc32c;
 use crate::ddp::{qn, BufferModel, DdpHeader};
 use crate::error::{PostError, TermCode, WcStatus};
 use crate::mpa::{self, FrameKind, IrdOrd, RrFrame};
@@ -385,6 +386,23 @@ impl TxSegment {
     /// Pad and CRC for this segment, once the payload is at hand.
     pub fn trailer(&self, payload: &[&[u8]]) -> Trailer {
         segment::trailer(self.crc, self.header.as_slice(), payload)
+    }
+
+    /// The CRC register after this segment's header, for a payload the
+    /// caller checksums where it lies (see [`TxSegment::trailer_after`]).
+    pub fn crc_start(&self) -> Crc32c {
+        let mut c = Crc32c::new();
+        c.update(self.header.as_slice());
+        c
+    }
+
+    /// Pad and CRC once `crc`, from [`TxSegment::crc_start`], has seen all
+    /// `payload_len` payload bytes in order (RFC 5044 §6). The engine reads
+    /// them in place from registered memory, so it never copies a payload
+    /// to checksum it.
+    pub fn trailer_after(&self, crc: Crc32c) -> Trailer {
+        debug_assert!(self.crc);
+        segment::trailer_from_crc(crc, self.header.as_slice(), self.payload_len as usize)
     }
 
     /// Pad and (zero) CRC field of a segment on a connection without CRC:
@@ -1537,20 +1555,27 @@ impl Connection {
     /// Zero-copy API on a connection without CRC: `n` payload bytes were
     /// written at the placement returned by `rx_want`, and the engine need
     /// not show them (nothing but a CRC would look at them). Returns bytes
-    /// accounted. With CRC on, use [`Connection::rx_placed`].
+    /// accounted. With CRC on, use [`Connection::rx_placed_in_place`].
     pub fn rx_placed_len(&mut self, n: usize, mem: &mut impl Memory) -> usize {
-        static ZEROS: [u8; 4096] = [0; 4096];
         debug_assert!(!self.crc);
-        let mut done = 0;
-        while done < n {
-            let k = (n - done).min(ZEROS.len());
-            let used = self.rx_placed(&ZEROS[..k], mem);
-            done += used;
-            if used < k {
-                break;
-            }
+        self.rx_placed_in_place(n, |_, _| {}, mem)
+    }
+
+    /// Zero-copy API: `n` payload bytes were written at the placement
+    /// returned by `rx_want` (received straight into registered memory),
+    /// and the engine checksums them where they are: with CRC in use,
+    /// `crc(k, c)` must update `c` with the first `k` placed bytes, read
+    /// back in place (RFC 5044 §6). The segment completes only once its
+    /// trailer arrived and the CRC matched; on a mismatch the stream is
+    /// terminated with the MPA CRC error and nothing of it completes (RFC
+    /// 5044 §8). Returns bytes accounted (at most the payload left).
+    pub fn rx_placed_in_place(&mut self, n: usize, crc: impl FnOnce(usize, &mut Crc32c), mem: &mut impl Memory) -> usize {
+        if !matches!(self.state, State::Established | State::WaitRtr) {
+            return n;
         }
-        done
+        let (k, ev) = self.deframer.feed_placed(n, crc);
+        self.rx_event(ev, mem);
+        k
     }
 
     /// Whether MPA CRC32c is in use on this connection (known once
@@ -1572,6 +1597,12 @@ impl Connection {
                 return data.len();
             }
         };
+        self.rx_event(ev, mem);
+        n
+    }
+
+    /// What a deframer event does to the connection.
+    fn rx_event(&mut self, ev: Option<RxEvent>, mem: &mut impl Memory) {
         match ev {
             None => {}
             Some(RxEvent::Segment(seg)) if self.starved(&seg) => {
@@ -1600,7 +1631,6 @@ impl Connection {
                 }
             }
         }
-        n
     }
 
     fn fault_status(&self, f: &Fault, seg: &RxSegment) -> WcStatus {

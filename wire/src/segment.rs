@@ -105,6 +105,21 @@ pub fn trailer_for_len(header: &[u8], payload_len: usize) -> Trailer {
     t
 }
 
+/// The trailer of an FPDU whose payload the caller checksums where it lies
+/// (registered memory, never copied): `crc` has seen the header (starting
+/// with the MPA length) and then every one of the `payload_len` payload
+/// bytes, in order; the pad is added here and the CRC closed over it
+/// (RFC 5044 §6: the CRC covers length field, ULPDU and pad).
+pub fn trailer_from_crc(mut crc: Crc32c, header: &[u8], payload_len: usize) -> Trailer {
+    let pad = pad_len(header.len() - LEN_FIELD + payload_len);
+    let padb = [0u8; 3];
+    crc.update(&padb[..pad]);
+    let mut t = Trailer::new();
+    t.push(&padb[..pad]);
+    t.push(&crc.to_wire());
+    t
+}
+
 /// Like [`trailer`] but with given pad byte values (only the first
 /// `pad_len` bytes of `pad_bytes` are used). RFC 5044 leaves pad contents
 /// to the sender and siw does not zero them; this lets a received FPDU be
@@ -451,6 +466,39 @@ impl Deframer {
         }
     }
 
+    /// Zero-copy receive: `n` payload bytes of the current segment were
+    /// placed where they belong without passing through the deframer. With
+    /// CRC on, `crc(k, c)` must update `c` with the first `k` of them, read
+    /// where they were placed (RFC 5044 §6: the CRC covers the payload as
+    /// received; the trailer check in [`Deframer::feed`] then covers them).
+    /// `k` is `n` capped at the payload left. Outside a payload, nothing is
+    /// consumed. Returns bytes consumed and the `Payload` event.
+    pub fn feed_placed(&mut self, n: usize, crc: impl FnOnce(usize, &mut Crc32c)) -> (usize, Option<RxEvent>) {
+        let St::Payload { rem } = self.st else {
+            return (0, None);
+        };
+        let k = (rem as usize).min(n);
+        if k == 0 {
+            return (0, None);
+        }
+        if self.crc_on {
+            crc(k, &mut self.crc);
+        }
+        self.advance_payload(rem, k);
+        (k, Some(RxEvent::Payload(k)))
+    }
+
+    fn advance_payload(&mut self, rem: u32, n: usize) {
+        let rem = rem - n as u32;
+        self.st = if rem == 0 {
+            St::Trailer {
+                need: pad_len(self.ulpdu_len as usize) + CRC_LEN,
+            }
+        } else {
+            St::Payload { rem }
+        };
+    }
+
     /// Consume bytes of the stream. Header and trailer bytes are copied
     /// into the deframer; payload bytes are only accounted (CRC) and
     /// reported as `RxEvent::Payload(n)` — the caller places `data[..n]`.
@@ -528,14 +576,7 @@ impl Deframer {
                 if self.crc_on {
                     self.crc.update(&data[..n]);
                 }
-                let rem = rem - n as u32;
-                self.st = if rem == 0 {
-                    St::Trailer {
-                        need: pad_len(self.ulpdu_len as usize) + CRC_LEN,
-                    }
-                } else {
-                    St::Payload { rem }
-                };
+                self.advance_payload(rem, n);
                 Ok((n, Some(RxEvent::Payload(n))))
             }
             St::Trailer { need } => {
@@ -749,6 +790,75 @@ mod tests {
             c = &c[n..];
         }
         assert!(saw_bad);
+    }
+
+    /// The FPDUs of a 1000-byte Send in 300-byte segments, payload bytes `i as u8`, with CRC.
+    fn send_stream() -> (Vec<u8>, Vec<u8>) {
+        let mut stream = Vec::new();
+        let payload: Vec<u8> = (0..1000u32).map(|i| (i as u8).wrapping_mul(7)).collect();
+        let target = Target::Untagged { qn: 0, msn: 1, rsvd_ulp: 0 };
+        for plan in Segmenter::new(Opcode::Send, target, 1000, 300) {
+            let p = &payload[plan.msg_offset as usize..][..plan.payload_len as usize];
+            // The transmit side's in-place path: CRC over the header, then the payload as
+            // the caller reads it, then pad (RFC 5044 §6); the same as the copying path.
+            let mut crc = Crc32c::new();
+            crc.update(plan.header.as_slice());
+            for part in p.chunks(97) {
+                crc.update(part);
+            }
+            let t = trailer_from_crc(crc, plan.header.as_slice(), p.len());
+            assert_eq!(t.as_slice(), plan.trailer(true, &[p]).as_slice());
+            stream.extend_from_slice(plan.header.as_slice());
+            stream.extend_from_slice(p);
+            stream.extend_from_slice(t.as_slice());
+        }
+        (stream, payload)
+    }
+
+    /// Feeds `stream` with payload taken by `feed_placed` in pieces of at most `piece`
+    /// bytes (as if received in place and checksummed there); returns the payload "placed"
+    /// and the CRC verdicts.
+    fn feed_in_place(stream: &[u8], piece: usize) -> (Vec<u8>, Vec<bool>) {
+        let mut d = Deframer::new(true);
+        let (mut placed, mut verdicts) = (Vec::new(), Vec::new());
+        let mut c = stream;
+        while !c.is_empty() {
+            let (n, ev) = match d.want() {
+                Want::Payload(_) => {
+                    let avail = c.len().min(piece);
+                    let here = &c[..avail];
+                    let (n, ev) = d.feed_placed(avail, |k, crc| crc.update(&here[..k]));
+                    placed.extend_from_slice(&c[..n]);
+                    (n, ev)
+                }
+                _ => d.feed(&c[..c.len().min(piece)]).unwrap(),
+            };
+            if let Some(RxEvent::End { crc_ok }) = ev {
+                verdicts.push(crc_ok);
+            }
+            c = &c[n..];
+        }
+        assert!(d.at_boundary());
+        (placed, verdicts)
+    }
+
+    #[test]
+    fn deframer_payload_placed_in_place_is_checksummed() {
+        let (stream, payload) = send_stream();
+        for piece in [1usize, 5, 64, 299, 1000] {
+            let (placed, verdicts) = feed_in_place(&stream, piece);
+            assert_eq!(placed, payload, "pieces of {piece}");
+            assert_eq!(verdicts, [true; 4], "pieces of {piece}");
+            // One payload byte of the second FPDU corrupted: only its CRC fails.
+            let mut bad = stream.clone();
+            let second = (stream.len() / 4) + 40;
+            bad[second] ^= 0x80;
+            let (_, verdicts) = feed_in_place(&bad, piece);
+            assert_eq!(verdicts, [true, false, true, true], "pieces of {piece}");
+        }
+        // Outside a payload nothing is taken (and the CRC is not asked for).
+        let mut d = Deframer::new(true);
+        assert_eq!(d.feed_placed(10, |_, _| panic!("no payload")).0, 0);
     }
 
     #[test]

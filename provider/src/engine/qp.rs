@@ -1081,7 +1081,7 @@ mod tests {
     use super::super::limits::DeviceLimits;
     use super::super::net::Endpoint;
     use super::super::qp_state::{mask, qp_type, QpAttrs, QpCap, QpState};
-    use super::super::user_memory::{AtomicOperation, IoPart, Pinned, UserMemory};
+    use super::super::user_memory::{AtomicOperation, Crc32c, IoPart, Pinned, UserMemory};
     use super::{now_ms, Qp, QpSpec};
 
     /// How many polls [`PollDuringPump`] makes before it stops: far more than serving a QP
@@ -1117,6 +1117,9 @@ mod tests {
             unreachable!("no payload in these tests")
         }
         fn atomic(&self, _: &Pinned, _: AtomicOperation) -> u64 {
+            unreachable!("no payload in these tests")
+        }
+        fn crc32c(&self, _: &Pinned, _: usize, _: &mut Crc32c) {
             unreachable!("no payload in these tests")
         }
     }

@@ -11,6 +11,7 @@ use std::io;
 use std::os::fd::RawFd;
 
 pub use super::mr::Pinned;
+pub use uiw_wire::crc::Crc32c;
 pub use uiw_wire::rdmap::AtomicOperation;
 
 /// One piece of an outgoing gather list.
@@ -44,6 +45,12 @@ pub trait UserMemory: Send + Sync {
     fn send(&self, fd: RawFd, parts: &[IoPart<'_>]) -> io::Result<usize>;
     /// Copies `out.len()` bytes (at most `src.len()`) from application memory.
     fn read(&self, src: &Pinned, out: &mut [u8]);
+    /// Updates `crc` with the first `len` bytes (at most `src.len()`) of application memory,
+    /// read where they are: the MPA CRC32c (RFC 5044 §6) of a payload sent from, or received
+    /// into, registered memory, with no staging copy. Bytes the application changes meanwhile
+    /// (a posted buffer it must not touch) only make the CRC wrong: the peer, or this side,
+    /// then fails the stream with an MPA CRC error.
+    fn crc32c(&self, src: &Pinned, len: usize, crc: &mut Crc32c);
     /// Copies `data` (at most `dst.len()` bytes of it) to application memory.
     fn write(&self, dst: &Pinned, data: &[u8]);
     /// An 8-byte atomic on the first 8 bytes of `dst` (8-byte aligned, at least 8 long): RFC

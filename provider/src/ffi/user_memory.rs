@@ -9,7 +9,7 @@ use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::engine::user_memory::{AtomicOperation, IoPart, Pinned, UserMemory};
+use crate::engine::user_memory::{AtomicOperation, Crc32c, IoPart, Pinned, UserMemory};
 
 pub(crate) struct RawUserMemory;
 
@@ -66,6 +66,20 @@ impl UserMemory for RawUserMemory {
         // SAFETY: src is pinned registered memory of at least n bytes (see the module doc);
         // `out` is an engine buffer, so the ranges do not overlap.
         unsafe { core::ptr::copy_nonoverlapping(src.addr() as *const u8, out.as_mut_ptr(), n) }
+    }
+
+    fn crc32c(&self, src: &Pinned, len: usize, crc: &mut Crc32c) {
+        let n = len.min(src.len());
+        if n == 0 {
+            return;
+        }
+        // SAFETY: src is pinned registered memory of at least n bytes (see the module doc),
+        // mapped for as long as the borrow, which ends with this call. The application may not
+        // write a buffer of a posted WR nor one a Read is served from; if it does anyway, the
+        // checksum reads changing bytes, which only makes it wrong (the stream then fails
+        // with an MPA CRC error, RFC 5044 §8), as `read` would copy torn bytes.
+        let bytes = unsafe { core::slice::from_raw_parts(src.addr() as *const u8, n) };
+        crc.update(bytes);
     }
 
     fn write(&self, dst: &Pinned, data: &[u8]) {

@@ -56,7 +56,7 @@ use crate::engine::mr::MrTable;
 use crate::engine::srq::{Srq, SrqObj};
 use crate::engine::transport::memory::{self, MemStream};
 use crate::engine::transport::{config, Pending, Stream};
-use crate::engine::user_memory::{AtomicOperation, IoPart, Pinned, UserMemory};
+use crate::engine::user_memory::{AtomicOperation, Crc32c, IoPart, Pinned, UserMemory};
 use crate::engine::wr::{opcode, send_flags, Payload, RecvWqe, SendWqe, Sge};
 
 /// Bits of input byte 0.
@@ -307,6 +307,29 @@ impl UserMemory for Checked {
         );
         drop(w);
         self.arena.read(src, out);
+    }
+
+    /// The CRC reads bytes about to be sent (what `read` may read) or bytes just placed
+    /// (what `write` may write).
+    fn crc32c(&self, src: &Pinned, len: usize, crc: &mut Crc32c) {
+        let n = len.min(src.len());
+        if n == 0 {
+            return;
+        }
+        let i = self.region("checksum", src, n);
+        let w = self.watch.lock().unwrap();
+        let (a, len, name) = (src.addr(), n as u64, REGIONS[i].name);
+        assert!(!w.gone.contains(&i), "checksum of {n} bytes at {a:#x} in region {name} after it was deregistered");
+        let readable = REGIONS[i].access & REMOTE_READ != 0 && self.qp_access & REMOTE_READ != 0 && REGIONS[i].pd == PD;
+        let writable = REGIONS[i].access & REMOTE_WRITE != 0 && REGIONS[i].pd == PD && self.qp_access & REMOTE_WRITE != 0;
+        let ok = readable
+            || writable
+            || inside(&w.sources, a, len)
+            || inside(&w.sink, a, len)
+            || w.recv.values().any(|r| inside(r, a, len));
+        assert!(ok, "checksum of {n} bytes at {a:#x} in region {name}: neither a posted buffer nor remotely accessible");
+        drop(w);
+        self.arena.crc32c(src, n, crc);
     }
 
     fn write(&self, dst: &Pinned, data: &[u8]) {
@@ -665,7 +688,7 @@ pub fn run(data: &[u8]) -> Report {
     let input = data.get(3..).unwrap_or(&[]);
 
     // Memory: guard bytes around regions of known contents, registered in a fixed order.
-    let arena = Arena(StdMutex::new(initial_image().to_vec()));
+    let arena = Arena::with(initial_image().to_vec());
     let mrs = Arc::new(MrTable::with_fixed_keys(16, KEY));
     for (i, r) in REGIONS.iter().enumerate() {
         let mr = mrs.register(r.pd, addr(i), r.len, addr(i), r.access).expect("the harness's regions register");

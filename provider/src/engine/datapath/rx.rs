@@ -1,6 +1,8 @@
 //! Receive: bytes from the stream into the protocol core, payload placed straight into
 //! registered memory (RFC 5041 §4 tagged, §5 untagged placement) or through a small staging
-//! buffer for short pieces.
+//! buffer for short pieces. With MPA CRC the payload is placed straight into registered memory
+//! too, then checksummed there (RFC 5044 §6); a mismatch terminates the stream before the
+//! message completes (RFC 5044 §8).
 
 use std::io;
 
@@ -119,7 +121,7 @@ impl DataPath {
                             } else if l.drained {
                                 Err(io::ErrorKind::WouldBlock.into())
                             } else if let Some(p) =
-                                span.sub(0, want as u64).filter(|_| want >= DIRECT_MIN && !l.conn.crc()).and_then(|s| s.pin())
+                                span.sub(0, want as u64).filter(|_| want >= DIRECT_MIN).and_then(|s| s.pin())
                             {
                                 // What follows the payload (trailer, next header) lands in
                                 // a short tail: a longer one would pull the next FPDU's payload
@@ -129,7 +131,11 @@ impl DataPath {
                                     Ok(n) => {
                                         l.drained = n < want + DIRECT_TAIL && !l.peer_hup;
                                         let placed = n.min(want);
-                                        l.conn.rx_placed_len(placed, &mut mem);
+                                        // With CRC, the placed bytes are checksummed where they
+                                        // landed (still pinned); the segment completes only
+                                        // once its trailer's CRC matched (RFC 5044 §6, §8).
+                                        let user_mem = env.user_mem;
+                                        l.conn.rx_placed_in_place(placed, |k, crc| user_mem.crc32c(&p, k, crc), &mut mem);
                                         l.st_lo = 0;
                                         l.st_hi = n - placed;
                                         Ok(n)

@@ -4,22 +4,32 @@
 //! Built for `cargo test` and with the `fuzzing` feature only.
 
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 
 use crate::engine::cq::CqObj;
 use crate::engine::events::EventQueue;
-use crate::engine::user_memory::{AtomicOperation, IoPart, Pinned, UserMemory};
+use crate::engine::user_memory::{AtomicOperation, Crc32c, IoPart, Pinned, UserMemory};
 
 /// Where an arena starts in the made-up address space its regions use.
 pub const BASE: u64 = 0x1_0000;
 
-/// Application memory as one arena, addressed from [`BASE`]; it has no descriptors.
-pub struct Arena(pub StdMutex<Vec<u8>>);
+/// Application memory as one arena, addressed from [`BASE`]; it has no descriptors. The
+/// second field counts the bytes checksummed in place ([`UserMemory::crc32c`]).
+pub struct Arena(pub StdMutex<Vec<u8>>, pub AtomicUsize);
 
 impl Arena {
     /// `len` zero bytes.
     pub fn new(len: usize) -> Arena {
-        Arena(StdMutex::new(vec![0u8; len]))
+        Arena::with(vec![0u8; len])
+    }
+    /// An arena holding `image`.
+    pub fn with(image: Vec<u8>) -> Arena {
+        Arena(StdMutex::new(image), AtomicUsize::new(0))
+    }
+    /// Bytes checksummed where they lie so far.
+    pub fn checksummed(&self) -> usize {
+        self.1.load(Ordering::Relaxed)
     }
     fn at(p: &Pinned) -> usize {
         (p.addr() - BASE) as usize
@@ -45,6 +55,12 @@ impl UserMemory for Arena {
         let a = Self::at(src);
         let n = out.len().min(src.len());
         out[..n].copy_from_slice(&self.0.lock().unwrap()[a..a + n]);
+    }
+    fn crc32c(&self, src: &Pinned, len: usize, crc: &mut Crc32c) {
+        let a = Self::at(src);
+        let n = len.min(src.len());
+        crc.update(&self.0.lock().unwrap()[a..a + n]);
+        self.1.fetch_add(n, Ordering::Relaxed);
     }
     fn write(&self, dst: &Pinned, data: &[u8]) {
         let a = Self::at(dst);

@@ -1,18 +1,24 @@
 //! The data path driven through the transport seam with no socket: two `DataPath`s joined by
 //! an in-memory stream (`transport::memory`) that moves at most a few bytes per call, so
 //! that MPA negotiation, a Send, an RDMA Write and an RDMA Read cross every kind of byte
-//! boundary (inside headers, inside payload placed in place, inside trailers).
+//! boundary (inside headers, inside payload placed in place, inside trailers), with MPA CRC
+//! off and on (RFC 5044 §6: then checksummed in place on both sides, and a byte corrupted in
+//! flight fails the stream instead of completing).
 
 use std::sync::Arc;
 
 use uiw_wire::conn::{Connection, Role};
+use uiw_wire::rdmap::Terminate;
+use uiw_wire::segment::parse_fpdu;
+use uiw_wire::TermCode;
 
 use super::testkit::{cq, Arena, BASE};
-use super::{DataPath, Env, Link};
+use super::{DataPath, Env, Fatal, Link};
 use crate::engine::access;
 use crate::engine::cq::{wc_opcode, wc_status, Completion, CqObj};
 use crate::engine::mr::{Mr, MrTable};
 use crate::engine::transport::{config, memory, Pending, Stream};
+use crate::engine::transport::memory::Tap;
 use crate::engine::wr::{opcode, send_flags, Payload, RecvWqe, SendWqe, Sge};
 
 const ARENA: usize = 64 << 10;
@@ -53,8 +59,15 @@ impl Side {
     }
 
     fn pump(&mut self, mem: &Arena) {
-        let (_, fatal) = self.with(mem, |dp, env| dp.pump(env));
-        assert_eq!(fatal, None, "the data path failed");
+        assert_eq!(self.try_pump(mem), None, "the data path failed");
+    }
+
+    fn try_pump(&mut self, mem: &Arena) -> Option<Fatal> {
+        self.with(mem, |dp, env| dp.pump(env)).1
+    }
+
+    fn crc(&self) -> bool {
+        self.dp.link.as_ref().expect("connected").conn.crc()
     }
 
     fn post_send(&mut self, mem: &Arena, wqe: SendWqe) {
@@ -71,13 +84,26 @@ impl Side {
     }
 }
 
-/// Negotiates MPA between an initiator `a` and a responder `b` over `max_io`-byte pieces.
-fn connect(mem: &Arena, a: &mut Side, b: &mut Side, max_io: usize) {
+/// Who asks for MPA CRC (RFC 5044 §7.1: the C bit; if either side sets it, both use CRC).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Crc {
+    Off,
+    Initiator,
+    Responder,
+}
+
+/// Negotiates MPA between an initiator `a` and a responder `b` over `max_io`-byte pieces;
+/// returns the wire from `a` to `b` and from `b` to `a`.
+fn connect(mem: &Arena, a: &mut Side, b: &mut Side, max_io: usize, crc: Crc) -> (Tap, Tap) {
     let (sa, sb) = memory::pair(max_io, 4096);
+    let taps = (sa.tap(), sb.tap());
     let mut ca = config(Role::Initiator, 4, 4, b"hello".to_vec(), sa.mss());
     ca.first_fpdu_hold_ms = 0;
+    ca.crc = crc == Crc::Initiator;
     a.dp.link = Some(Link::new(Connection::new(ca, 0), Box::new(sa)));
-    let mut pending = Pending::new(Connection::new(config(Role::Responder, 0, 0, Vec::new(), sb.mss()), 0), Box::new(sb));
+    let mut cb = config(Role::Responder, 0, 0, Vec::new(), sb.mss());
+    cb.crc = crc == Crc::Responder;
+    let mut pending = Pending::new(Connection::new(cb, 0), Box::new(sb));
     let mut request = None;
     for _ in 0..10_000 {
         a.pump(mem);
@@ -97,21 +123,23 @@ fn connect(mem: &Arena, a: &mut Side, b: &mut Side, max_io: usize) {
         b.pump(mem);
         a.pump(mem);
         if a.dp.established() && b.dp.established() {
-            return;
+            assert_eq!((a.crc(), b.crc()), (crc != Crc::Off, crc != Crc::Off), "CRC negotiated with {crc:?} asking");
+            return taps;
         }
     }
     panic!("MPA negotiation did not finish over {max_io}-byte pieces");
 }
 
-/// The two halves of one arena as A's and B's regions, connected over `max_io`-byte pieces:
+/// The two halves of one arena as A's and B's regions, connected over `max_io`-byte pieces
+/// (`crc`: who asks for MPA CRC):
 /// the arena, both sides, and where each side's region starts.
-fn connected_pair(max_io: usize) -> (Arena, Side, Side, u64, u64) {
+fn connected_pair(max_io: usize, crc: Crc) -> (Arena, Side, Side, u64, u64) {
     let mem = Arena::new(ARENA);
     let (a_addr, b_addr) = (BASE, BASE + (ARENA / 2) as u64);
     let half = (ARENA / 2) as u64;
     let mut a = Side::new(a_addr, half);
     let mut b = Side::new(b_addr, half);
-    connect(&mem, &mut a, &mut b, max_io);
+    connect(&mem, &mut a, &mut b, max_io, crc);
     (mem, a, b, a_addr, b_addr)
 }
 
@@ -145,9 +173,14 @@ fn send_wqe(wr_id: u64, op: u32, sge: Sge, remote_addr: u64, rkey: u32) -> SendW
     }
 }
 
-/// Send, RDMA Write and RDMA Read of `len` bytes over pieces of at most `max_io` bytes.
+/// Send, RDMA Write and RDMA Read of `len` bytes (at most 8 KiB) over pieces of at most
+/// `max_io` bytes.
 fn transfer(max_io: usize, len: usize) {
-    let (mem, mut a, mut b, a_addr, b_addr) = connected_pair(max_io);
+    transfer_crc(max_io, len, Crc::Off)
+}
+
+fn transfer_crc(max_io: usize, len: usize, crc: Crc) {
+    let (mem, mut a, mut b, a_addr, b_addr) = connected_pair(max_io, crc);
     let (a_key, b_key) = (a.mr.stag, b.mr.stag);
 
     // Send: A's bytes at a_addr into B's receive at b_addr.
@@ -193,6 +226,13 @@ fn transfer(max_io: usize, len: usize) {
     });
     assert_eq!((got[0].wr_id, got[0].status, got[0].opcode, got[0].byte_len), (3, wc_status::SUCCESS, wc_opcode::RDMA_READ, len as u32));
     assert_eq!(mem.get(a_addr + 16384, len), remote, "Read Response over {max_io}-byte pieces");
+    // With CRC, payload beyond the small-copy size is checksummed where it lies, on both
+    // sides (sent from, and received into, registered memory); without, nothing reads it.
+    if crc == Crc::Off {
+        assert_eq!(mem.checksummed(), 0);
+    } else if len > super::TX_COPY_MAX {
+        assert!(mem.checksummed() >= 3 * len, "{} bytes checksummed in place for 3 x {len}", mem.checksummed());
+    }
 }
 
 #[test]
@@ -219,7 +259,7 @@ fn send_write_read_at_odd_boundaries() {
 #[test]
 fn peer_fin_fails_the_qp_when_it_is_read() {
     for max_io in [7, 64 << 10] {
-        let (mem, mut a, mut b, a_addr, b_addr) = connected_pair(max_io);
+        let (mem, mut a, mut b, a_addr, b_addr) = connected_pair(max_io, Crc::Off);
         let (a_key, b_key) = (a.mr.stag, b.mr.stag);
         for wr_id in [7, 8, 9] {
             let recv = RecvWqe { wr_id, sges: vec![Sge { addr: b_addr, length: 64, lkey: b_key }] };
@@ -260,7 +300,7 @@ fn peer_fin_fails_the_qp_when_it_is_read() {
 #[test]
 fn a_send_into_a_receive_whose_region_was_deregistered_fails() {
     for max_io in [64 << 10, 7] {
-        let (mem, mut a, mut b, a_addr, b_addr) = connected_pair(max_io);
+        let (mem, mut a, mut b, a_addr, b_addr) = connected_pair(max_io, Crc::Off);
         let recv_mr = b.mrs.register(PD, b_addr + 4096, 4096, b_addr + 4096, access::LOCAL_WRITE).unwrap();
         let recv = RecvWqe { wr_id: 7, sges: vec![Sge { addr: b_addr + 4096, length: 4096, lkey: recv_mr.stag }] };
         assert_eq!(b.with(&mem, |dp, env| dp.post_recv(env, recv, false)), None);
@@ -290,5 +330,103 @@ fn a_send_into_a_receive_whose_region_was_deregistered_fails() {
             "the receive must fail, not succeed with nothing placed (max_io {max_io})"
         );
         assert_eq!(mem.get(b_addr + 4096, 1000), vec![0u8; 1000], "nothing may be written into a deregistered region");
+    }
+}
+
+#[test]
+fn crc_send_write_read_at_many_piece_sizes() {
+    // Lengths around the small-copy and direct-placement sizes (512) and across several
+    // FPDUs (the MSS is 1460); pieces from one byte to whole FPDUs.
+    for crc in [Crc::Initiator, Crc::Responder] {
+        for max_io in [1, 2, 3, 7, 13, 61, 511, 577, 1460, 4096, 64 << 10] {
+            for len in [1, 100, 512, 513, 2049, 8192] {
+                if max_io < 7 && len > 2049 {
+                    continue; // byte by byte, 8 KiB adds time and no new boundary
+                }
+                transfer_crc(max_io, len, crc);
+            }
+        }
+    }
+}
+
+/// A payload byte corrupted in flight under CRC: the receiver places what arrived but
+/// completes nothing as success, fails with the MPA CRC error and tells the peer in a
+/// Terminate (RFC 5044 §8, RFC 5040 §7.4.1 layer 2 error 0x02).
+fn corrupted_in_flight(op: u32, max_io: usize, at: usize) {
+    let mem = Arena::new(ARENA);
+    let (a_addr, b_addr) = (BASE, BASE + (ARENA / 2) as u64);
+    let half = (ARENA / 2) as u64;
+    let mut a = Side::new(a_addr, half);
+    let mut b = Side::new(b_addr, half);
+    let (to_b, to_a) = connect(&mem, &mut a, &mut b, max_io, Crc::Initiator);
+    let len = 4000;
+    mem.set(a_addr, &pattern(len, 5));
+    let recv = RecvWqe { wr_id: 7, sges: vec![Sge { addr: b_addr, length: len as u32, lkey: b.mr.stag }] };
+    assert_eq!(b.with(&mem, |dp, env| dp.post_recv(env, recv, false)), None);
+    let wqe = send_wqe(1, op, Sge { addr: a_addr, length: len as u32, lkey: a.mr.stag }, b_addr + 8192, b.mr.stag);
+    a.post_send(&mem, wqe);
+    // A fills the wire (4096 bytes at most in flight); the first FPDU is whole there.
+    for _ in 0..10_000 {
+        a.pump(&mem);
+        if to_b.bytes().len() >= 4096 {
+            break;
+        }
+    }
+    let wire = to_b.bytes();
+    let (first, _) = parse_fpdu(&wire).expect("a whole FPDU in flight");
+    assert!(first.crc_ok() && first.crc != 0, "the CRC computed over registered memory in place is right");
+    assert!(at > 40 && at < first.payload.len(), "the flip lands in the first FPDU's payload");
+    assert!(to_b.flip(at, 0x10));
+    let mut fatal = None;
+    let mut recvs = Vec::new();
+    for _ in 0..200_000 {
+        fatal = b.try_pump(&mem);
+        recvs.extend(Side::completions(&b.rcq));
+        if fatal.is_some() {
+            break;
+        }
+        a.pump(&mem);
+    }
+    assert_eq!(fatal, Some(Fatal::Terminated), "a CRC error fails the receiver's stream");
+    // The QP goes to ERROR: what the core has left to send (its Terminate) goes out, the
+    // receive is flushed.
+    let closing = b.with(&mem, |dp, env| dp.shutdown(env, true)).expect("a stream to close");
+    let mut stream = closing.stream;
+    stream.close_with(&closing.bytes, std::time::Duration::from_secs(1));
+    recvs.extend(Side::completions(&b.rcq));
+    if op == opcode::SEND {
+        assert!(recvs.iter().any(|c| c.wr_id == 7), "the receive is completed in error");
+    }
+    assert!(recvs.iter().all(|c| c.status != wc_status::SUCCESS), "nothing completes as success: {recvs:?}");
+    let wire = to_a.bytes();
+    let (term, _) = parse_fpdu(&wire).expect("a Terminate on its way to the sender");
+    assert!(term.crc_ok());
+    let (t, _) = Terminate::parse(term.payload).expect("a Terminate");
+    assert_eq!(t.code, TermCode::MPA_CRC);
+    let mut fatal = None;
+    for _ in 0..10_000 {
+        fatal = a.try_pump(&mem);
+        if fatal.is_some() {
+            break;
+        }
+    }
+    assert_eq!(fatal, Some(Fatal::Terminated), "the sender learns of it");
+}
+
+#[test]
+fn crc_error_in_a_send_fails_the_stream() {
+    for max_io in [64, 577, 4096] {
+        for at in [100, 1000] {
+            corrupted_in_flight(opcode::SEND, max_io, at);
+        }
+    }
+}
+
+#[test]
+fn crc_error_in_a_write_fails_the_stream() {
+    for max_io in [64, 577, 4096] {
+        for at in [100, 1000] {
+            corrupted_in_flight(opcode::RDMA_WRITE, max_io, at);
+        }
     }
 }

@@ -62,22 +62,28 @@ impl DataPath {
                     Tx::Segment(s) => {
                         let n = s.payload_len as usize;
                         // The payload is resolved before the header is queued: if its memory
-                        // is gone, a Terminate goes out instead of the segment. With CRC, or
-                        // when it is small, it is copied (the CRC must see the bytes; a small
-                        // copy is cheaper than an iovec entry and a pin).
-                        let payload = if l.conn.crc() || n <= TX_COPY_MAX {
+                        // is gone, a Terminate goes out instead of the segment. A small one is
+                        // copied (cheaper than an iovec entry and a pin); a larger one is sent
+                        // from registered memory, with CRC too: the checksum reads it in place.
+                        let payload = if n <= TX_COPY_MAX {
                             let mut buf = vec![0u8; n];
                             gather(&self.sq, env, s.source, &mut buf).map(|()| vec![Piece::Own(buf)])
                         } else {
                             let mut pieces = Vec::new();
                             source_pieces(&self.sq, env, s.source, n, &mut pieces).map(|()| pieces)
                         };
-                        match payload {
-                            Ok(pieces) => {
-                                let trailer = match (&pieces[..], l.conn.crc()) {
-                                    ([Piece::Own(buf)], true) => s.trailer(&[buf]),
-                                    _ => s.trailer_no_crc(),
-                                };
+                        let framed = payload.and_then(|pieces| {
+                            let trailer = if l.conn.crc() {
+                                let mut crc = s.crc_start();
+                                checksum(env, &pieces, &mut crc)?;
+                                s.trailer_after(crc)
+                            } else {
+                                s.trailer_no_crc()
+                            };
+                            Ok((pieces, trailer))
+                        });
+                        match framed {
+                            Ok((pieces, trailer)) => {
                                 l.push_bytes(s.header.as_slice());
                                 for p in pieces {
                                     match p {
@@ -208,7 +214,25 @@ fn source_pieces(sq: &BTreeMap<u64, SendEntry>, env: &Env, src: Source, len: usi
     Ok(())
 }
 
-/// With CRC: the payload copied into `buf` (the CRC must see the bytes).
+/// MPA CRC32c (RFC 5044 §6) of a payload's pieces, application memory read where it is (no
+/// staging copy), each piece pinned only while it is read. The same range is pinned again for
+/// the `sendmsg` that sends it; a region deregistered in between ends the stream there, as
+/// without CRC. Bytes the application changes between the two (a buffer of a posted Send or
+/// Write, which it must not touch; or memory a peer's Read is being served from) go out with a
+/// CRC that no longer matches them: the peer fails the stream with an MPA CRC error (RFC 5044
+/// §8) rather than accept them. The kernel's siw has the same window (it checksums pages, then
+/// hands them to TCP).
+fn checksum(env: &Env, pieces: &[Piece], crc: &mut uiw_wire::crc::Crc32c) -> Result<(), SourceGone> {
+    for p in pieces {
+        match p {
+            Piece::Own(v) => crc.update(v),
+            Piece::User(s) => env.user_mem.crc32c(&s.pin().ok_or(SourceGone)?, s.len() as usize, crc),
+        }
+    }
+    Ok(())
+}
+
+/// A small payload copied into `buf` (sent beside its header, see `TX_COPY_MAX`).
 fn gather(sq: &BTreeMap<u64, SendEntry>, env: &Env, src: Source, buf: &mut [u8]) -> Result<(), SourceGone> {
     let mut pieces = Vec::new();
     source_pieces(sq, env, src, buf.len(), &mut pieces)?;

@@ -34,7 +34,34 @@ pub fn pair(max_io: usize, capacity: usize) -> (MemStream, MemStream) {
     (MemStream { rx: a.clone(), tx: b.clone(), max_io, capacity }, MemStream { rx: b, tx: a, max_io, capacity })
 }
 
+/// A test's hand on the bytes one end sent and the other has not received yet: the wire,
+/// for corrupting a byte in flight or reading what was sent.
+pub struct Tap(Arc<Mutex<Pipe>>);
+
+impl Tap {
+    /// The bytes in flight.
+    pub fn bytes(&self) -> Vec<u8> {
+        self.0.lock().unwrap().bytes.iter().copied().collect()
+    }
+
+    /// Flips the bits of `mask` in the `at`-th byte in flight; false if fewer are in flight.
+    pub fn flip(&self, at: usize, mask: u8) -> bool {
+        match self.0.lock().unwrap().bytes.get_mut(at) {
+            Some(b) => {
+                *b ^= mask;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 impl MemStream {
+    /// The bytes this end sends, as they wait for the other end.
+    pub fn tap(&self) -> Tap {
+        Tap(self.tx.clone())
+    }
+
     /// Bytes this end sent that the other end has not received yet.
     pub fn unread_by_peer(&self) -> usize {
         self.tx.lock().unwrap().bytes.len()
