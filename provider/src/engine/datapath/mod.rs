@@ -36,12 +36,21 @@ use tx::Piece;
 /// buffer): never valid for a peer, which only ever names registered regions.
 const SINK_TAG: u32 = 0xff00_0000;
 
-/// Below this, payload is staged and copied; above, it is received straight into place.
-const DIRECT_MIN: usize = 512;
+/// Below this, payload is staged and copied; above, it is received straight into place. A
+/// receive syscall costs more than copying a few KiB: payload received in place takes one
+/// syscall per FPDU, while a staging read takes many small FPDUs at once.
+const DIRECT_MIN: usize = 8 * 1024;
 /// Bytes read after a payload received in place (its trailer and the next header).
 const DIRECT_TAIL: usize = 64;
-/// Size of the receive staging buffer.
+/// Size of the receive staging buffer on a link whose FPDUs are large (MSS ≥ [`DIRECT_MIN`]:
+/// loopback, jumbo frames): a read at an FPDU's header pulls at most this much of its payload
+/// through the copy before the rest is received in place.
 const STAGE: usize = 16 * 1024;
+/// Size of the receive staging buffer on a link whose FPDUs are small (an MSS below
+/// [`DIRECT_MIN`]: Ethernet's 1500-byte MTU): every payload is staged, so one read takes
+/// dozens of FPDUs. Received in place, each 1448-byte FPDU cost a syscall of its own: uiw
+/// moved 64 KiB Writes across a veth at 0.21 GB/s against 1.5 GB/s this way (raw TCP: 1.7).
+const STAGE_SMALL_SEGMENTS: usize = 64 * 1024;
 /// Transmit backlog limits (pieces of one `sendmsg`, and bytes queued ahead of the socket).
 const TX_PIECES: usize = 48;
 const TX_BYTES: u64 = 1 << 20;
@@ -144,6 +153,7 @@ pub struct Link {
 
 impl Link {
     pub fn new(conn: Connection, stream: Box<dyn Stream>) -> Link {
+        let stage = if stream.mss() < DIRECT_MIN { STAGE_SMALL_SEGMENTS } else { STAGE };
         Link {
             conn,
             stream,
@@ -153,7 +163,7 @@ impl Link {
             tx_queued: 0,
             tx_sent: 0,
             held: VecDeque::new(),
-            stage: vec![0u8; STAGE].into_boxed_slice(),
+            stage: vec![0u8; stage].into_boxed_slice(),
             st_lo: 0,
             st_hi: 0,
             peer_hup: false,
