@@ -91,8 +91,17 @@ pub struct Qp {
     pub(crate) lease: Lease,
     /// The polls of the QP's CQs counted at the last post (see [`Qp::defer_doorbell`]).
     pub(crate) polls_at_post: AtomicU64,
+    /// Payload bytes of the posted chain whose doorbell has not rung yet (see
+    /// [`DEFER_MAX_BYTES`]).
+    pub(crate) chain_bytes: AtomicU64,
     pub inner: Mutex<QpInner>,
 }
+
+/// A post (or posted chain) carrying more payload than this rings its doorbell at once, never
+/// waiting for the next poll (`Qp::defer_doorbell`): waiting saves it no system call (it is a
+/// `sendmsg` of its own size anyway) and leaves the socket idle meanwhile — 1 MiB Writes lost
+/// a third of their bandwidth to it.
+const DEFER_MAX_BYTES: u64 = 16 << 10;
 
 /// Streams a QP keeps waiting for its decision (a peer that connects early, strangers).
 const MAX_PARKED: usize = 4;
@@ -816,7 +825,8 @@ impl Qp {
     pub fn doorbell(&self) {
         let mut inner = self.inner.lock();
         let mut rang = false;
-        if matches!(inner.attrs.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd) && !self.defer_doorbell() {
+        let large = self.chain_bytes.swap(0, Ordering::Relaxed) > DEFER_MAX_BYTES;
+        if matches!(inner.attrs.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd) && (large || !self.defer_doorbell()) {
             let env = self.env(inner.attrs.qp_access_flags);
             let f = inner.dp.doorbell(&env);
             self.sync_stats(&mut inner);
@@ -931,7 +941,11 @@ impl Qp {
             // RTR and posts credit Writes.
             QpState::Rtr | QpState::Rts | QpState::Sqd => {
                 let env = self.env(inner.attrs.qp_access_flags);
-                let ring = ring && !self.defer_doorbell();
+                let len = wqe.payload.len();
+                if !ring {
+                    self.chain_bytes.fetch_add(len, Ordering::Relaxed);
+                }
+                let ring = ring && (len > DEFER_MAX_BYTES || !self.defer_doorbell());
                 let r = inner.dp.post_send(&env, wqe, self.cap.max_send_wr, ring);
                 // An idle stream sends at once, from here.
                 self.sync_stats(&mut inner);
