@@ -233,16 +233,24 @@ pub fn spawn_started<F>(name: &str, f: F) -> io::Result<std::thread::JoinHandle<
 where
     F: FnOnce() + Send + 'static,
 {
-    let (started, wait) = std::sync::mpsc::sync_channel::<()>(1);
+    // A mutex and a condvar, not a channel: a blocking channel receive leaves a
+    // thread-local behind in the application's thread (valgrind: "possibly lost").
+    let started = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let s = started.clone();
     let h = std::thread::Builder::new().name(name.into()).spawn(move || {
         // By now std has set up the thread (its TLS, hence its arena); a first allocation of
         // the thread's own makes sure of the arena even if that ever changes.
         drop(std::hint::black_box(Box::new(0u64)));
-        let _ = started.send(());
+        *s.0.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        s.1.notify_one();
+        drop(s);
         f()
     })?;
-    // A thread that cannot report (it panicked before) has still finished starting.
-    let _ = wait.recv();
+    let (m, cv) = &*started;
+    let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
+    while !*g {
+        g = cv.wait(g).unwrap_or_else(|e| e.into_inner());
+    }
     Ok(h)
 }
 
