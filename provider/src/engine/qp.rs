@@ -805,6 +805,20 @@ impl Qp {
         Ok(())
     }
 
+    /// A receive was posted to this QP's SRQ ([`SrqObj::posted`]): a Send waiting for one
+    /// takes it and reads on now, as [`Qp::post_recv`] does for the QP's own queue.
+    pub fn srq_posted(&self) {
+        let mut inner = self.inner.lock();
+        if inner.dp.link.as_ref().is_some_and(|l| l.conn.rx_stalled()) {
+            if let Some((_, Some(f))) = self.pump_locked(&mut inner) {
+                self.fail_locked(inner, f);
+            } else {
+                drop(inner);
+            }
+            self.settle();
+        }
+    }
+
     /// `ibv_post_send` for one WR: checked as the kernel's providers check at post time. In
     /// ERROR the WR completes at once, flushed; before RTR it is refused (EINVAL). Posted before
     /// the stream is up, it waits.
