@@ -15,6 +15,12 @@
  * sleeps on B's completion channel. The receive must complete successfully with the
  * message; before the fix the Terminate came instead and B's CQ stayed empty.
  *
+ * Then a second pair, A2 -> B2, B2 on the same SRQ: two receives are posted to the SRQ,
+ * A sends one message to B, and once B has it, A2 sends one to B2. B2 must get the
+ * second receive. Before the fix B, reading on after its Send, had taken that receive
+ * ahead into its own queue, and B2's Send found the SRQ empty: "no buffer" Terminate
+ * (fabtests' fi_shared_ctx -e msg: one Send per endpoint, as many shared receives).
+ *
  *   srq_wait [-d DEV]
  *
  * Output is TAP-like ("ok - ..." / "not ok - ...", then "N passed, N failed"); exit status
@@ -100,11 +106,11 @@ int main(int argc, char **argv)
 	struct ibv_comp_channel *ch;
 	struct ibv_cq *acq, *bcq, *ev_cq;
 	struct ibv_srq *srq;
-	struct ibv_srq_init_attr si = { .attr = { .max_wr = 4, .max_sge = 1 } };
+	struct ibv_srq_init_attr si = { .attr = { .max_wr = 8, .max_sge = 1 } };
 	struct ibv_qp_init_attr ia;
-	struct ibv_qp *a, *b;
+	struct ibv_qp *a, *b, *a2, *b2;
 	struct ibv_mr *mr;
-	static char buf[2][64];
+	static char buf[4][64];
 	struct ibv_sge sge;
 	struct ibv_send_wr swr, *bad_s;
 	struct ibv_recv_wr rwr, *bad_r;
@@ -189,9 +195,47 @@ int main(int argc, char **argv)
 		got = n == 1;
 	}
 	snprintf(detail, sizeof(detail), "%s", got ? ibv_wc_status_str(wc.status) : "no completion");
-	check(got && wc.status == IBV_WC_SUCCESS && wc.wr_id == 2 && wc.opcode == IBV_WC_RECV &&
-		      !strcmp(buf[1], buf[0]),
-	      "B's SRQ receive completes with the message, woken through the channel", detail);
+	if (!check(got && wc.status == IBV_WC_SUCCESS && wc.wr_id == 2 && wc.opcode == IBV_WC_RECV &&
+			   !strcmp(buf[1], buf[0]),
+		   "B's SRQ receive completes with the message, woken through the channel", detail))
+		goto out;
+
+	/* Second part: no receive may stay with a QP that does not need it. */
+	ia.send_cq = acq;
+	ia.recv_cq = acq;
+	ia.srq = NULL;
+	a2 = ibv_create_qp(pd, &ia);
+	ia.send_cq = bcq;
+	ia.recv_cq = bcq;
+	ia.srq = srq;
+	b2 = a2 ? ibv_create_qp(pd, &ia) : NULL;
+	if (!check(b2 && !to_init(a2) && !to_init(b2) && !to_rtr(a2, b2->qp_num) && !to_rtr(b2, a2->qp_num) &&
+			   !to_rts(a2) && !to_rts(b2),
+		   "a second pair A2 -> B2, B2 on the same SRQ", strerror(errno)))
+		goto out;
+	for (i = 0; i < 2; i++) {
+		sge.addr = (uintptr_t)buf[2 + i];
+		rwr.wr_id = 10 + i;
+		if (!check(!ibv_post_srq_recv(srq, &rwr, &bad_r), "a receive posted to the SRQ", strerror(errno)))
+			goto out;
+	}
+	for (i = 0; i < 2; i++) {
+		sge.addr = (uintptr_t)buf[0];
+		if (!check(!ibv_post_send(i ? a2 : a, &swr, &bad_s), i ? "A2 sends to B2" : "A sends to B",
+			   strerror(errno)))
+			goto out;
+		/* The receive side's completion, by polling (bounded: a lost one fails). */
+		for (got = 0, n = 0; !got && n < 30000; n++) {
+			got = ibv_poll_cq(bcq, 1, &wc) == 1;
+			if (!got)
+				usleep(1000);
+		}
+		snprintf(detail, sizeof(detail), "%s", got ? ibv_wc_status_str(wc.status) : "no completion");
+		if (!check(got && wc.status == IBV_WC_SUCCESS && wc.qp_num == (i ? b2 : b)->qp_num,
+			   i ? "B2's Send finds the SRQ's second receive (B kept none)" : "B gets its Send",
+			   detail))
+			goto out;
+	}
 out:
 	printf("%d passed, %d failed\n", passed, failed);
 	return failed ? 1 : 0;
