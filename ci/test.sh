@@ -38,7 +38,7 @@ if command -v clang >/dev/null; then
 	tmp=$(mktemp -d)
 	for c in examples/c/*.c; do
 		clang -O1 -g -Wall -Wextra -Werror -Wno-unused-parameter \
-			-o "$tmp/$(basename "$c" .c)" "$c" -libverbs || { rm -rf "$tmp"; exit 1; }
+			-o "$tmp/$(basename "$c" .c)" "$c" -lrdmacm -libverbs -lpthread || { rm -rf "$tmp"; exit 1; }
 	done
 	rm -rf "$tmp"
 fi

@@ -557,9 +557,7 @@ impl Id {
         st.state = State::Listen;
         drop(st);
         let me = Arc::downgrade(self);
-        std::thread::Builder::new()
-            .name("uiw-rdmacm-listen".into())
-            .spawn(move || accept_loop(me, sock))
+        crate::thread::spawn_started("uiw-rdmacm-listen", move || accept_loop(me, sock))
             .map_err(|_| err(libc::ENOMEM))?;
         Ok(())
     }
@@ -722,10 +720,10 @@ impl Id {
         };
         let sock = Arc::try_unwrap(sock).map_err(|_| err(libc::EBUSY))?;
         let me = Arc::downgrade(self);
-        std::thread::Builder::new()
-            .name("uiw-rdmacm-connect".into())
-            .spawn(move || connect_thread(me, sock, port_picked, dst, dev, qp, pdata, ird, ord, cancel))
-            .map_err(|_| err(libc::ENOMEM))?;
+        crate::thread::spawn_started("uiw-rdmacm-connect", move || {
+            connect_thread(me, sock, port_picked, dst, dev, qp, pdata, ird, ord, cancel)
+        })
+        .map_err(|_| err(libc::ENOMEM))?;
         Ok(())
     }
 

@@ -15,6 +15,7 @@ mod exports;
 mod fwd;
 mod rsock;
 mod sys;
+mod thread;
 mod uiwcm;
 mod verbs;
 

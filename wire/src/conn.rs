@@ -144,8 +144,15 @@ pub struct Config {
     pub mss: usize,
     /// ULP private data for the Request/Reply (≤ 512 − 4 bytes).
     pub private_data: Vec<u8>,
-    /// Time allowed for MPA negotiation (and the RTR), milliseconds.
+    /// Time allowed for MPA negotiation (and the RTR), milliseconds: what the peer's stack
+    /// answers (a Responder's wait for the Request, the RTR after an accept).
     pub mpa_timeout_ms: u64,
+    /// Initiator: time allowed for the MPA Reply, milliseconds. The Reply waits for the
+    /// responder's application to accept (rdma_cm's CONNECT_REQUEST, then `rdma_accept`),
+    /// so it is an application's latency, not the stack's: a server that sets up its buffers
+    /// between the two on a busy host takes seconds. siw allows 10 s
+    /// (`MPAREQ_TIMEOUT`), cxgb4 60 s (`ep_timeout_secs`); the default is cxgb4's.
+    pub reply_timeout_ms: u64,
     /// Responder: report the Request as [`Event::ConnectRequest`] and wait
     /// for [`Connection::accept`] / [`Connection::reject`] (rdma_cm's
     /// listen/accept flow) instead of answering at once with this config.
@@ -192,6 +199,7 @@ impl Config {
             mss: 1460,
             private_data: Vec::new(),
             mpa_timeout_ms: 10_000,
+            reply_timeout_ms: 60_000,
             manual_accept: false,
             max_rx_ulpdu: mpa::MAX_ULPDU,
             rnr_wait_ms: 0,
@@ -667,7 +675,11 @@ impl Connection {
                 State::WaitRequest
             },
             neg: None,
-            deadline: Some(now_ms.saturating_add(cfg.mpa_timeout_ms)),
+            deadline: Some(now_ms.saturating_add(if cfg.role == Role::Initiator {
+                cfg.reply_timeout_ms
+            } else {
+                cfg.mpa_timeout_ms
+            })),
             tx_hold: None,
             events: VecDeque::new(),
             mpa_in: Vec::new(),

@@ -1470,3 +1470,42 @@ fn siw_echoed_offer_bit_is_not_an_acceptance() {
 fn hex(s: &str) -> Vec<u8> {
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
 }
+
+/// The Initiator's wait for the MPA Reply is `reply_timeout_ms`, not `mpa_timeout_ms`: the
+/// Reply waits for the responder's application to accept, which may take longer than the
+/// stack's own negotiation steps (fabtests' servers set up a buffer of `max_msg_sz` bytes
+/// between CONNECT_REQUEST and `rdma_accept`). An accept after `mpa_timeout_ms` but before
+/// `reply_timeout_ms` connects; no Reply by `reply_timeout_ms` fails the Initiator.
+#[test]
+fn slow_accept_within_reply_timeout_connects() {
+    let mut ca = Config::new(Role::Initiator);
+    ca.mpa_timeout_ms = 1_000;
+    ca.reply_timeout_ms = 5_000;
+    let mut cb = Config::new(Role::Responder);
+    cb.manual_accept = true;
+    cb.mpa_timeout_ms = 1_000;
+    let (mut a, mut b) = (Peer::new(ca.clone()), Peer::new(cb.clone()));
+    // The responder's wait for the Request is still the stack's timeout.
+    assert_eq!(b.c.poll_timeout(), Some(1_000));
+    assert_eq!(a.c.poll_timeout(), Some(5_000));
+    pump(&mut a, &mut b);
+    b.drain();
+    assert!(matches!(b.ev.remove(0), Event::ConnectRequest(_)), "{:?}", b.ev);
+    // The application accepts 3 s later: past mpa_timeout_ms, within reply_timeout_ms.
+    a.c.handle_timeout(3_000);
+    b.c.handle_timeout(3_000);
+    assert_eq!(a.c.state(), State::WaitReply);
+    assert_eq!(b.c.state(), State::WaitAccept);
+    b.c.accept(8, 8, b"", 3_000).unwrap();
+    pump(&mut a, &mut b);
+    assert_eq!(a.c.state(), State::Established, "{:?}", a.ev);
+    assert_eq!(b.c.state(), State::Established, "{:?}", b.ev);
+    // No accept at all: the Initiator gives up at reply_timeout_ms.
+    let (mut a, mut b) = (Peer::new(ca), Peer::new(cb));
+    pump(&mut a, &mut b);
+    a.c.handle_timeout(4_999);
+    assert_eq!(a.c.state(), State::WaitReply);
+    a.c.handle_timeout(5_000);
+    a.drain();
+    assert_eq!(a.ev, vec![Event::Failed(Failure::Timeout)]);
+}

@@ -209,6 +209,7 @@ impl Context {
             async_sink: self.async_sink.clone(),
             async_events_reported: AtomicU32::new(0),
             users: AtomicU32::new(0),
+            qps: Mutex::new(Vec::new()),
         }))
     }
 
@@ -278,6 +279,9 @@ impl Context {
         qp.send_cq.qps.lock().push(Arc::downgrade(&polled));
         if !Arc::ptr_eq(&qp.send_cq, &qp.recv_cq) {
             qp.recv_cq.qps.lock().push(Arc::downgrade(&polled));
+        }
+        if let Some(s) = &qp.srq {
+            s.qps.lock().push(Arc::downgrade(&qp));
         }
         let endpoint: Arc<dyn Endpoint> = qp.clone();
         net.register(&endpoint);

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use uiw_wire::conn::{Connection, Role};
+use uiw_wire::conn::{Connection, Role, State as WireState};
 
 use super::cm::{CmConn, CmQp, CmStatus};
 use super::cq::{CqObj, PolledQp, Poller};
@@ -648,7 +648,22 @@ impl Qp {
         if p.conn.accept(ird, ord, private_data, now_ms()).is_err() {
             return Err(Error::Invalid);
         }
+        // Established at once (no RTR to wait for): report ESTABLISHED before the Reply
+        // leaves. Once the Reply is out the peer may connect again at once, and that next
+        // CONNECT_REQUEST (the listener's thread, the progress thread) must not reach the
+        // application's event channel before this ESTABLISHED: fabtests' fi_multi_ep
+        // connects its endpoints one after the other over one EQ and takes anything else
+        // for an error (issue 13). The wire's own Established notice follows when the
+        // stream is served; CmConn reports ESTABLISHED once.
+        let established = match p.conn.state() {
+            WireState::Established => p.conn.negotiated().cloned(),
+            _ => None,
+        };
         self.cm_attach(&mut inner, cm, Link::new(p.conn, p.stream))?;
+        if let Some(neg) = established {
+            inner.attrs.qp_state = QpState::Rts;
+            cm.established(&neg.private_data, neg.ird, neg.ord);
+        }
         self.serve_locked(inner);
         Ok(())
     }
@@ -799,6 +814,20 @@ impl Qp {
             }
         }
         Ok(())
+    }
+
+    /// A receive was posted to this QP's SRQ ([`SrqObj::posted`]): a Send waiting for one
+    /// takes it and reads on now, as [`Qp::post_recv`] does for the QP's own queue.
+    pub fn srq_posted(&self) {
+        let mut inner = self.inner.lock();
+        if inner.dp.link.as_ref().is_some_and(|l| l.conn.rx_stalled()) {
+            if let Some((_, Some(f))) = self.pump_locked(&mut inner) {
+                self.fail_locked(inner, f);
+            } else {
+                drop(inner);
+            }
+            self.settle();
+        }
     }
 
     /// `ibv_post_send` for one WR: checked as the kernel's providers check at post time. In
@@ -1109,13 +1138,26 @@ mod tests {
     struct PollDuringPump {
         qp: Mutex<Weak<Qp>>,
         polls: AtomicUsize,
+        /// While set, engine-owned bytes (MPA frames) really go out, on this handle of the
+        /// stream's socket, for the tests that look at the wire.
+        wire: Mutex<Option<std::net::TcpStream>>,
     }
 
     impl UserMemory for PollDuringPump {
         fn recv(&self, _: RawFd, _: &Pinned, _: &mut [u8]) -> io::Result<usize> {
             Err(io::ErrorKind::WouldBlock.into())
         }
-        fn send(&self, _: RawFd, _: &[IoPart<'_>]) -> io::Result<usize> {
+        fn send(&self, _: RawFd, parts: &[IoPart<'_>]) -> io::Result<usize> {
+            if let Some(w) = self.wire.lock().unwrap().as_mut() {
+                let mut out = Vec::new();
+                for p in parts {
+                    match p {
+                        IoPart::Bytes(b) => out.extend_from_slice(b),
+                        IoPart::User(_) => unreachable!("no payload in these tests"),
+                    }
+                }
+                return std::io::Write::write(w, &out);
+            }
             let qp = self.qp.lock().unwrap().upgrade();
             if let Some(qp) = qp {
                 if self.polls.fetch_add(1, Ordering::SeqCst) < POLLS {
@@ -1140,7 +1182,8 @@ mod tests {
 
     /// The process's transport takes the memory of the first context that opens it: every test
     /// here uses this one, one test at a time ([`ONE_AT_A_TIME`]).
-    static MEM: PollDuringPump = PollDuringPump { qp: Mutex::new(Weak::new()), polls: AtomicUsize::new(0) };
+    static MEM: PollDuringPump =
+        PollDuringPump { qp: Mutex::new(Weak::new()), polls: AtomicUsize::new(0), wire: Mutex::new(None) };
     static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
     fn loopback() -> [u8; 16] {
@@ -1401,5 +1444,77 @@ mod tests {
         assert_eq!(request_ird_ord(QpState::Rts, 16, 8), (16, 8));
         assert_eq!(request_ird_ord(QpState::Rtr, 0, 0), (0, MAX_QP_INIT_RD_ATOM as u16));
         assert_eq!(request_ird_ord(QpState::Rtr, 4, 0), (4, MAX_QP_INIT_RD_ATOM as u16));
+    }
+
+    /// rdma_accept reports ESTABLISHED before the MPA Reply leaves (issue 13, fabtests'
+    /// fi_multi_ep -e msg): once the Reply is out the peer may connect again at once, and
+    /// that next CONNECT_REQUEST must not reach the application's channel first. The
+    /// ESTABLISHED callback here looks at the peer's socket: not a byte of the Reply may
+    /// have arrived yet (loopback TCP queues written bytes at the receiver before the write
+    /// returns). After the accept the Reply must be there, so the test sees both moments.
+    #[test]
+    fn accept_reports_established_before_the_reply_leaves() {
+        use std::io::{Read, Write};
+        use std::net::{TcpListener, TcpStream};
+        use std::sync::mpsc;
+
+        use super::super::cm::{CmConn, CmEventKind};
+        use uiw_wire::mpa::{encode_rr, FrameKind, IrdOrd, RrFrame};
+
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        struct Quiet;
+        impl Drop for Quiet {
+            fn drop(&mut self) {
+                *MEM.wire.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            }
+        }
+        let _quiet = Quiet;
+        let (ctx, qp) = context_and_opener();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut peer = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (ours, _) = l.accept().unwrap();
+        let w = ours.try_clone().unwrap();
+        w.set_nonblocking(true).unwrap();
+        *MEM.wire.lock().unwrap() = Some(w);
+        let probe = peer.try_clone().unwrap();
+        probe.set_nonblocking(true).unwrap();
+        let (tx, rx) = mpsc::channel::<(CmEventKind, Option<usize>)>();
+        let tx = Mutex::new(tx);
+        let cm = CmConn::new(Box::new(move |e| {
+            // At ESTABLISHED: how many Reply bytes the peer has already received.
+            let seen = (e.kind == CmEventKind::Established).then(|| {
+                let mut b = [0u8; 64];
+                match probe.peek(&mut b) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+                    Err(e) => panic!("peek: {e}"),
+                }
+            });
+            let _ = tx.lock().unwrap().send((e.kind, seen));
+        }));
+        ctx.cm_passive(ours, cm.clone()).unwrap();
+        let mut req = Vec::new();
+        encode_rr(FrameKind::Request, 0, 2, Some(IrdOrd { ird: 1, ord: 1, ..Default::default() }), b"", &mut req);
+        peer.write_all(&req).unwrap();
+        let wait = std::time::Duration::from_secs(30);
+        assert_eq!(rx.recv_timeout(wait).unwrap().0, CmEventKind::ConnectRequest);
+        qp.cm_accept(&cm, b"", 1, 1).unwrap();
+        let (kind, seen) = rx.recv_timeout(wait).unwrap();
+        assert_eq!(kind, CmEventKind::Established);
+        assert_eq!(seen, Some(0), "the MPA Reply reached the peer before ESTABLISHED was reported");
+        // And the Reply did go out (`probe` shares the socket's O_NONBLOCK: clear it).
+        peer.set_nonblocking(false).unwrap();
+        peer.set_read_timeout(Some(wait)).unwrap();
+        let mut got = Vec::new();
+        let mut b = [0u8; 256];
+        while RrFrame::parse(&got).is_err() {
+            let n = peer.read(&mut b).unwrap();
+            assert!(n > 0, "the stream closed before the MPA Reply");
+            got.extend_from_slice(&b[..n]);
+        }
+        let (f, _) = RrFrame::parse(&got).unwrap();
+        assert!(!f.hdr.reject());
+        cm.release();
+        ctx.destroy_qp(&qp);
     }
 }

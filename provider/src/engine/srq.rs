@@ -92,9 +92,31 @@ pub struct SrqObj {
     pub(crate) async_sink: Arc<AsyncSink>,
     pub async_events_reported: AtomicU32,
     pub(crate) users: AtomicU32,
+    /// The QPs that take their receives from here, for [`SrqObj::posted`].
+    pub(crate) qps: Mutex<Vec<std::sync::Weak<super::qp::Qp>>>,
 }
 
 impl SrqObj {
+    /// After `ibv_post_srq_recv`: a QP of this SRQ whose incoming Send waits for a receive
+    /// (wire `rnr_wait_ms`) takes one and reads on now. Without this it waited for its own
+    /// next event — none, if its application sleeps on a completion channel — and at the
+    /// end of the wait sent a "no buffer" Terminate although a receive was posted (issue 13:
+    /// fabtests' `fi_shared_ctx -e msg`, whose server posts its receives only once every
+    /// endpoint is connected, while the client sends as soon as its own are).
+    pub fn posted(&self) {
+        let qps: Vec<Arc<super::qp::Qp>> = {
+            let mut q = self.qps.lock();
+            q.retain(|w| w.strong_count() > 0);
+            q.iter().filter_map(std::sync::Weak::upgrade).collect()
+        };
+        for qp in qps {
+            if self.inner.lock().is_empty() {
+                break;
+            }
+            qp.srq_posted();
+        }
+    }
+
     /// Async events the application read for this SRQ.
     pub fn async_events_to_ack(&self) -> u32 {
         self.async_sink.settle(self.handle.load(Ordering::Acquire), &self.async_events_reported)

@@ -215,6 +215,8 @@ pub(super) unsafe extern "C" fn post_srq_recv(srq: *mut ibv_srq, wr: *mut ibv_re
     guard(libc::EFAULT, || {
         // SAFETY: srq is one of ours.
         let obj = unsafe { srq_obj(srq) };
-        post_chain(wr, bad, |w| recv_wqe(w).and_then(|q| obj.inner.lock().post(q)))
+        let r = post_chain(wr, bad, |w| recv_wqe(w).and_then(|q| obj.inner.lock().post(q)));
+        obj.posted();
+        r
     })
 }

@@ -728,6 +728,7 @@ pub fn run(data: &[u8]) -> Report {
             async_sink: Arc::new(EventQueue::new(a, unread, 16)),
             async_events_reported: AtomicU32::new(0),
             users: AtomicU32::new(1),
+            qps: Mutex::new(Vec::new()),
         }
     });
     let frozen = [RO, SRC, OTHER].iter().map(|&i| (i, arena.get(addr(i), REGIONS[i].len as usize))).collect();

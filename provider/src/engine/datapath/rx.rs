@@ -64,9 +64,12 @@ impl DataPath {
                 Some(l) if !l.peer_eof => l.conn.rx_want(),
                 _ => return (false, None),
             };
-            // A Send waiting for a receive (RxWant::Wait) takes one from the SRQ too, and goes
-            // on at once if it got one.
-            if matches!(want, RxWant::Bytes(_) | RxWant::Wait) && env.srq.is_some() {
+            // A Send waiting for a receive (RxWant::Wait) takes one from the SRQ, and goes on
+            // at once if it got one. Only then: taken ahead, whenever the stream had bytes to
+            // read, a receive stayed with a QP that had already had its Send, while another
+            // QP's Send found the SRQ empty and ended in a "no buffer" Terminate (issue 13:
+            // fi_shared_ctx -e msg, one Send per endpoint and as many shared receives).
+            if matches!(want, RxWant::Wait) && env.srq.is_some() {
                 let stalled = |l: &Option<Link>| l.as_ref().is_some_and(|l| l.conn.rx_stalled());
                 let before = stalled(&self.link);
                 self.top_up_srq(env);

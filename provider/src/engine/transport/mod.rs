@@ -161,6 +161,17 @@ pub fn crc_requested() -> bool {
     std::env::var("UIW_CRC").is_ok_and(|v| v.trim() == "1")
 }
 
+/// Time an active side waits for the MPA Reply (`UIW_MPA_REPLY_TIMEOUT`, seconds, default
+/// 60, never less than [`mpa_timeout_ms`]). The Reply comes only once the passive
+/// application accepts, after whatever it does between CONNECT_REQUEST and `rdma_accept`
+/// (fabtests' servers clear a `max_msg_sz`-sized buffer there, seconds on a busy host): an
+/// application's latency, which the stack's 10 s must not cut short. The peer's liveness
+/// meanwhile is TCP's (keep-alive, [`peer_timeout_ms`]).
+pub fn reply_timeout_ms() -> u64 {
+    static V: OnceLock<u64> = OnceLock::new();
+    *V.get_or_init(|| env_secs_ms("UIW_MPA_REPLY_TIMEOUT", 60_000).max(mpa_timeout_ms()))
+}
+
 /// The protocol settings of a uiw connection (MPA v2, RFC 7306 offered, CRC asked for with
 /// `UIW_CRC=1`, see [`crc_requested`]).
 pub fn config(role: Role, ird: u16, ord: u16, private_data: Vec<u8>, mss: usize) -> Config {
@@ -173,6 +184,7 @@ pub fn config(role: Role, ird: u16, ord: u16, private_data: Vec<u8>, mss: usize)
     c.mss = mss.max(536);
     c.manual_accept = role == Role::Responder;
     c.mpa_timeout_ms = mpa_timeout_ms();
+    c.reply_timeout_ms = reply_timeout_ms();
     c.rnr_wait_ms = RNR_WAIT_MS;
     c.even_segments = true;
     // RFC 6581 §5 peer-to-peer mode: a responder answers an initiator that asks for an RTR
