@@ -23,5 +23,6 @@ pub mod ffi;
 pub mod private;
 pub mod stats;
 pub mod sys;
+pub mod thread;
 pub mod uverbs;
 pub mod version;

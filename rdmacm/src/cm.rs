@@ -557,7 +557,7 @@ impl Id {
         st.state = State::Listen;
         drop(st);
         let me = Arc::downgrade(self);
-        crate::thread::spawn_started("uiw-rdmacm-listen", move || accept_loop(me, sock))
+        uiw_kabi::thread::spawn_started("uiw-rdmacm-listen", move || accept_loop(me, sock))
             .map_err(|_| err(libc::ENOMEM))?;
         Ok(())
     }
@@ -720,7 +720,7 @@ impl Id {
         };
         let sock = Arc::try_unwrap(sock).map_err(|_| err(libc::EBUSY))?;
         let me = Arc::downgrade(self);
-        crate::thread::spawn_started("uiw-rdmacm-connect", move || {
+        uiw_kabi::thread::spawn_started("uiw-rdmacm-connect", move || {
             connect_thread(me, sock, port_picked, dst, dev, qp, pdata, ird, ord, cancel)
         })
         .map_err(|_| err(libc::ENOMEM))?;

@@ -165,7 +165,7 @@ fn sys_channel(chan: &Arc<Chan>) -> io::Result<*mut abi::rdma_event_channel> {
     m.insert(key, c as usize);
     let weak = Arc::downgrade(chan);
     let cv = c as usize;
-    crate::thread::spawn_started("uiw-rdmacm-fwd", move || pump(weak, cv))
+    uiw_kabi::thread::spawn_started("uiw-rdmacm-fwd", move || pump(weak, cv))
         .map_err(|_| io::Error::from_raw_os_error(libc::ENOMEM))?;
     Ok(c)
 }

@@ -15,7 +15,6 @@ mod exports;
 mod fwd;
 mod rsock;
 mod sys;
-mod thread;
 mod uiwcm;
 mod verbs;
 
