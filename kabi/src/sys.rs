@@ -207,6 +207,52 @@ impl Epoll {
     }
 }
 
+/// A one-shot `timerfd` on `CLOCK_MONOTONIC` (non-blocking, close-on-exec): readable once
+/// the time it was armed for has come, until [`TimerFd::drain`]. What a thread that sleeps in
+/// epoll is woken by when a deadline is set by another thread, without that thread waking it.
+#[derive(Debug)]
+pub struct TimerFd {
+    fd: std::os::fd::OwnedFd,
+}
+
+impl TimerFd {
+    pub fn new() -> io::Result<TimerFd> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: timerfd_create has no memory preconditions; a non-negative result is a new
+        // fd that we own from here on.
+        let fd = unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd was just created and is owned by nobody else.
+        Ok(TimerFd { fd: unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) } })
+    }
+
+    /// Fires once, `after` from now (a zero duration fires at once); replaces any earlier arming.
+    pub fn arm(&self, after: std::time::Duration) -> io::Result<()> {
+        // A zero it_value would disarm: the shortest arming is 1 ns.
+        let after = after.max(std::time::Duration::from_nanos(1));
+        let v = libc::itimerspec {
+            it_interval: libc::timespec { tv_sec: 0, tv_nsec: 0 },
+            it_value: libc::timespec { tv_sec: after.as_secs().min(i64::MAX as u64) as libc::time_t, tv_nsec: after.subsec_nanos() as libc::c_long },
+        };
+        // SAFETY: v is a valid itimerspec for the call; the old value is not asked for (null).
+        check(unsafe { libc::timerfd_settime(self.fd.as_raw_fd(), 0, &v, std::ptr::null_mut()) }.into())
+    }
+
+    /// Cancels the arming and any expiry not yet read: unreadable until armed again.
+    pub fn disarm(&self) -> io::Result<()> {
+        let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        let v = libc::itimerspec { it_interval: zero, it_value: zero };
+        // SAFETY: v is a valid itimerspec for the call; the old value is not asked for (null).
+        check(unsafe { libc::timerfd_settime(self.fd.as_raw_fd(), 0, &v, std::ptr::null_mut()) }.into())
+    }
+
+    pub fn fd(&self) -> i32 {
+        self.fd.as_raw_fd()
+    }
+}
+
 /// `getsockopt(fd, IPPROTO_TCP, TCP_MAXSEG)`: the connection's MSS (MPA sizes FPDUs by it).
 pub fn tcp_maxseg(s: &impl AsRawFd) -> io::Result<u32> {
     let mut v: libc::c_int = 0;

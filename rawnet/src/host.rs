@@ -79,6 +79,11 @@ impl<Io: FrameIo> Host<Io> {
         Ok(n > 0 || sent > 0)
     }
 
+    /// Whether a frame waits for room in the driver (the next `poll` sends it first).
+    pub fn backlogged(&self) -> bool {
+        self.pending.is_some()
+    }
+
     /// Block until a frame may have arrived, the stack's next deadline, or `max`.
     pub fn wait(&mut self, max: Duration) -> io::Result<()> {
         let now = Instant::now();

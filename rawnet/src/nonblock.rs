@@ -97,7 +97,7 @@ impl Transport {
         let h = host.stack.connect(port, remote);
         let stream = RawStream::nonblocking(s.clone(), h, ev);
         watch(s, &stream, Some(State::SynSent));
-        host.poll(64)?;
+        s.poll(&mut host, 64)?;
         notify(&mut host, s);
         Ok(stream)
     }
@@ -162,13 +162,13 @@ impl RawStream {
     pub fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let s = self.shared.clone();
         let mut host = s.lock();
-        host.poll(64)?;
+        s.poll(&mut host, 64)?;
         let t = host.stack.tcb(self.h).ok_or_else(gone)?;
         let n = t.recv(buf);
         let (eof, closed) = (t.at_eof(), t.state() == State::Closed);
         if n > 0 {
             // A window update may be due.
-            host.poll(64)?;
+            s.poll(&mut host, 64)?;
         }
         let r = if n == 0 && !buf.is_empty() {
             if eof {
@@ -221,7 +221,7 @@ impl RawStream {
             Err(_) if t.state() == State::Closed => Err(gone()),
             Err(_) => Err(io::Error::new(io::ErrorKind::BrokenPipe, "connection closed for sending")),
         };
-        host.poll(64)?;
+        s.poll(&mut host, 64)?;
         notify(&mut host, &s);
         r
     }

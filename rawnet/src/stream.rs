@@ -7,17 +7,27 @@
 //! One lock guards the host. Readers and writers take it, do their turn of the stack
 //! (`Host::poll`) themselves — an application thread waiting for data polls the rings
 //! directly — and sleep on a condition variable that the progress thread signals after every
-//! turn that moved something; the progress thread sleeps in poll(2) on the socket, outside
-//! the lock, bounded by the stack's next timer.
+//! turn that moved something; the progress thread sleeps in epoll on the socket and on a
+//! timerfd, outside the lock. Whoever turns the stack arms the timerfd when the stack's next
+//! deadline (a retransmission, TIME-WAIT) is earlier than the one it is armed for, so a
+//! deadline set by a writer is kept without waking anyone, and an idle transport sleeps
+//! with no periodic wake-up.
+//!
+//! [`Transport::open_driven`] starts no thread: the caller's event loop (the provider's
+//! progress thread) waits on [`Transport::fds`] itself and calls [`Transport::turn`], so a
+//! frame that arrives is handled by the thread that waits for it, with no hop through a
+//! thread of this crate.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
+use std::os::fd::RawFd;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use uiw_kabi::sys::{Epoll, TimerFd, EPOLL_IN};
 use uiw_utcp::{Config, Handle, StackConfig, State};
 
 use crate::afpacket::PacketSocket;
@@ -30,6 +40,10 @@ use crate::{neigh, FrameIo, Host, Iface};
 
 pub(crate) type Dyn = Host<Box<dyn FrameIo>>;
 
+/// How soon a turn retries a frame the driver had no room for (its TX ring or socket
+/// buffer full): the kernel frees room without telling.
+const TX_RETRY: Duration = Duration::from_micros(200);
+
 pub(crate) struct Shared {
     pub(crate) host: Mutex<Dyn>,
     /// Connections whose stream was dropped: removed from the stack once CLOSED (lock
@@ -37,7 +51,12 @@ pub(crate) struct Shared {
     orphans: Mutex<Vec<Handle>>,
     moved: Condvar,
     stop: AtomicBool,
+    /// The driver's descriptor (the XSK or packet socket): readable when frames arrive.
     fd: i32,
+    /// Readable when the stack's next deadline has come (see the module doc).
+    timer: TimerFd,
+    /// The deadline `timer` is armed for (changed under the host lock).
+    armed: Mutex<Option<Instant>>,
     /// Streams used without blocking (see [`crate::nonblock`]): what their readiness
     /// descriptor waits for (lock order: `host`, then `watches`).
     pub(crate) watches: Mutex<HashMap<Handle, Watch>>,
@@ -51,6 +70,64 @@ pub(crate) struct Shared {
 impl Shared {
     pub(crate) fn lock(&self) -> MutexGuard<'_, Dyn> {
         self.host.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One turn of the stack (`Host::poll`) by any thread, under the host lock; then the
+    /// timer covers the stack's next deadline.
+    pub(crate) fn poll(&self, host: &mut Dyn, budget: usize) -> io::Result<bool> {
+        let r = host.poll(budget);
+        self.arm(host);
+        r
+    }
+
+    /// Arms the timerfd for the stack's next deadline if it is earlier than the armed one (a
+    /// later or no deadline leaves the arming: it fires for nothing at worst, once).
+    fn arm(&self, host: &Dyn) {
+        let mut next = host.stack.poll_timeout();
+        if host.backlogged() {
+            // The driver had no room for a frame: nothing wakes a waiter when it has again.
+            let retry = Instant::now() + TX_RETRY;
+            next = Some(next.map_or(retry, |t| t.min(retry)));
+        }
+        let Some(t) = next else { return };
+        let mut armed = self.armed.lock().unwrap_or_else(|p| p.into_inner());
+        if armed.map_or(true, |a| t < a) {
+            let _ = self.timer.arm(t.saturating_duration_since(Instant::now()));
+            *armed = Some(t);
+        }
+    }
+
+    /// The progress work: a turn of the stack (frames in, timers, frames out), streams
+    /// dropped meanwhile removed once closed, waiters woken. Returns whether it moved
+    /// anything (more may be waiting).
+    fn turn(&self) -> bool {
+        let moved = {
+            let mut host = self.lock();
+            {
+                // The armed deadline has come: disarm, which also takes back an expiry that
+                // fired (it stops reporting) or is about to; `poll` below re-arms for the
+                // next. A turn before the deadline costs no system call for the timer.
+                let mut armed = self.armed.lock().unwrap_or_else(|p| p.into_inner());
+                if armed.is_some_and(|a| a <= Instant::now()) {
+                    let _ = self.timer.disarm();
+                    *armed = None;
+                }
+            }
+            let moved = self.poll(&mut host, 256).unwrap_or(false);
+            let mut orphans = self.orphans.lock().unwrap_or_else(|p| p.into_inner());
+            orphans.retain(|&h| match host.stack.tcb(h).map(|t| t.state()) {
+                Some(State::Closed) | None => {
+                    host.stack.remove(h);
+                    false
+                }
+                _ => true,
+            });
+            drop(orphans);
+            crate::nonblock::notify(&mut host, self);
+            moved
+        };
+        self.moved.notify_all();
+        moved
     }
 }
 
@@ -74,6 +151,18 @@ impl Transport {
     /// Open `kind` on interface `ifname` (in the calling thread's namespace), steering
     /// uiw's `ports`, and start the progress thread.
     pub fn open(ifname: &str, kind: Kind, ports: (u16, u16), tcp: Config) -> io::Result<Transport> {
+        let mut t = Transport::open_driven(ifname, kind, ports, tcp)?;
+        let s = t.shared.clone();
+        t.progress = Some(std::thread::Builder::new().name("uiw-rawnet".into()).spawn(move || progress(s))?);
+        Ok(t)
+    }
+
+    /// As [`Transport::open`], without a progress thread: the caller waits until one of
+    /// [`Transport::fds`] is readable (level-triggered: frames wait in the ring, or a
+    /// deadline has come) and then calls [`Transport::turn`]. Its streams are meant for
+    /// non-blocking use ([`crate::nonblock`]): a blocking read or write turns the stack
+    /// itself, but waits for others' turns in short sleeps.
+    pub fn open_driven(ifname: &str, kind: Kind, ports: (u16, u16), tcp: Config) -> io::Result<Transport> {
         let iface = Iface::lookup(ifname)?;
         let guard = RstGuard::install(ifname, iface.ip, ports)?;
         let io: Box<dyn FrameIo> = match kind {
@@ -90,14 +179,32 @@ impl Transport {
             moved: Condvar::new(),
             stop: AtomicBool::new(false),
             fd,
+            timer: TimerFd::new()?,
+            armed: Mutex::new(None),
             watches: Mutex::new(HashMap::new()),
             listen_ev: Mutex::new(None),
             ports,
             next_port: AtomicU32::new(first),
         });
-        let s = shared.clone();
-        let progress = std::thread::Builder::new().name("uiw-rawnet".into()).spawn(move || progress(s))?;
-        Ok(Transport { shared, progress: Some(progress), kind: name, _guard: guard })
+        Ok(Transport { shared, progress: None, kind: name, _guard: guard })
+    }
+
+    /// What a driven transport's caller waits on, readable (level) until [`Transport::turn`]
+    /// has done the work: the driver's socket (frames arrived) and the timer (a deadline).
+    pub fn fds(&self) -> [RawFd; 2] {
+        [self.shared.fd, self.shared.timer.fd()]
+    }
+
+    /// The progress work of a driven transport: frames in, timers, frames out; the
+    /// readiness of the non-blocking streams and listener signalled. Returns whether it
+    /// moved anything.
+    pub fn turn(&self) -> bool {
+        self.shared.turn()
+    }
+
+    /// Frames received so far (by whichever thread turned the stack).
+    pub fn rx_frames(&self) -> u64 {
+        self.shared.lock().stats.rx_frames
     }
 
     /// The driver in use ("xdp (native, copy)", "packet").
@@ -134,7 +241,7 @@ impl Transport {
         let mut host = self.shared.lock();
         let h = host.stack.connect(local_port, remote);
         loop {
-            host.poll(64)?;
+            self.shared.poll(&mut host, 64)?;
             match host.stack.tcb(h).map(|t| t.state()) {
                 Some(State::Established) => return Ok(RawStream { shared: self.shared.clone(), h, timeout: None, ev: None }),
                 Some(State::SynSent) => {}
@@ -173,43 +280,36 @@ fn wait<'a>(shared: &'a Shared, host: MutexGuard<'a, Dyn>, end: Instant) -> io::
 impl Drop for Transport {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Relaxed);
+        // The thread sleeps without a timeout: the timer wakes it to see `stop`.
+        let _ = self.shared.timer.arm(Duration::ZERO);
         if let Some(p) = self.progress.take() {
             let _ = p.join();
         }
     }
 }
 
-/// The progress thread: turn the stack, wake waiters, sleep in poll(2) when idle.
+/// The progress thread of [`Transport::open`]: turn the stack, wake waiters, sleep in epoll
+/// on the socket and the timer when nothing moved — with no timeout: a deadline is the
+/// timer's, so an idle transport never wakes.
 fn progress(s: Arc<Shared>) {
+    let ep = match Epoll::new().and_then(|ep| {
+        ep.add(s.fd, 0, EPOLL_IN)?;
+        ep.add(s.timer.fd(), 1, EPOLL_IN)?;
+        Ok(ep)
+    }) {
+        Ok(ep) => ep,
+        Err(e) => {
+            eprintln!("uiw-rawnet: progress thread: epoll: {e}");
+            return;
+        }
+    };
+    let mut evs = Vec::with_capacity(2);
     while !s.stop.load(Ordering::Relaxed) {
-        let (moved, next) = {
-            let mut host = s.lock();
-            let moved = host.poll(256).unwrap_or(false);
-            let mut orphans = s.orphans.lock().unwrap_or_else(|p| p.into_inner());
-            orphans.retain(|&h| match host.stack.tcb(h).map(|t| t.state()) {
-                Some(State::Closed) | None => {
-                    host.stack.remove(h);
-                    false
-                }
-                _ => true,
-            });
-            drop(orphans);
-            crate::nonblock::notify(&mut host, &s);
-            (moved, host.stack.poll_timeout())
-        };
-        s.moved.notify_all();
-        if moved {
+        if s.turn() {
             continue;
         }
-        let mut t = Duration::from_millis(10);
-        if let Some(d) = next {
-            t = t.min(d.saturating_duration_since(Instant::now()));
-        }
-        let mut p = libc::pollfd { fd: s.fd, events: libc::POLLIN, revents: 0 };
-        let ms = t.as_micros().div_ceil(1000) as i32;
-        // SAFETY: one valid pollfd for the duration of the call; the fd belongs to the host,
-        // which outlives this thread (joined before the host is dropped).
-        unsafe { libc::poll(&mut p, 1, ms) };
+        evs.clear();
+        let _ = ep.wait_for(&mut evs, None);
     }
 }
 
@@ -260,7 +360,7 @@ impl RawStream {
             t.close();
         }
         loop {
-            host.poll(64)?;
+            self.shared.poll(&mut host, 64)?;
             let t = host.stack.tcb(self.h).ok_or_else(gone)?;
             match t.state() {
                 State::FinWait2 | State::TimeWait | State::Closed if t.send_queued() == 0 => return Ok(()),
@@ -281,7 +381,7 @@ impl Read for RawStream {
         let end = self.end();
         let mut host = self.shared.lock();
         loop {
-            host.poll(64)?;
+            self.shared.poll(&mut host, 64)?;
             let t = host.stack.tcb(self.h).ok_or_else(gone)?;
             let n = t.recv(buf);
             if n > 0 || buf.is_empty() || t.at_eof() {
@@ -303,16 +403,17 @@ impl Write for RawStream {
             let t = host.stack.tcb(self.h).ok_or_else(gone)?;
             let n = t.send(buf).map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "connection closed for sending"))?;
             if n > 0 || buf.is_empty() {
-                host.poll(64)?;
+                self.shared.poll(&mut host, 64)?;
                 return Ok(n);
             }
-            host.poll(64)?;
+            self.shared.poll(&mut host, 64)?;
             host = wait(&self.shared, host, end)?;
         }
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        self.shared.lock().poll(64).map(|_| ())
+        let mut host = self.shared.lock();
+        self.shared.poll(&mut host, 64).map(|_| ())
     }
 }
 
