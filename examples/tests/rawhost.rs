@@ -43,6 +43,37 @@ fn testbed(test: &str, opts: &[&str]) -> Option<(std::sync::MutexGuard<'static, 
 }
 
 
+/// The names of the threads of process `pid` and of its descendants (`ci/testbed.sh run`
+/// reaches the program through `ip netns exec` and `uiw run`).
+fn thread_names(pid: u32) -> Vec<String> {
+    let ppid = |p: u32| -> Option<u32> {
+        let s = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+        s[s.rfind(')')? + 2..].split_whitespace().nth(1)?.parse().ok()
+    };
+    let all: Vec<u32> = std::fs::read_dir("/proc").unwrap().filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
+    let mut tree = vec![pid];
+    let mut grew = true;
+    while grew {
+        grew = false;
+        for &p in &all {
+            if !tree.contains(&p) && ppid(p).is_some_and(|pp| tree.contains(&pp)) {
+                tree.push(p);
+                grew = true;
+            }
+        }
+    }
+    let mut names = Vec::new();
+    for p in tree {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else { continue };
+        for t in tasks.flatten() {
+            if let Ok(c) = std::fs::read_to_string(t.path().join("comm")) {
+                names.push(c.trim().to_string());
+            }
+        }
+    }
+    names
+}
+
 fn os(v: &[&str]) -> Vec<OsString> {
     v.iter().map(OsString::from).collect()
 }
@@ -169,6 +200,12 @@ fn a_killed_raw_peer_is_detected() {
     cmd.env("UIW_PEER_TIMEOUT", "3");
     let mut peer = Running::spawn("peer", cmd);
     s.wait_for_line("STREAMING", Duration::from_secs(60)).unwrap_or_else(|e| panic!("{e}: {:?}", s.lines()));
+    // The xdp transport has no thread of its own: the provider's progress thread waits on
+    // the AF_XDP socket itself (issue 12's polling model; an arriving frame used to wake a
+    // `uiw-rawnet` thread, which then woke the progress thread).
+    let threads = thread_names(s.pid());
+    assert!(threads.iter().any(|t| t == "uiw-progress"), "the survivor's threads: {threads:?}");
+    assert!(!threads.iter().any(|t| t == "uiw-rawnet"), "a transport thread between the socket and the QPs: {threads:?}");
     let killed = peer.kill();
     let s = s.finish(Instant::now() + Duration::from_secs(60));
     let first = s.lines.iter().find(|l| l.text.starts_with("FIRST_ERROR")).map(|l| l.at.saturating_duration_since(killed));

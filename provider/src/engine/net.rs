@@ -89,6 +89,8 @@ const TOKEN_WAKE: u64 = 1;
 const KIND_QP: u64 = 1 << 32;
 const KIND_PENDING: u64 = 2 << 32;
 const KIND_CLOSING: u64 = 3 << 32;
+/// A raw-frame transport's socket or timer (index into `Net::raw_turn`).
+const KIND_RAW: u64 = 4 << 32;
 const KIND_MASK: u64 = 0xffff_ffff << 32;
 
 /// The progress thread's doorbell: a socket pair whose read end is in its epoll set
@@ -152,8 +154,10 @@ pub struct Net {
     requeued: Mutex<Vec<u32>>,
     /// The kernel's TCP: what `--transport tcp` devices' QPs connect over.
     kernel: Arc<dyn Connector>,
-    /// The raw-frame transports of `--transport xdp|packet` devices, by netdev.
-    raw: Mutex<HashMap<String, Arc<dyn Connector>>>,
+    /// The raw-frame transports of `--transport xdp|packet` devices, by netdev; the
+    /// progress thread turns each (token `KIND_RAW | index` in `raw_turn`).
+    raw: Mutex<HashMap<String, Arc<RawTcp>>>,
+    raw_turn: RwLock<Vec<Arc<RawTcp>>>,
     stop: AtomicBool,
     waker: Waker,
 }
@@ -325,6 +329,7 @@ impl Net {
             requeued: Mutex::new(Vec::new()),
             kernel: Arc::new(KernelTcp),
             raw: Mutex::new(HashMap::new()),
+            raw_turn: RwLock::new(Vec::new()),
             stop: AtomicBool::new(false),
             waker,
         })
@@ -361,7 +366,7 @@ impl Net {
     pub fn connector(&self, device: &DeviceInfo) -> Arc<dyn Connector> {
         match device.transport {
             TransportKind::Tcp => self.kernel.clone(),
-            _ => self.raw.lock().get(&device.netdev).cloned().unwrap_or_else(|| self.kernel.clone()),
+            _ => self.raw.lock().get(&device.netdev).map_or_else(|| self.kernel.clone(), |t| t.clone() as Arc<dyn Connector>),
         }
     }
 
@@ -388,7 +393,16 @@ impl Net {
         }
         self.listeners.lock().push((ip, l));
         crate::uiw_log!(Info, "{}: QP streams go over uiw's TCP on {} ({}), port {port}", device.name, device.netdev, t.driver());
-        raw.insert(device.netdev.clone(), Arc::new(t));
+        let t = Arc::new(t);
+        // The progress thread waits on the transport's socket and timer itself: an arriving
+        // frame wakes the thread that serves the QP, not a thread of the transport's own.
+        let mut turn = self.raw_turn.write();
+        let tok = KIND_RAW | turn.len() as u64;
+        for fd in t.fds() {
+            self.epoll.add(fd, tok, EPOLL_IN).map_err(|e| AcquireError::Raw(format!("{}: epoll", device.name), e))?;
+        }
+        turn.push(t.clone());
+        raw.insert(device.netdev.clone(), t);
         Ok(())
     }
 
@@ -494,6 +508,14 @@ impl Net {
                         self.serve_closing(tok & !KIND_MASK, now_ms());
                         false
                     }
+                    KIND_RAW => {
+                        // Level-triggered: what this turn leaves in the ring reports again.
+                        let t = self.raw_turn.read().get((tok & !KIND_MASK) as usize).cloned();
+                        if let Some(t) = t {
+                            t.turn();
+                        }
+                        false
+                    }
                     _ if tok == TOKEN_LISTENER => {
                         self.accept_all();
                         next_due = Some(0);
@@ -556,10 +578,15 @@ impl Net {
         if let Some(mut l) = self.listeners.try_lock() {
             l.clear();
         }
-        // A raw transport's progress thread is the parent's: dropping it would join a thread
-        // that does not exist here.
+        // A raw transport (its stack, its lock, its XDP link) is the parent's: dropping it
+        // here would take a lock a parent thread may have held at the fork.
         if let Some(mut r) = self.raw.try_lock() {
             for (_, t) in r.drain() {
+                std::mem::forget(t);
+            }
+        }
+        if let Some(mut r) = self.raw_turn.try_write() {
+            for t in r.drain(..) {
                 std::mem::forget(t);
             }
         }

@@ -3,9 +3,13 @@
 //! connect over. The same QP numbering, MPA and RTR connect as over the kernel's TCP; an
 //! application cannot tell.
 //!
-//! The stack runs in this process: its own progress thread keeps TCP going (ACKs,
-//! retransmissions, handshakes), and each stream and the listener have an eventfd that the
-//! provider's progress thread waits on like a socket (see `uiw_rawnet::nonblock`). Payload is
+//! The stack runs in this process, driven by the provider's own threads: the progress thread
+//! waits on the transport's socket (the XSK or packet socket) and timer itself ([`RawTcp::fds`])
+//! and turns the stack when frames arrive or a deadline comes ([`RawTcp::turn`]) — no thread of
+//! the transport's own sits between an arriving frame and the QP it is for — and an
+//! application thread that polls its CQ turns it too, reading the rings directly (a QP's
+//! `recv` turns the stack first). Each stream and the listener have an eventfd that the
+//! progress thread waits on like a socket (see `uiw_rawnet::nonblock`). Payload is
 //! copied between application memory and the stack's buffers (`UserMemory::read`/`write`):
 //! the stack owns its buffers, as AF_XDP copy mode and AF_PACKET copy every frame anyway.
 
@@ -64,7 +68,7 @@ impl RawTcp {
         let iface = uiw_rawnet::Iface::lookup(netdev)?;
         let mss = iface.mtu.saturating_sub(40).max(536);
         let tcp = tcp_config(mss, super::peer_timeout_ms());
-        let transport = Transport::open(netdev, kind, ports, tcp)?;
+        let transport = Transport::open_driven(netdev, kind, ports, tcp)?;
         let name = match kind {
             Kind::Xdp => "xdp",
             Kind::Packet => "packet",
@@ -75,6 +79,18 @@ impl RawTcp {
     /// The driver in use (`xdp (native, copy)`, `packet`).
     pub fn driver(&self) -> &'static str {
         self.transport.kind()
+    }
+
+    /// What the progress thread waits on (level-triggered) for [`RawTcp::turn`]: the
+    /// driver's socket and the stack's timer.
+    pub fn fds(&self) -> [RawFd; 2] {
+        self.transport.fds()
+    }
+
+    /// Frames in, timers, frames out, and the streams' readiness signalled; whether it moved
+    /// anything.
+    pub fn turn(&self) -> bool {
+        self.transport.turn()
     }
 }
 
