@@ -15,8 +15,13 @@
 //!   (RFC 6582), and retransmission that skips what the peer SACKed (a simple RFC 6675);
 //! - flow control with zero-window probes (RFC 9293 §3.8.6.1);
 //! - FIN in both directions, TIME-WAIT (short, configurable), RST on abort;
-//! - no Nagle and no delayed ACK: an ACK goes out on the next `poll_transmit` after data
-//!   arrives (one per batch of received segments), which is what an RDMA transport wants;
+//! - no Nagle; delayed ACK only if configured (`Config::ack_delay`, RFC 9293 §3.8.6.3,
+//!   RFC 5681 §4.2): by default an ACK goes out on the next `poll_transmit` after data
+//!   arrives (one per batch of received segments); with a delay, in-order data is
+//!   acknowledged by the next segment that leaves (the reply of a request/response
+//!   exchange carries it), by a pure ACK once two full-sized segments' worth is
+//!   unacknowledged, or when the delay is up — out-of-order data, a FIN and a window
+//!   update are acknowledged at once;
 //! - no keep-alive (RFC 9293 §3.8.4 makes it optional; the RDMA layer detects dead peers).
 
 use std::collections::VecDeque;
@@ -49,6 +54,10 @@ pub struct Config {
     pub time_wait: Duration,
     /// Offer and use SACK.
     pub sack: bool,
+    /// How long in-order data may wait for its ACK to ride on a segment of ours (RFC 9293
+    /// §3.8.6.3: delayed ACK, under 0.5 s, and at least every second full-sized segment).
+    /// Zero (the default): acknowledge every batch at once.
+    pub ack_delay: Duration,
 }
 
 impl Default for Config {
@@ -63,6 +72,7 @@ impl Default for Config {
             max_retries: 15,
             time_wait: Duration::from_secs(1),
             sack: true,
+            ack_delay: Duration::ZERO,
         }
     }
 }
@@ -174,6 +184,10 @@ pub struct Tcb {
     probe: bool,
 
     ack_now: bool,
+    /// In-order data waits for its ACK until then (delayed ACK, `Config::ack_delay`).
+    ack_due: Option<Instant>,
+    /// In-order bytes received since our last segment (which acknowledged everything before).
+    unacked: usize,
     rst_pending: Option<TcpHeader>,
     tw_until: Option<Instant>,
     events: VecDeque<Event>,
@@ -237,6 +251,8 @@ impl Tcb {
             sack_ok: false,
             probe: false,
             ack_now: false,
+            ack_due: None,
+            unacked: 0,
             rst_pending: None,
             tw_until: None,
             events: VecDeque::new(),
@@ -406,10 +422,7 @@ impl Tcb {
 
     /// The next instant `on_timeout` must be called at.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        match (self.rto_at, self.tw_until) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.rto_at, self.tw_until, self.ack_due].into_iter().flatten().min()
     }
 
     /// Drive timers.
@@ -468,6 +481,7 @@ impl Tcb {
         }
         self.rto_at = None;
         self.tw_until = None;
+        self.ack_due = None;
     }
 
     fn unsent(&self) -> usize {
@@ -607,7 +621,7 @@ impl Tcb {
         if !payload.is_empty()
             && matches!(self.state, State::Established | State::FinWait1 | State::FinWait2)
         {
-            self.take_data(h.seq, payload);
+            self.take_data(h.seq, payload, now);
         }
         if h.has(flags::FIN) {
             self.peer_fin = Some(h.seq.wrapping_add(payload.len() as u32));
@@ -790,7 +804,7 @@ impl Tcb {
         }
     }
 
-    fn take_data(&mut self, seg_seq: u32, payload: &[u8]) {
+    fn take_data(&mut self, seg_seq: u32, payload: &[u8], now: Instant) {
         let wnd = self.rcv_window();
         // Trim to [rcv_nxt, rcv_nxt + wnd).
         let (mut start, mut data) = (seg_seq, payload);
@@ -820,11 +834,21 @@ impl Tcb {
                 self.readable_signalled = true;
                 self.events.push_back(Event::Readable);
             }
+            // In order: an ACK for the batch, or (delayed ACK) on our next segment, at the
+            // latest after two full-sized segments or the delay (RFC 5681 §4.2); a hole
+            // just filled is acknowledged at once (RFC 5681 §4.2, "SHOULD ... immediately").
+            self.unacked += data.len();
+            let filled_hole = self.ooo.is_empty() && data.len() < seq::dist(start, self.rcv_nxt);
+            if self.cfg.ack_delay.is_zero() || !self.ooo.is_empty() || filled_hole || self.unacked >= 2 * usize::from(self.cfg.mss) {
+                self.ack_now = true;
+            } else if self.ack_due.is_none() {
+                self.ack_due = Some(now + self.cfg.ack_delay);
+            }
         } else {
             self.ooo.insert(at, data);
+            // Out of order: at once, with SACK (RFC 5681 §4.2, the duplicate ACK).
+            self.ack_now = true;
         }
-        // An ACK for every batch of data; immediately (with SACK) when out of order.
-        self.ack_now = true;
     }
 
     fn maybe_fin_in_order(&mut self, now: Instant) {
@@ -919,7 +943,7 @@ impl Tcb {
             _ => {}
         }
         if self.state == State::SynReceived {
-            return self.take_ack_only();
+            return self.take_ack_only(now);
         }
         // 1. A retransmission asked for by fast retransmit / recovery.
         if let Some(at) = self.rexmit.take() {
@@ -976,16 +1000,23 @@ impl Tcb {
             }
             return Some(self.data_segment(at, len, fin, payload, now));
         }
-        self.take_ack_only()
+        self.take_ack_only(now)
     }
 
-    fn take_ack_only(&mut self) -> Option<TcpHeader> {
-        if !self.ack_now {
+    fn take_ack_only(&mut self, now: Instant) -> Option<TcpHeader> {
+        if !self.ack_now && !self.ack_due.is_some_and(|t| t <= now) {
             return None;
         }
-        self.ack_now = false;
+        self.acked();
         let s = self.snd_nxt;
         Some(self.base_header(s))
+    }
+
+    /// A segment that acknowledges everything received is leaving.
+    fn acked(&mut self) {
+        self.ack_now = false;
+        self.ack_due = None;
+        self.unacked = 0;
     }
 
     fn syn_segment(&mut self, now: Instant) -> TcpHeader {
@@ -1020,7 +1051,7 @@ impl Tcb {
         if self.rto_at.is_none() {
             self.rto_at = Some(now + self.rtt.rto());
         }
-        self.ack_now = false;
+        self.acked();
         h
     }
 
@@ -1051,7 +1082,7 @@ impl Tcb {
         if self.rto_at.is_none() {
             self.rto_at = Some(now + self.rtt.rto());
         }
-        self.ack_now = false;
+        self.acked();
         h
     }
 }

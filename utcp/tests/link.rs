@@ -207,7 +207,9 @@ fn transfer(mtu: usize, tcp: Config, imp: Impair, seed: u64, len: usize, back: u
                 closed_b = true;
             }
         }
-        let done_a = matches!(net.a.tcb(ha).unwrap().state(), State::TimeWait | State::Closed);
+        // Done once closed and every byte read (A may hold more than one read takes).
+        let ta = net.a.tcb(ha).unwrap();
+        let done_a = matches!(ta.state(), State::TimeWait | State::Closed) && ta.recv_available() == 0;
         let done_b = hb.map_or(false, |h| net.b.tcb(h).unwrap().state() == State::Closed);
         if done_a && done_b {
             break;
@@ -563,4 +565,92 @@ fn syn_flood_is_bounded_and_unaccepted_resets_are_reaped() {
     net.b.on_timeout(net.now);
     assert_eq!(net.b.handles().len(), uiw_utcp::stack::MAX_HALF_OPEN - 1);
     assert!(net.b.accept().is_none());
+}
+
+fn delayed() -> Config {
+    Config { ack_delay: Duration::from_micros(500), ..Config::default() }
+}
+
+/// With delayed ACK, transfers in both directions still complete byte for byte, clean and
+/// under loss, reordering and duplication (out-of-order data is acknowledged at once).
+#[test]
+fn delayed_ack_transfers_under_loss() {
+    transfer(1500, delayed(), Impair::default(), 21, 2_000_000, 300_000);
+    transfer(1500, delayed(), Impair { loss: 100, dup: 0, reorder: 0 }, 22, 1_000_000, 100_000);
+    transfer(1500, delayed(), Impair { loss: 500, dup: 100, reorder: 200 }, 23, 500_000, 500_000);
+}
+
+/// One small request, answered: with `ack_delay` the request's ACK rides on the answer (one
+/// frame each way, no pure ACK); without, a pure ACK leaves first. A request nobody answers
+/// is acknowledged when the delay is up, and a stream of full-sized segments every second
+/// segment.
+#[test]
+fn delayed_ack_rides_on_the_answer() {
+    for (cfg, frames_b) in [(delayed(), 1), (Config::default(), 2)] {
+        let mut net = Net::new(1500, cfg, Impair::default(), 5);
+        net.b.listen(20_001);
+        let ha = net.a.connect(40_000, SocketAddrV4::new(B_IP, 20_001));
+        for _ in 0..10 {
+            net.step();
+        }
+        let hb = net.b.accept().expect("accepted");
+        net.keep_log = true;
+        assert_eq!(net.a.tcb(ha).unwrap().send(b"request"), Ok(7));
+        net.flush();
+        // Deliver the request (and nothing else yet), and let B transmit what it wants at
+        // once (a host's turn), before its application answers.
+        net.now += net.delay;
+        let (_, _, f) = net.wire.pop().unwrap();
+        assert!(net.wire.is_empty());
+        let _ = net.b.on_frame(&f, net.now);
+        net.flush();
+        let mut buf = [0u8; 16];
+        assert_eq!(net.b.tcb(hb).unwrap().recv(&mut buf), 7);
+        assert_eq!(net.b.tcb(hb).unwrap().send(b"answer"), Ok(6));
+        net.flush();
+        let from_b: Vec<_> = net.log.iter().filter(|(to_b, _)| !to_b).collect();
+        assert_eq!(from_b.len(), frames_b, "frames from B for one request and its answer");
+        let (_, last) = packet::parse_frame(&from_b.last().unwrap().1).unwrap();
+        assert_eq!(last.payload, b"answer");
+        assert!(last.tcp.flags & flags::ACK != 0);
+        // The answer acknowledged the request.
+        let (_, req) = packet::parse_frame(&net.log[0].1).unwrap();
+        assert_eq!(last.tcp.ack, req.tcp.seq.wrapping_add(7));
+    }
+
+    // Unanswered: acknowledged once the delay is up, not before.
+    let mut net = Net::new(1500, delayed(), Impair::default(), 6);
+    net.b.listen(20_001);
+    let ha = net.a.connect(40_000, SocketAddrV4::new(B_IP, 20_001));
+    for _ in 0..10 {
+        net.step();
+    }
+    let _hb = net.b.accept().expect("accepted");
+    net.keep_log = true;
+    assert_eq!(net.a.tcb(ha).unwrap().send(b"x"), Ok(1));
+    net.flush();
+    net.now += net.delay;
+    let (_, _, f) = net.wire.pop().unwrap();
+    let _ = net.b.on_frame(&f, net.now);
+    let got = net.now;
+    net.flush();
+    assert_eq!(net.log.iter().filter(|(to_b, _)| !to_b).count(), 0, "a pure ACK before the delay");
+    assert_eq!(net.b.poll_timeout(), Some(got + Duration::from_micros(500)));
+    net.now = got + Duration::from_micros(500);
+    net.b.on_timeout(net.now);
+    net.flush();
+    assert_eq!(net.log.iter().filter(|(to_b, _)| !to_b).count(), 1, "the ACK when the delay is up");
+
+    // Full-sized segments: an ACK for every second one at once.
+    net.log.clear();
+    net.wire.clear();
+    assert_eq!(net.a.tcb(ha).unwrap().send(&[7u8; 1460 * 4]), Ok(1460 * 4));
+    net.flush();
+    net.now += net.delay;
+    for (_, _, f) in std::mem::take(&mut net.wire) {
+        let _ = net.b.on_frame(&f, net.now);
+    }
+    net.flush();
+    let acks = net.log.iter().filter(|(to_b, _)| !to_b).count();
+    assert!(acks >= 1, "no ACK for four full-sized segments");
 }

@@ -28,6 +28,15 @@ use crate::engine::user_memory::{IoPart, Pinned, UserMemory};
 /// How long opening a stream may wait for the kernel to resolve the peer's MAC (ARP).
 const ARP_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// How long received data may wait for its ACK to ride on a segment of ours (delayed ACK,
+/// RFC 9293 §3.8.6.3; every second full-sized segment is acknowledged at once). An RDMA
+/// exchange answers within microseconds — ib_write_lat's reply, a Read Response, the MPA
+/// Reply — and a pure ACK ahead of the answer costs the receiver a transmission (a `sendto`
+/// on its latency path) and the sender a wake-up for a frame that carries nothing: two
+/// frames per message each way, where the kernel's TCP sends one. Far below the 200 ms RTO
+/// floor, so an unanswered segment's ACK is not late enough to matter.
+pub const ACK_DELAY: Duration = Duration::from_micros(500);
+
 /// The userspace TCP's settings: the interface's MSS, and retransmissions that give up on a
 /// silent peer after about `peer_timeout_ms` (`UIW_PEER_TIMEOUT`), as `TCP_USER_TIMEOUT` does
 /// on the kernel's sockets — not after the several minutes of utcp's defaults. The RTO backs off
@@ -46,6 +55,7 @@ pub fn tcp_config(mss: usize, peer_timeout_ms: u64) -> uiw_utcp::Config {
     }
     uiw_utcp::Config {
         mss: mss.min(usize::from(u16::MAX)) as u16,
+        ack_delay: ACK_DELAY,
         rto_max: Duration::from_millis(ceiling),
         // utcp fails the connection when a timeout finds `max_retries` already spent.
         max_retries: retries.saturating_sub(1),
