@@ -1004,7 +1004,8 @@ impl Tcb {
     }
 
     fn take_ack_only(&mut self, now: Instant) -> Option<TcpHeader> {
-        if !self.ack_now && !self.ack_due.is_some_and(|t| t <= now) {
+        let due = self.ack_due.is_some_and(|t| t <= now);
+        if !(self.ack_now || due) {
             return None;
         }
         self.acked();
