@@ -10,6 +10,8 @@
 //! - [`uverbs`]: the records a kernel would write to uverbs file descriptors.
 //! - [`sys`]: safe wrappers for the libc calls `uiw` needs to publish a device.
 //! - [`stats`]: the per-process statistics file the provider maps and `uiw stat` reads.
+//! - [`raw`]: AF_XDP (UMEM and rings), AF_PACKET, `bpf(2)`, interface ioctls and `setns(2)`
+//!   for the raw-frame transport (`uiw-rawnet`), behind safe interfaces.
 //!
 //! This crate holds no logic beyond that: it is the one place where C layouts are spelled out.
 
@@ -21,6 +23,7 @@ pub mod verbs {
 
 pub mod ffi;
 pub mod private;
+pub mod raw;
 pub mod stats;
 pub mod sys;
 pub mod thread;

@@ -8,19 +8,13 @@
 
 use std::io;
 use std::net::Ipv4Addr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::RawFd;
+
+use uiw_kabi::raw::packet::PacketFd;
 
 use crate::{FrameIo, Iface};
 
-/// One classic BPF instruction (`struct sock_filter`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(C)]
-pub struct SockFilter {
-    pub code: u16,
-    pub jt: u8,
-    pub jf: u8,
-    pub k: u32,
-}
+pub use uiw_kabi::raw::packet::SockFilter;
 
 const fn ins(code: u16, jt: u8, jf: u8, k: u32) -> SockFilter {
     SockFilter { code, jt, jf, k }
@@ -63,93 +57,14 @@ pub fn filter(ip: Ipv4Addr, ports: (u16, u16)) -> Vec<SockFilter> {
 /// An AF_PACKET socket on one interface.
 #[derive(Debug)]
 pub struct PacketSocket {
-    fd: OwnedFd,
+    fd: PacketFd,
     buf: Vec<u8>,
-}
-
-fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
 }
 
 impl PacketSocket {
     /// Open on `iface`, passing uiw's TCP to `iface.ip` on `ports`. Needs CAP_NET_RAW.
     pub fn open(iface: &Iface, ports: (u16, u16)) -> io::Result<PacketSocket> {
-        // Protocol 0: receive nothing until bound, i.e. until the filter is in place.
-        // SAFETY: plain socket(2); the result is checked before it is owned.
-        let raw = cvt(unsafe {
-            libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0)
-        })
-        .map_err(|e| io::Error::new(e.kind(), format!("AF_PACKET socket (needs CAP_NET_RAW): {e}")))?;
-        // SAFETY: `raw` is a fresh descriptor nobody else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let prog = filter(iface.ip, ports);
-        let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut libc::sock_filter };
-        // SAFETY: fprog points at `prog`, which outlives the call; the kernel copies it.
-        // SockFilter is repr(C) with sock_filter's layout.
-        cvt(unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_ATTACH_FILTER,
-                &fprog as *const libc::sock_fprog as *const libc::c_void,
-                std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
-            )
-        })?;
-        let one: libc::c_int = 1;
-        // SAFETY: an int option, pointer and length match.
-        cvt(unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_PACKET,
-                libc::PACKET_IGNORE_OUTGOING,
-                &one as *const libc::c_int as *const libc::c_void,
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        })?;
-        // Transmit straight to the driver, past the qdisc layer (uiw paces itself with its
-        // congestion window). Best effort: older kernels lack it.
-        // SAFETY: an int option, pointer and length match.
-        unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_PACKET,
-                libc::PACKET_QDISC_BYPASS,
-                &one as *const libc::c_int as *const libc::c_void,
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        // A deep receive queue: a burst from a kernel peer must not overflow it between two
-        // polls (each overflow is a loss the peer must repair). FORCE (root) may exceed
-        // rmem_max; otherwise the plain option, capped by the kernel.
-        let bytes: libc::c_int = 8 << 20;
-        for (opt, alt) in [(libc::SO_RCVBUFFORCE, libc::SO_RCVBUF), (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF)] {
-            for o in [opt, alt] {
-                // SAFETY: an int option, pointer and length match.
-                let r = unsafe {
-                    libc::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, o, &bytes as *const libc::c_int as *const libc::c_void, std::mem::size_of::<libc::c_int>() as libc::socklen_t)
-                };
-                if r == 0 {
-                    break;
-                }
-            }
-        }
-        // SAFETY: sockaddr_ll is plain old data; all-zero is valid before we fill it.
-        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        sll.sll_family = libc::AF_PACKET as u16;
-        sll.sll_protocol = (libc::ETH_P_IP as u16).to_be();
-        sll.sll_ifindex = iface.index as i32;
-        // SAFETY: sll is a valid sockaddr_ll and the length says so.
-        cvt(unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                &sll as *const libc::sockaddr_ll as *const libc::sockaddr,
-                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        })?;
+        let fd = PacketFd::open(iface.index, &filter(iface.ip, ports))?;
         Ok(PacketSocket { fd, buf: vec![0; 65536] })
     }
 }
@@ -158,21 +73,7 @@ impl FrameIo for PacketSocket {
     fn recv(&mut self, budget: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
         let mut n = 0;
         while n < budget {
-            // SAFETY: the buffer is ours and writable for its whole length.
-            let r = unsafe {
-                libc::recv(self.fd.as_raw_fd(), self.buf.as_mut_ptr() as *mut libc::c_void, self.buf.len(), libc::MSG_DONTWAIT | libc::MSG_TRUNC)
-            };
-            if r < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::WouldBlock {
-                    break;
-                }
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
-            }
-            let len = r as usize;
+            let Some(len) = self.fd.recv(&mut self.buf)? else { break };
             if len <= self.buf.len() {
                 f(&self.buf[..len]);
             }
@@ -182,19 +83,7 @@ impl FrameIo for PacketSocket {
     }
 
     fn send(&mut self, frame: &[u8]) -> io::Result<bool> {
-        loop {
-            // SAFETY: `frame` is a readable slice for the call's duration.
-            let r = unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr() as *const libc::c_void, frame.len(), libc::MSG_DONTWAIT) };
-            if r >= 0 {
-                return Ok(true);
-            }
-            let e = io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::EINTR) => continue,
-                Some(libc::EAGAIN) | Some(libc::ENOBUFS) => return Ok(false),
-                _ => return Err(e),
-            }
-        }
+        self.fd.send(frame)
     }
 
     fn flush(&mut self) -> io::Result<()> {
@@ -202,7 +91,7 @@ impl FrameIo for PacketSocket {
     }
 
     fn fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
+        self.fd.fd()
     }
 
     fn kind(&self) -> &'static str {

@@ -91,17 +91,7 @@ impl<Io: FrameIo> Host<Io> {
         if let Some(d) = self.stack.poll_timeout() {
             t = t.min(d.saturating_duration_since(now));
         }
-        let mut p = libc::pollfd { fd: self.io.fd(), events: libc::POLLIN, revents: 0 };
-        let ms = t.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
-        // SAFETY: one valid pollfd for the duration of the call.
-        let r = unsafe { libc::poll(&mut p, 1, ms) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
-        Ok(())
+        uiw_kabi::raw::poll_readable(self.io.fd(), t).map(|_| ())
     }
 }
 

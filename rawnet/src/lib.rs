@@ -1,9 +1,9 @@
 //! uiw-rawnet: raw-frame drivers for uiw's userspace TCP (`uiw-utcp`).
 //!
-//! **This is an FFI-edge crate**, like `kabi` and the provider's `ffi`: sockets of families
-//! `AF_PACKET` and `AF_XDP`, `mmap`ed rings, the `bpf(2)` system call and `setns(2)` need
-//! `unsafe`. Every `unsafe` block carries a `// SAFETY:` comment, and none leaves its
-//! module: the rest of uiw sees the safe [`FrameIo`] trait and [`Host`].
+//! This crate forbids `unsafe_code`: what would need it — sockets of families
+//! `AF_PACKET` and `AF_XDP`, the `mmap`ed UMEM and rings, `bpf(2)`, `setns(2)`, the
+//! interface ioctls — is `uiw_kabi::raw`'s, uiw's FFI-edge crate, behind safe interfaces.
+//! The rest of uiw sees the [`FrameIo`] trait, [`Host`] and [`stream::Transport`].
 //!
 //! - [`afpacket`]: an `AF_PACKET` socket bound to one interface, a classic BPF filter that
 //!   passes only IPv4/TCP to uiw's address and port range, and [`guard::RstGuard`], the
@@ -19,6 +19,8 @@
 //! - [`probe`]: whether this process has what a raw-frame transport needs.
 //! - [`netns`]: entering a network namespace on the calling thread (tests, test bed).
 //! - [`testbed`]: two namespaces over a veth pair with random loss, for tests and benchmarks.
+
+#![forbid(unsafe_code)]
 
 pub mod afpacket;
 pub mod ebpf;

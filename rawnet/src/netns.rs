@@ -3,7 +3,6 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
 
 /// Move the calling thread into `/run/netns/<name>`.
 pub fn enter(name: &str) -> io::Result<()> {
@@ -12,9 +11,5 @@ pub fn enter(name: &str) -> io::Result<()> {
     }
     let f = File::open(format!("/run/netns/{name}"))
         .map_err(|e| io::Error::new(e.kind(), format!("network namespace {name}: {e}")))?;
-    // SAFETY: setns(2) on a descriptor we own; it changes only this thread's namespace.
-    if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    uiw_kabi::raw::enter_netns(&f)
 }

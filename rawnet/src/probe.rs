@@ -4,7 +4,6 @@
 
 use std::fmt;
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd};
 
 /// A raw-frame transport.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,13 +56,7 @@ pub fn probe(kind: Kind) -> Result<(), ProbeError> {
         Kind::Xdp => (44, "CAP_NET_RAW, CAP_NET_ADMIN and CAP_BPF (root)", "socket(AF_XDP)"),
         Kind::Packet => (libc::AF_PACKET, "CAP_NET_RAW and CAP_NET_ADMIN (root; nftables for the RST guard)", "socket(AF_PACKET)"),
     };
-    // SAFETY: plain socket(2), checked, then owned (closed on drop).
-    let raw = unsafe { libc::socket(family, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
-    if raw < 0 {
-        return Err(classify(needs, step, io::Error::last_os_error()));
-    }
-    // SAFETY: a fresh descriptor nobody else owns.
-    drop(unsafe { OwnedFd::from_raw_fd(raw) });
+    drop(uiw_kabi::raw::socket(family, libc::SOCK_RAW, 0).map_err(|e| classify(needs, step, e))?);
     if kind == Kind::Xdp {
         crate::ebpf::xsk_map(1).map_err(|e| {
             let e = io::Error::from_raw_os_error(e.raw_os_error().unwrap_or(libc::EIO));

@@ -91,7 +91,7 @@ impl Shared {
         }
         let Some(t) = next else { return };
         let mut armed = self.armed.lock().unwrap_or_else(|p| p.into_inner());
-        if armed.map_or(true, |a| t < a) {
+        if !armed.is_some_and(|a| t >= a) {
             let _ = self.timer.arm(t.saturating_duration_since(Instant::now()));
             *armed = Some(t);
         }

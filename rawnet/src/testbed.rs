@@ -46,7 +46,7 @@ fn nft_in(ns: &str, script: &str) -> Result<(), String> {
 /// Whether this run may set up namespaces. Not root: a skip — unless the run demands
 /// everything (`UIW_TEST_REQUIRE_ALL=1`, as ci/test.sh does as root), then a failure.
 pub fn privileged(test: &str) -> bool {
-    // The effective uid, from /proc (no unsafe geteuid needed).
+    // The effective uid, from /proc.
     let root = std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(2) == Some("0")))
