@@ -73,15 +73,16 @@ impl<Io: FrameIo> Host<Io> {
             }
         }
         self.stats.tx_frames += sent;
-        if sent > 0 {
+        if sent > 0 || self.io.tx_waiting() {
             self.io.flush()?;
         }
         Ok(n > 0 || sent > 0)
     }
 
-    /// Whether a frame waits for room in the driver (the next `poll` sends it first).
+    /// Whether a frame waits for room in the driver (the next `poll` sends it first), or
+    /// for a kick the driver could not make.
     pub fn backlogged(&self) -> bool {
-        self.pending.is_some()
+        self.pending.is_some() || self.io.tx_waiting()
     }
 
     /// Block until a frame may have arrived, the stack's next deadline, or `max`.

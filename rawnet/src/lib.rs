@@ -58,6 +58,11 @@ pub trait FrameIo: Send {
     fn fd(&self) -> RawFd;
     /// Short name for `uiw show` and logs ("packet", "xdp (copy)").
     fn kind(&self) -> &'static str;
+    /// Frames were queued but not pushed out (the kernel refused the kick): `flush` again
+    /// soon, nothing will say when.
+    fn tx_waiting(&self) -> bool {
+        false
+    }
 }
 
 impl<T: FrameIo + ?Sized> FrameIo for Box<T> {
@@ -75,5 +80,8 @@ impl<T: FrameIo + ?Sized> FrameIo for Box<T> {
     }
     fn kind(&self) -> &'static str {
         (**self).kind()
+    }
+    fn tx_waiting(&self) -> bool {
+        (**self).tx_waiting()
     }
 }

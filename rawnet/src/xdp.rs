@@ -78,4 +78,8 @@ impl FrameIo for XskSocket {
     fn kind(&self) -> &'static str {
         self.mode
     }
+
+    fn tx_waiting(&self) -> bool {
+        self.xsk.tx_waiting()
+    }
 }

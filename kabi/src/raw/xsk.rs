@@ -226,6 +226,20 @@ impl Xsk {
         }
         fill.prod().store(prod.wrapping_add(RING.min(rx_chunks.len() as u32)), Ordering::Release);
         free.extend(rx_chunks.into_iter().skip(RING as usize));
+        // Copy mode turns every TX descriptor into an skb charged to the socket's send
+        // buffer until the peer took it: let the TX ring, not the default buffer (~200 KB,
+        // a tenth of the ring), bound what is in flight, or a kick fails with EAGAIN under
+        // bulk and the frames wait for the next turn. FORCE (root) may exceed wmem_max.
+        let bytes: libc::c_int = 16 << 20;
+        for o in [libc::SO_SNDBUFFORCE, libc::SO_SNDBUF] {
+            // SAFETY: an int option: pointer and length match, `bytes` outlives the call.
+            let r = unsafe {
+                libc::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, o, &bytes as *const libc::c_int as *const libc::c_void, std::mem::size_of::<libc::c_int>() as libc::socklen_t)
+            };
+            if r == 0 {
+                break;
+            }
+        }
         let sa = SockaddrXdp { family: AF_XDP as u16, flags: XDP_COPY, ifindex, queue_id: queue, shared_umem_fd: 0 };
         // SAFETY: sa is a valid sockaddr_xdp of the size passed.
         cvt(unsafe { libc::bind(raw, &sa as *const SockaddrXdp as *const libc::sockaddr, std::mem::size_of::<SockaddrXdp>() as libc::socklen_t) })
@@ -235,6 +249,12 @@ impl Xsk {
 
     pub fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+
+    /// Frames wait in the TX ring for a kick the kernel refused (its socket buffer full):
+    /// the next [`Xsk::flush`] retries; nothing signals when it would succeed.
+    pub fn tx_waiting(&self) -> bool {
+        self.tx_pending
     }
 
     /// Return completed TX chunks to the free list.
