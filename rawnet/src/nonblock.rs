@@ -57,6 +57,11 @@ pub(crate) fn notify(host: &mut Dyn, s: &Shared) {
     }
 }
 
+/// Whether `fd` is a watched stream's readiness descriptor.
+pub(crate) fn owns(s: &Shared, fd: RawFd) -> bool {
+    s.watches.lock().unwrap_or_else(|p| p.into_inner()).values().any(|w| w.ev.fd() == fd)
+}
+
 fn gone() -> io::Error {
     io::Error::new(io::ErrorKind::ConnectionReset, "connection reset")
 }

@@ -202,6 +202,12 @@ impl Transport {
         self.shared.turn()
     }
 
+    /// Whether `fd` is the readiness descriptor of one of this transport's non-blocking
+    /// streams.
+    pub fn owns_readiness(&self, fd: RawFd) -> bool {
+        crate::nonblock::owns(&self.shared, fd)
+    }
+
     /// Frames received so far (by whichever thread turned the stack).
     pub fn rx_frames(&self) -> u64 {
         self.shared.lock().stats.rx_frames

@@ -158,6 +158,12 @@ pub struct Net {
     /// progress thread turns each (token `KIND_RAW | index` in `raw_turn`).
     raw: Mutex<HashMap<String, Arc<RawTcp>>>,
     raw_turn: RwLock<Vec<Arc<RawTcp>>>,
+    /// Leased QPs whose stream is a raw transport's (QPN → index in `raw_turn`), and per
+    /// transport how many: while an application thread that polls holds one, it turns the
+    /// stack itself, and the transport's socket is out of the progress thread's interest
+    /// (one arrival would otherwise wake two threads for one frame). Changed under the QP's
+    /// lease lock, with `leased`.
+    raw_leases: Mutex<(HashMap<u32, usize>, Vec<usize>)>,
     stop: AtomicBool,
     waker: Waker,
 }
@@ -330,6 +336,7 @@ impl Net {
             kernel: Arc::new(KernelTcp),
             raw: Mutex::new(HashMap::new()),
             raw_turn: RwLock::new(Vec::new()),
+            raw_leases: Mutex::new((HashMap::new(), Vec::new())),
             stop: AtomicBool::new(false),
             waker,
         })
@@ -402,6 +409,7 @@ impl Net {
             self.epoll.add(fd, tok, EPOLL_IN).map_err(|e| AcquireError::Raw(format!("{}: epoll", device.name), e))?;
         }
         turn.push(t.clone());
+        self.raw_leases.lock().1.push(0);
         raw.insert(device.netdev.clone(), t);
         Ok(())
     }
@@ -430,16 +438,49 @@ impl Net {
         match a {
             Arming::Disarm(fd) => {
                 let _ = self.epoll.modify(fd, token, libc::EPOLLET as u32);
+                self.raw_lease_start(qpn, fd);
                 self.leased.lock().insert(qpn);
                 self.lease_news.store(true, Ordering::Release);
                 self.wake();
             }
             Arming::Rearm(fd) => {
                 let _ = self.epoll.modify(fd, token, EPOLL_SOCKET_EDGE);
+                self.raw_lease_end(qpn);
                 self.leased.lock().remove(&qpn);
             }
             Arming::Forget => {
+                self.raw_lease_end(qpn);
                 self.leased.lock().remove(&qpn);
+            }
+        }
+    }
+
+    /// QP `qpn`, whose stream signals on `fd`, was claimed: if the stream is a raw
+    /// transport's, that transport's socket leaves the progress thread's interest while any
+    /// of its QPs is leased. The polling thread's turns receive every frame (the other
+    /// streams' readiness is signalled as ever), the timer stays armed, and a lease that
+    /// lapses brings the socket back ([`Net::raw_lease_end`]).
+    fn raw_lease_start(&self, qpn: u32, fd: i32) {
+        let turn = self.raw_turn.read();
+        let Some(idx) = turn.iter().position(|t| t.owns_readiness(fd)) else { return };
+        let mut l = self.raw_leases.lock();
+        if l.0.insert(qpn, idx).is_none() {
+            l.1[idx] += 1;
+            if l.1[idx] == 1 {
+                let _ = self.epoll.modify(turn[idx].fds()[0], KIND_RAW | idx as u64, 0);
+            }
+        }
+    }
+
+    /// The lease of QP `qpn` ended: the last one of a raw transport's brings its socket back
+    /// (level-triggered: frames that wait are reported at once).
+    fn raw_lease_end(&self, qpn: u32) {
+        let mut l = self.raw_leases.lock();
+        let Some(idx) = l.0.remove(&qpn) else { return };
+        l.1[idx] -= 1;
+        if l.1[idx] == 0 {
+            if let Some(t) = self.raw_turn.read().get(idx) {
+                let _ = self.epoll.modify(t.fds()[0], KIND_RAW | idx as u64, EPOLL_IN);
             }
         }
     }
@@ -451,6 +492,7 @@ impl Net {
         let mut next: Option<u64> = None;
         for qpn in qpns {
             let Some(qp) = self.lookup(qpn) else {
+                self.raw_lease_end(qpn);
                 self.leased.lock().remove(&qpn);
                 continue;
             };

@@ -97,6 +97,11 @@ impl RawTcp {
         self.transport.fds()
     }
 
+    /// Whether `fd` is the readiness descriptor of one of this transport's streams.
+    pub fn owns_readiness(&self, fd: RawFd) -> bool {
+        self.transport.owns_readiness(fd)
+    }
+
     /// Frames in, timers, frames out, and the streams' readiness signalled; whether it moved
     /// anything.
     pub fn turn(&self) -> bool {
