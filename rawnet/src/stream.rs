@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::os::fd::RawFd;
 use std::net::{Ipv4Addr, SocketAddrV4};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -50,6 +50,9 @@ pub(crate) struct Shared {
     /// order: `host`, then `orphans`).
     orphans: Mutex<Vec<Handle>>,
     moved: Condvar,
+    /// Threads blocked in `wait` on `moved` (counted under the host lock): a turn with none
+    /// skips `notify_all`, which is a futex system call whether anyone waits or not.
+    waiters: AtomicUsize,
     stop: AtomicBool,
     /// The driver's descriptor (the XSK or packet socket): readable when frames arrive.
     fd: i32,
@@ -126,7 +129,9 @@ impl Shared {
             crate::nonblock::notify(&mut host, self);
             moved
         };
-        self.moved.notify_all();
+        if self.waiters.load(Ordering::Acquire) > 0 {
+            self.moved.notify_all();
+        }
         moved
     }
 }
@@ -177,6 +182,7 @@ impl Transport {
             host: Mutex::new(Host::new(cfg, io)),
             orphans: Mutex::new(Vec::new()),
             moved: Condvar::new(),
+            waiters: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
             fd,
             timer: TimerFd::new()?,
@@ -279,7 +285,11 @@ fn wait<'a>(shared: &'a Shared, host: MutexGuard<'a, Dyn>, end: Instant) -> io::
     if now >= end {
         return Err(io::Error::new(io::ErrorKind::TimedOut, "timed out"));
     }
+    // Counted while the host lock is held, so a turn that follows sees the waiter; one that
+    // ran before it found nothing this waiter's own `poll` (before it waits) did not see.
+    shared.waiters.fetch_add(1, Ordering::AcqRel);
     let (g, _) = shared.moved.wait_timeout(host, (end - now).min(Duration::from_millis(5))).unwrap_or_else(|p| p.into_inner());
+    shared.waiters.fetch_sub(1, Ordering::AcqRel);
     Ok(g)
 }
 
