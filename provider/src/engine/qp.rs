@@ -272,6 +272,7 @@ impl Qp {
                     self.unwatch_link(&*l.stream);
                 }
                 inner.dp.reset();
+                self.tx_full.store(false, Ordering::Relaxed);
                 self.drop_parked(&mut inner);
                 inner.open_at = None;
                 inner.attrs = qp_state::init_attrs_from_create(&self.cap);
@@ -774,6 +775,8 @@ impl Qp {
         if let Some(l) = inner.dp.link.as_ref() {
             self.unwatch_link(&*l.stream);
         }
+        // No stream, nothing full: a poll of a failed QP's CQ has no reason to yield.
+        self.tx_full.store(false, Ordering::Relaxed);
         self.sync_stats(inner);
         // What `shutdown` completes as flushed: send WRs still queued or held, receives.
         let held = inner.dp.link.as_ref().map_or(0, |l| l.held_successes());
