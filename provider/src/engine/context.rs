@@ -269,6 +269,8 @@ impl Context {
             timer: AtomicBool::new(false),
             local_peer: std::sync::OnceLock::new(),
             hup: AtomicBool::new(false),
+            writable: AtomicBool::new(false),
+            tx_full: AtomicBool::new(false),
             lease: Default::default(),
             polls_at_post: AtomicU64::new(u64::MAX),
             chain_bytes: AtomicU64::new(0),

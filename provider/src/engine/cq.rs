@@ -206,8 +206,10 @@ pub enum Poller {
 pub trait PolledQp: Send + Sync {
     fn qpn(&self) -> u32;
     /// Serve the QP's stream here unless another thread is at it; the polling thread may take
-    /// the QP over from the progress thread for a while (see `lease`).
-    fn try_progress(&self, poller: Poller);
+    /// the QP over from the progress thread for a while (see `lease`). Returns whether the
+    /// stream's buffer is full (its last send said `WouldBlock`): nothing more can be sent on
+    /// it until the peer reads.
+    fn try_progress(&self, poller: Poller) -> bool;
     /// The application is going to sleep on the CQ's channel: the progress thread takes the
     /// QP back.
     fn hand_back(&self);
@@ -305,12 +307,19 @@ impl CqObj {
                 t => t,
             };
             let claim = now.saturating_sub(since) >= super::lease::CLAIM_AFTER_US;
-            self.drive(if claim { Poller::Claims } else { Poller::Renews }, now);
+            if self.drive(if claim { Poller::Claims } else { Poller::Renews }, now) {
+                // Nothing to reap and no stream to write to: the poller gives its CPU to
+                // whoever waits for it (on a machine with few cores, the thread that reads what
+                // these streams carry — the progress thread of the peer — is the one thread
+                // that can make room). A `send` that found the socket full would sleep here;
+                // a poll must return, and `sched_yield` returns at once when nobody waits.
+                std::thread::yield_now();
+            }
             return;
         }
         self.empty_since.store(0, Ordering::Relaxed);
         if self.deferred.swap(false, Ordering::AcqRel) || now >= self.renew_at.load(Ordering::Relaxed) {
-            self.drive(Poller::Renews, now);
+            let _ = self.drive(Poller::Renews, now);
         }
     }
 
@@ -321,12 +330,18 @@ impl CqObj {
     /// renews the leases it holds (see `lease`). An armed CQ's poller is about to sleep on the
     /// channel: it claims nothing.
     /// `now`: the poll's reading of the engine clock (µs).
-    fn drive(&self, poller: Poller, now: u64) {
+    ///
+    /// Returns whether the poll can do nothing now: the CQ has QPs, every one's stream is full
+    /// (see [`PolledQp::try_progress`]), and still nothing was completed.
+    fn drive(&self, poller: Poller, now: u64) -> bool {
         let poller = if self.q.lock().armed() { Poller::Sleeps } else { poller };
         self.renew_at.store(now + super::lease::LEASE_US / 2, Ordering::Relaxed);
-        for qp in self.polled_qps() {
-            qp.try_progress(poller);
+        let qps = self.polled_qps();
+        let mut full = !qps.is_empty();
+        for qp in qps {
+            full &= qp.try_progress(poller);
         }
+        full && self.q.lock().is_empty()
     }
 
     /// `ibv_req_notify_cq`: the application will sleep until a completion event, so the
@@ -451,5 +466,50 @@ mod tests {
         assert_eq!(q.len(), 1);
         assert!(q.resize(1).is_ok());
         assert_eq!(q.capacity(), 1);
+    }
+
+    /// A fake QP for [`CqObj::drive`]: whether its stream is full, and how often it was driven.
+    struct Fake {
+        full: bool,
+        driven: AtomicU32,
+    }
+
+    impl PolledQp for Fake {
+        fn qpn(&self) -> u32 {
+            1
+        }
+        fn try_progress(&self, _: Poller) -> bool {
+            self.driven.fetch_add(1, Ordering::Relaxed);
+            self.full
+        }
+        fn hand_back(&self) {}
+        fn delivered(&self) {}
+    }
+
+    fn cq_with(full: &[bool]) -> (CqObj, Vec<Arc<Fake>>) {
+        let (tx, rx) = std::os::unix::net::UnixStream::pair().unwrap();
+        let cq = CqObj::new(8, None, Arc::new(AsyncSink::new(tx, rx, 16)));
+        let qps: Vec<Arc<Fake>> = full.iter().map(|&f| Arc::new(Fake { full: f, driven: AtomicU32::new(0) })).collect();
+        for q in &qps {
+            let w: Weak<dyn PolledQp> = Arc::downgrade(&(q.clone() as Arc<dyn PolledQp>));
+            cq.qps.lock().push(w);
+        }
+        (cq, qps)
+    }
+
+    /// A poll can do nothing (and gives its CPU away) only when every QP it drives has a full
+    /// stream and nothing was completed: one QP that can still send, a completion to reap, or
+    /// no QP at all keep it polling.
+    #[test]
+    fn a_poll_is_idle_only_when_every_stream_is_full_and_nothing_completed() {
+        let (cq, qps) = cq_with(&[true, true]);
+        assert!(cq.drive(Poller::Renews, 1), "both streams full, nothing completed");
+        assert!(qps.iter().all(|q| q.driven.load(Ordering::Relaxed) == 1), "every QP is driven");
+        cq.push(c(1));
+        assert!(!cq.drive(Poller::Renews, 2), "a completion waits to be reaped");
+        let (cq, _qps) = cq_with(&[true, false]);
+        assert!(!cq.drive(Poller::Renews, 1), "one stream can still take bytes");
+        let (cq, _qps) = cq_with(&[]);
+        assert!(!cq.drive(Poller::Renews, 1), "no QP: nothing says the poll is idle");
     }
 }

@@ -451,8 +451,15 @@ mod tests {
             t2.deregister(stag);
             tx.send(()).unwrap();
         });
-        // Still pinned: the deregistration must not have returned (it cannot, whatever the
+        // The deregistration has begun once the region is out of the table (on a loaded
+        // machine the thread may take long to be scheduled at all: wait for that, not for a
+        // fixed time). Still pinned: it must not have returned (it cannot, whatever the
         // timing, until the pin goes).
+        let began = std::time::Instant::now();
+        while t.lookup(stag).is_some() {
+            assert!(began.elapsed() < std::time::Duration::from_secs(60), "the deregistration never began");
+            std::thread::yield_now();
+        }
         assert!(rx.recv_timeout(std::time::Duration::from_millis(100)).is_err(), "deregister returned while pinned");
         assert!(t.lookup(stag).is_none(), "no new lookups while it waits");
         drop(pin);

@@ -37,8 +37,9 @@ pub enum Progress {
 /// it serves and knows them only through this.
 pub trait Endpoint: Send + Sync {
     fn qpn(&self) -> u32;
-    /// Serve the QP's stream (readiness reported for it; `hup`: the peer hung up).
-    fn progress(&self, hup: bool) -> Progress;
+    /// Serve the QP's stream (readiness reported for it; `hup`: the peer hung up;
+    /// `writable`: the socket has room again, see `Stream::signals_writable`).
+    fn progress(&self, hup: bool, writable: bool) -> Progress;
     /// A stream whose MPA Request names this QP; given back if the QP does not take it.
     #[allow(clippy::result_large_err)] // the stream goes back to the caller, to be rejected
     fn offer(&self, net: &Net, hello: QpHello, p: Pending) -> Result<(), Pending>;
@@ -430,14 +431,20 @@ impl Net {
     }
 
     /// A lease transition of QP `qpn` (called under its lease lock): its socket leaves the
-    /// epoll interest (only a hang-up or error still reports) or comes back — which raises
-    /// at once whatever readiness built up meanwhile, so nothing that arrived during the
-    /// lease waits for another arrival.
+    /// epoll interest in arrivals (only room to send after a full socket, a hang-up or an
+    /// error still report) or comes back — which raises at once whatever readiness built up
+    /// meanwhile, so nothing that arrived during the lease waits for another arrival.
+    ///
+    /// A leased socket still reports `EPOLLOUT`: the kernel raises it only after a send found
+    /// the socket full (and once as the interest changes), so the progress thread is woken
+    /// for a leased QP only when a stream the poller could not write to has room again — the
+    /// wait a blocking `send` would sleep through — and the poller stops retrying the full
+    /// socket meanwhile (`Stream::signals_writable`).
     pub fn apply_arming(&self, qpn: u32, a: Arming) {
         let token = KIND_QP | u64::from(qpn);
         match a {
             Arming::Disarm(fd) => {
-                let _ = self.epoll.modify(fd, token, libc::EPOLLET as u32);
+                let _ = self.epoll.modify(fd, token, (libc::EPOLLOUT | libc::EPOLLET) as u32);
                 self.raw_lease_start(qpn, fd);
                 self.leased.lock().insert(qpn);
                 self.lease_news.store(true, Ordering::Release);
@@ -487,7 +494,7 @@ impl Net {
 
     /// Looks at the leases (due or new) at `now` (engine µs): the QPs handed back are queued
     /// to be served at once; returns when the next lease is due.
-    fn check_leases(&self, now: u64, ready: &mut VecDeque<(u64, bool)>) -> Option<u64> {
+    fn check_leases(&self, now: u64, ready: &mut VecDeque<(u64, u32)>) -> Option<u64> {
         let qpns: Vec<u32> = self.leased.lock().iter().copied().collect();
         let mut next: Option<u64> = None;
         for qpn in qpns {
@@ -501,7 +508,7 @@ impl Net {
                 Check::Free => {
                     let tok = KIND_QP | u64::from(qpn);
                     if !ready.iter().any(|r| r.0 == tok) {
-                        ready.push_back((tok, false));
+                        ready.push_back((tok, 0));
                     }
                 }
             }
@@ -513,7 +520,7 @@ impl Net {
     /// deadline (MPA negotiation) is due: an idle process takes no periodic wake-ups.
     fn run(self: Arc<Net>) {
         let mut evs = Vec::with_capacity(64);
-        let mut ready: VecDeque<(u64, bool)> = VecDeque::new();
+        let mut ready: VecDeque<(u64, u32)> = VecDeque::new();
         // When the next deadline is due (engine ms); None: no stream needs the clock.
         let mut next_due: Option<u64> = None;
         // When the next application lease is due (engine µs; see `lease`).
@@ -531,17 +538,20 @@ impl Net {
                 std::thread::sleep(Duration::from_millis(10));
             }
             for &(tok, flags) in &evs {
-                let hup = flags & (EPOLL_HUP_FLAGS) != 0;
                 match ready.iter_mut().find(|r| r.0 == tok) {
-                    Some(r) => r.1 |= hup,
-                    None => ready.push_back((tok, hup)),
+                    Some(r) => r.1 |= flags,
+                    None => ready.push_back((tok, flags)),
                 }
             }
             self.take_requeued(&mut ready);
             for _ in 0..ready.len() {
-                let Some((tok, hup)) = ready.pop_front() else { break };
+                let Some((tok, flags)) = ready.pop_front() else { break };
                 let more = match tok & KIND_MASK {
-                    KIND_QP => self.lookup(tok as u32).is_some_and(|qp| qp.progress(hup) == Progress::More),
+                    KIND_QP => self.lookup(tok as u32).is_some_and(|qp| {
+                        let hup = flags & EPOLL_HUP_FLAGS != 0;
+                        let writable = flags & libc::EPOLLOUT as u32 != 0;
+                        qp.progress(hup, writable) == Progress::More
+                    }),
                     KIND_PENDING => {
                         self.serve_pending(tok & !KIND_MASK);
                         false
@@ -571,7 +581,7 @@ impl Net {
                     }
                 };
                 if more {
-                    ready.push_back((tok, false));
+                    ready.push_back((tok, 0));
                 }
             }
             let now = now_ms();
@@ -598,11 +608,11 @@ impl Net {
     }
 
     /// Moves the requeued QPs to the progress thread's queue (once each).
-    fn take_requeued(&self, ready: &mut VecDeque<(u64, bool)>) {
+    fn take_requeued(&self, ready: &mut VecDeque<(u64, u32)>) {
         for qpn in self.requeued.lock().drain(..) {
             let tok = KIND_QP | u64::from(qpn);
             if !ready.iter().any(|r| r.0 == tok) {
-                ready.push_back((tok, false));
+                ready.push_back((tok, 0));
             }
         }
     }
@@ -904,14 +914,14 @@ mod tests {
     fn a_requeued_qp_is_served_on_the_next_turn() {
         let mem: &'static crate::engine::datapath::testkit::Arena = Box::leak(Box::new(crate::engine::datapath::testkit::Arena::new(0)));
         let net = Net::start(mem, &[Ipv4Addr::LOCALHOST]).expect("a transport on loopback");
-        let mut ready: VecDeque<(u64, bool)> = VecDeque::from([(KIND_QP | 9, true)]);
+        let mut ready: VecDeque<(u64, u32)> = VecDeque::from([(KIND_QP | 9, 1)]);
         net.requeue(5);
         net.requeue(9);
         net.requeue(5);
         let mut b = [0u8; 1];
         assert_eq!(uiw_kabi::sys::recv_dontwait(&net.waker.rx, &mut b).unwrap(), 1, "the progress thread is woken");
         net.take_requeued(&mut ready);
-        assert_eq!(Vec::from(ready.clone()), vec![(KIND_QP | 9, true), (KIND_QP | 5, false)]);
+        assert_eq!(Vec::from(ready.clone()), vec![(KIND_QP | 9, 1), (KIND_QP | 5, 0)]);
         net.take_requeued(&mut ready);
         assert_eq!(ready.len(), 2, "taken once");
     }
@@ -934,5 +944,32 @@ mod tests {
         assert_eq!(uiw_kabi::sys::recv_dontwait(&w.rx, &mut b).unwrap(), 1, "a wake is pending");
         w.drain();
         assert_eq!(uiw_kabi::sys::recv_dontwait(&w.rx, &mut b).unwrap(), 0, "drain takes every wake");
+    }
+
+    /// A leased QP's socket leaves the progress thread's interest in arrivals, not in room to
+    /// send: the progress thread must still hear when a socket the poller found full (and
+    /// stopped offering bytes to) takes bytes again, or nobody may send them until the poller
+    /// is back on its CPU.
+    #[test]
+    fn a_leased_socket_still_reports_room_to_send() {
+        let mem: &'static crate::engine::datapath::testkit::Arena = Box::leak(Box::new(crate::engine::datapath::testkit::Arena::new(0)));
+        let net = Net::start(mem, &[Ipv4Addr::LOCALHOST]).expect("a transport on loopback");
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (theirs, _) = l.accept().unwrap();
+        let stream = super::super::transport::kernel::KernelStream::prepare(ours).unwrap();
+        net.watch(&stream, 7).unwrap();
+        let token = KIND_QP | 7;
+        let mut evs = Vec::new();
+        net.epoll.wait_for(&mut evs, Some(Duration::ZERO)).unwrap();
+        net.apply_arming(7, Arming::Disarm(stream.readiness()));
+        // An arrival is not reported while leased; room to send is.
+        (&theirs).write_all(b"x").unwrap();
+        evs.clear();
+        net.epoll.wait_for(&mut evs, Some(Duration::ZERO)).unwrap();
+        let flags: u32 = evs.iter().filter(|e| e.0 == token).map(|e| e.1).fold(0, |a, b| a | b);
+        assert_eq!(flags & libc::EPOLLIN as u32, 0, "a leased socket's arrivals wake the progress thread");
+        assert_ne!(flags & libc::EPOLLOUT as u32, 0, "a leased socket's room to send is not reported");
+        drop(theirs);
     }
 }

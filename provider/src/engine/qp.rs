@@ -84,6 +84,12 @@ pub struct Qp {
     /// The progress thread saw the peer hang up (EPOLLRDHUP/EPOLLHUP): the next pump reads
     /// to the end of the stream.
     pub(crate) hup: AtomicBool,
+    /// The progress thread saw the socket take bytes again (EPOLLOUT): the next pump sends
+    /// (`DataPath::writable`).
+    pub(crate) writable: AtomicBool,
+    /// The stream's buffer was full at the end of the last pump (`DataPath::tx_blocked`): a
+    /// poll of the QP's CQ that finds nothing can do nothing for it either (`CqObj::drive`).
+    pub(crate) tx_full: AtomicBool,
     /// Counters `uiw stat` reads (see `stats`).
     pub(crate) stats: QpStats,
     /// Whether an application thread that polls drives the stream instead of the progress
@@ -266,6 +272,7 @@ impl Qp {
                     self.unwatch_link(&*l.stream);
                 }
                 inner.dp.reset();
+                self.tx_full.store(false, Ordering::Relaxed);
                 self.drop_parked(&mut inner);
                 inner.open_at = None;
                 inner.attrs = qp_state::init_attrs_from_create(&self.cap);
@@ -454,7 +461,7 @@ impl Qp {
     /// at it. A poller that keeps polling (`Poller::Claims`) takes the QP over from the progress
     /// thread for the lease its polls renew (see `lease`); `Poller::Renews` only renews a lease
     /// already held.
-    pub fn try_progress(&self, poller: Poller) {
+    pub fn try_progress(&self, poller: Poller) -> bool {
         match poller {
             Poller::Claims if lease_enabled() => {
                 if self.lease.renew(now_us()) {
@@ -473,6 +480,7 @@ impl Qp {
         if let Some(inner) = self.inner.try_lock() {
             self.serve_held(inner, false);
         }
+        self.tx_full.load(Ordering::Relaxed)
     }
 
     /// The application is going to sleep on a completion channel: the progress thread serves
@@ -503,10 +511,14 @@ impl Qp {
                 l.peer_hup = true;
             }
         }
+        if self.writable.swap(false, Ordering::AcqRel) {
+            inner.dp.writable();
+        }
         let env = self.env(inner.attrs.qp_access_flags);
         let stalled = inner.dp.link.as_ref().is_some_and(|l| l.conn.rx_stalled());
         let held = inner.dp.link.as_ref().is_some_and(|l| l.conn.tx_held());
         let r = inner.dp.pump(&env);
+        self.tx_full.store(inner.dp.tx_blocked(), Ordering::Relaxed);
         self.sync_stats(inner);
         self.after(inner);
         if !stalled && inner.dp.link.as_ref().is_some_and(|l| l.conn.rx_stalled()) {
@@ -763,6 +775,8 @@ impl Qp {
         if let Some(l) = inner.dp.link.as_ref() {
             self.unwatch_link(&*l.stream);
         }
+        // No stream, nothing full: a poll of a failed QP's CQ has no reason to yield.
+        self.tx_full.store(false, Ordering::Relaxed);
         self.sync_stats(inner);
         // What `shutdown` completes as flushed: send WRs still queued or held, receives.
         let held = inner.dp.link.as_ref().map_or(0, |l| l.held_successes());
@@ -1041,15 +1055,21 @@ impl Endpoint for Qp {
         let inner = self.inner.lock();
         self.serve_held(inner, false);
     }
-    fn progress(&self, hup: bool) -> Progress {
+    fn progress(&self, hup: bool, writable: bool) -> Progress {
         if hup {
             self.hup.store(true, Ordering::Release);
         }
-        if self.lease.held() {
+        if writable {
+            self.writable.store(true, Ordering::Release);
+        }
+        if self.lease.held() && !(writable && self.tx_full.load(Ordering::Relaxed)) {
             // An application thread drives the stream (a readiness reported before its claim,
             // or a hang-up): it serves this, or the lease's check hands the QP back.
             return Progress::Done;
         }
+        // Room on a leased stream that the poller found full (`Net::apply_arming`): the poller
+        // may be off its CPU now (it gives it away while its streams are full, `CqObj::drive`),
+        // so the bytes go at once, from here — or from the poller, if it holds the QP (`kick`).
         self.serve(true)
     }
     fn lease_check(&self, now_us: u64) -> Check {
@@ -1084,7 +1104,7 @@ impl PolledQp for Qp {
     fn qpn(&self) -> u32 {
         self.qpn
     }
-    fn try_progress(&self, poller: Poller) {
+    fn try_progress(&self, poller: Poller) -> bool {
         Qp::try_progress(self, poller)
     }
     fn hand_back(&self) {
@@ -1265,7 +1285,7 @@ mod tests {
         qp.modify(&rts, m, &ctx.limits).unwrap();
         // The progress thread's turn, with an application polling during each of its pumps.
         MEM.polls.store(0, Ordering::SeqCst);
-        let _ = Endpoint::progress(&*qp, false);
+        let _ = Endpoint::progress(&*qp, false, false);
         let polls = MEM.polls.load(Ordering::SeqCst);
         *MEM.qp.lock().unwrap() = Weak::new();
 

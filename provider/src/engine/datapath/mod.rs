@@ -147,6 +147,11 @@ pub struct Link {
     /// This pump's last read came back short: the socket is empty, and any later arrival
     /// raises a new (edge-triggered) event — no read that would only say EAGAIN.
     drained: bool,
+    /// The stream's last send said `WouldBlock` (its buffer is full) and nothing went since:
+    /// until the peer reads, or the progress thread sees the socket take bytes again
+    /// ([`DataPath::writable`]), a thread that polls the QP can do nothing for its sends (see
+    /// `CqObj::drive`).
+    tx_blocked: bool,
     /// The wire core's counters as last published to the QP's statistics (`stats::QpStats::sync`).
     pub stats_seen: uiw_wire::conn::Counters,
 }
@@ -169,6 +174,7 @@ impl Link {
             peer_hup: false,
             peer_eof: false,
             drained: false,
+            tx_blocked: false,
             stats_seen: Default::default(),
         }
     }
@@ -353,6 +359,19 @@ impl DataPath {
 
     pub fn established(&self) -> bool {
         self.link.as_ref().is_some_and(|l| l.established)
+    }
+
+    /// The stream reported room for more bytes (the progress thread saw `EPOLLOUT`): the next
+    /// pump sends again (see `Link::tx_blocked`).
+    pub fn writable(&mut self) {
+        if let Some(l) = self.link.as_mut() {
+            l.tx_blocked = false;
+        }
+    }
+
+    /// Whether sends wait for the stream to report room (see [`DataPath::writable`]).
+    pub fn tx_blocked(&self) -> bool {
+        self.link.as_ref().is_some_and(|l| l.tx_blocked)
     }
 
     /// Queues a send WR (already checked against the QP caps). A WR whose local memory does not

@@ -430,3 +430,34 @@ fn crc_error_in_a_write_fails_the_stream() {
         }
     }
 }
+
+/// A Write bigger than the stream's buffer: the send that finds the buffer full leaves the
+/// data path saying so (`tx_blocked`, which a poll of the QP's CQ reads: nothing can be sent
+/// until the peer reads, so the poller gives its CPU away, `CqObj::drive`); once the peer
+/// has read and the rest has gone, it no longer says so. The room news from the progress
+/// thread (`writable`) clears it too.
+#[test]
+fn a_full_stream_is_reported_until_bytes_go_again() {
+    let (mem, mut a, mut b, a_addr, b_addr) = connected_pair(1 << 20, Crc::Off);
+    let len = 16 << 10;
+    mem.set(a_addr, &pattern(len, 3));
+    assert!(!a.dp.tx_blocked(), "an idle stream is not full");
+    let wqe = send_wqe(1, opcode::RDMA_WRITE, Sge { addr: a_addr, length: len as u32, lkey: a.mr.stag }, b_addr, b.mr.stag);
+    a.post_send(&mem, wqe);
+    // The in-memory pipe holds 4 KiB: the doorbell's send filled it.
+    assert!(a.dp.tx_blocked(), "the send that found the stream full was not reported");
+    a.pump(&mem);
+    assert!(a.dp.tx_blocked(), "still full: the peer has not read");
+    a.dp.writable();
+    assert!(!a.dp.tx_blocked(), "room news clears it");
+    a.pump(&mem);
+    assert!(a.dp.tx_blocked(), "the retry found it full again");
+    let mut done = Vec::new();
+    run(&mem, &mut a, &mut b, |a, _| {
+        done.extend(Side::completions(&a.scq));
+        !done.is_empty()
+    });
+    assert_eq!(done[0].status, wc_status::SUCCESS);
+    assert!(!a.dp.tx_blocked(), "everything went: the stream is not full");
+    assert_eq!(mem.get(b_addr, len), pattern(len, 3));
+}

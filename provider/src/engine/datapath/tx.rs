@@ -141,6 +141,7 @@ impl DataPath {
             match sent {
                 Ok(mut n) => {
                     l.tx_sent += n as u64;
+                    l.tx_blocked = false;
                     while n > 0 {
                         let left = l.tx.front().map(|p| p.len() - l.tx_skip).unwrap_or(0);
                         if n >= left {
@@ -154,7 +155,10 @@ impl DataPath {
                     }
                     release_held(l, env);
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    l.tx_blocked = true;
+                    return None;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     crate::engine::debug::why(format_args!("stream write failed: {e}"));
