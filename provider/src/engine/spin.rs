@@ -8,11 +8,18 @@
 //! (`finish_task_switch`), against 1–2 µs of actual work — which is most of a message's
 //! round trip on loopback.
 //!
-//! So after a message, the thread polls its `epoll` set without sleeping (timeout 0) for a
-//! window of [`DEFAULT_WINDOW_US`]: the next message of a ping-pong, a Read after a Read,
-//! usually comes within it and is served with no wake-up. The window is renewed by traffic
-//! and ends [`DEFAULT_WINDOW_US`] after the last message: a process whose streams go quiet
-//! sleeps again within microseconds, and an idle process takes no periodic wake-ups.
+//! So after a message, the thread may poll its `epoll` set without sleeping (timeout 0) for a
+//! window (`UIW_PROGRESS_SPIN_US`; [`SUGGESTED_WINDOW_US`] is what was measured): the next
+//! message of a ping-pong, a Read after a Read, usually comes within it and is served with no
+//! wake-up. The window is renewed by traffic and ends that long after the last message: a
+//! process whose streams go quiet sleeps again within microseconds, and an idle process takes
+//! no periodic wake-ups.
+//!
+//! It is off unless asked for. Measured on the 2-vCPU development machine in alternating
+//! pairs: `ib_read_lat -s 8` 25–26 µs without, 12.4–12.7 µs with a 50 µs window (the machine
+//! otherwise idle); but `ib_write_bw -s 65536`, whose passive target is served by the progress
+//! thread too, lost 10–40 % in three pairs out of three (1.3–1.7 against 1.5–2.5 GB/s), and
+//! issue 9 keeps nothing that costs another row.
 //!
 //! Spinning pays only on a CPU nobody else wants. Before each poll the thread looks at how
 //! many threads are runnable on the machine (`/proc/loadavg`'s running count, itself
@@ -26,8 +33,9 @@
 
 use std::io::Read;
 
-/// How long the progress thread polls after the last message (engine µs).
-pub const DEFAULT_WINDOW_US: u64 = 50;
+/// The window measured (engine µs): long enough for the next Read of an `ib_read_lat`
+/// requester or the next message of a ping-pong on loopback.
+pub const SUGGESTED_WINDOW_US: u64 = 50;
 
 /// The most windows skipped in a row after spinning was found to take a CPU someone waits
 /// for.
@@ -51,10 +59,10 @@ impl Spin {
         Spin { window_us, until: 0, skip: 0, backoff: 0 }
     }
 
-    /// The window from the environment: `UIW_PROGRESS_SPIN_US` (µs; 0 turns spinning off),
-    /// else [`DEFAULT_WINDOW_US`].
+    /// The window from the environment: `UIW_PROGRESS_SPIN_US` (µs, e.g.
+    /// [`SUGGESTED_WINDOW_US`]); unset or 0: never spin (see the module's measurements).
     pub fn from_env() -> Spin {
-        let w = std::env::var("UIW_PROGRESS_SPIN_US").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(DEFAULT_WINDOW_US);
+        let w = std::env::var("UIW_PROGRESS_SPIN_US").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(0);
         Spin::new(w)
     }
 
@@ -118,7 +126,7 @@ mod tests {
 
     #[test]
     fn polls_only_within_the_window_after_traffic() {
-        let mut s = Spin::new(50);
+        let mut s = Spin::new(SUGGESTED_WINDOW_US);
         // Nothing served yet: sleep (an idle process never spins).
         assert!(!s.poll(0, || false));
         s.traffic(100, false);
@@ -140,7 +148,7 @@ mod tests {
 
     #[test]
     fn a_crowded_machine_sleeps_and_skips_windows_doubling() {
-        let mut s = Spin::new(50);
+        let mut s = Spin::new(SUGGESTED_WINDOW_US);
         let mut now = 0;
         let mut skipped = Vec::new();
         for _ in 0..5 {
@@ -173,7 +181,7 @@ mod tests {
 
     #[test]
     fn backoff_is_bounded() {
-        let mut s = Spin::new(50);
+        let mut s = Spin::new(SUGGESTED_WINDOW_US);
         for i in 0..5000u64 {
             s.traffic(i, false);
             s.poll(i, || true);
