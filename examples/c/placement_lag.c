@@ -32,6 +32,7 @@
  *     uiw run -- ./placement_lag [-d DEVICE] [-n ITERS] [-s SIZE] ...
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -58,7 +59,7 @@ static void usage(FILE *f, const char *argv0)
 		"    data being visible at a passive target in the same process\n"
 		"\n"
 		"SYNOPSIS\n"
-		"    %s [-d DEVICE] [-n ITERS] [-w WARMUP] [-s SIZE] [-t MS] [-q] [-P]\n"
+		"    %s [-d DEVICE] [-n ITERS] [-w WARMUP] [-s SIZE] [-t MS] [-q] [-P] [-I MS]\n"
 		"    %s -h | --help\n"
 		"\n"
 		"DESCRIPTION\n"
@@ -93,6 +94,11 @@ static void usage(FILE *f, const char *argv0)
 		"    -X          look for a sequence number that is never written (a check of\n"
 		"                the give-up path, for tests: the run must end after MS\n"
 		"                milliseconds with exit status 1)\n"
+		"    -I MS       afterwards, leave the connected QPs idle for MS milliseconds and\n"
+		"                report what the provider's progress thread (the thread named\n"
+		"                uiw-progress) did meanwhile: its context switches (wake-ups)\n"
+		"                and CPU time, from /proc/self/task (an idle process takes no\n"
+		"                periodic wake-ups, and a busy-poll after traffic must end)\n"
 		"    -h, --help  this text\n"
 		"\n"
 		"OUTPUT\n"
@@ -100,6 +106,8 @@ static void usage(FILE *f, const char *argv0)
 		"        visible: N of N writes\n"
 		"        lag_us: p50=X p99=X p99.9=X max=X min=X mean=X n=N\n"
 		"        first_look: K of N writes were already visible when the completion came\n"
+		"    and with -I:\n"
+		"        idle: ms=MS progress_threads=T switches=S cpu_ms=C\n"
 		"    (microseconds, CLOCK_MONOTONIC). uiw-bench's placement_lag row reads the\n"
 		"    lag_us line.\n"
 		"\n"
@@ -240,6 +248,54 @@ static uint64_t quantile(const uint64_t *v, long n, double q)
 	return v[rank - 1];
 }
 
+/* The context switches and CPU time (ms) of this process's threads named
+ * uiw-progress, summed; returns how many there are. */
+static int progress_stats(uint64_t *switches, double *cpu_ms)
+{
+	char path[320], line[256], comm[64];
+	int n = 0;
+	DIR *d = opendir("/proc/self/task");
+	struct dirent *e;
+
+	*switches = 0;
+	*cpu_ms = 0;
+	if (!d)
+		return -1;
+	while ((e = readdir(d))) {
+		FILE *f;
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
+		if (!(f = fopen(path, "r")))
+			continue;
+		comm[0] = 0;
+		if (!fgets(comm, sizeof(comm), f))
+			comm[0] = 0;
+		fclose(f);
+		if (strncmp(comm, "uiw-progress", 12) != 0)
+			continue;
+		n++;
+		snprintf(path, sizeof(path), "/proc/self/task/%s/status", e->d_name);
+		if ((f = fopen(path, "r"))) {
+			unsigned long long v;
+			while (fgets(line, sizeof(line), f))
+				if (sscanf(line, "voluntary_ctxt_switches: %llu", &v) == 1 ||
+				    sscanf(line, "nonvoluntary_ctxt_switches: %llu", &v) == 1)
+					*switches += v;
+			fclose(f);
+		}
+		snprintf(path, sizeof(path), "/proc/self/task/%s/schedstat", e->d_name);
+		if ((f = fopen(path, "r"))) {
+			unsigned long long ns;
+			if (fscanf(f, "%llu", &ns) == 1)
+				*cpu_ms += (double)ns / 1e6;
+			fclose(f);
+		}
+	}
+	closedir(d);
+	return n;
+}
+
 static double us(uint64_t ns)
 {
 	return (double)ns / 1000.0;
@@ -252,7 +308,7 @@ int main(int argc, char **argv)
 		{ NULL, 0, NULL, 0 },
 	};
 	const char *dev_name = getenv("UIW_DEVICE");
-	long iters = DEFAULT_ITERS, warmup = DEFAULT_WARMUP, timeout_ms = DEFAULT_TIMEOUT_MS;
+	long iters = DEFAULT_ITERS, warmup = DEFAULT_WARMUP, timeout_ms = DEFAULT_TIMEOUT_MS, idle_ms = 0;
 	size_t size = DEFAULT_SIZE;
 	int quiet = 0, never = 0, active = 0, opt, num, rc = 2;
 	struct ibv_device **list;
@@ -262,7 +318,7 @@ int main(int argc, char **argv)
 	uint64_t *lag = NULL, timeout_ns, first_look = 0, sum = 0;
 	volatile uint64_t *head, *tail;
 
-	while ((opt = getopt_long(argc, argv, "d:n:w:s:t:qPXh", longopts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "d:n:w:s:t:qPXI:h", longopts, NULL)) != -1) {
 		switch (opt) {
 		case 'd':
 			dev_name = optarg;
@@ -288,6 +344,12 @@ int main(int argc, char **argv)
 		case 't':
 			if (parse_count(optarg, 1, 3600000, &timeout_ms)) {
 				fprintf(stderr, "%s: bad -t '%s' (1..3600000 ms)\n", argv[0], optarg);
+				return 2;
+			}
+			break;
+		case 'I':
+			if (parse_count(optarg, 1, 3600000, &idle_ms)) {
+				fprintf(stderr, "%s: bad -I '%s' (1..3600000 ms)\n", argv[0], optarg);
 				return 2;
 			}
 			break;
@@ -460,6 +522,18 @@ int main(int argc, char **argv)
 	       iters);
 	if (!quiet)
 		printf("placement_lag: every write became visible at the passive target\n");
+	if (idle_ms) {
+		uint64_t sw0, sw1;
+		double cpu0, cpu1;
+		struct timespec ts = { .tv_sec = idle_ms / 1000, .tv_nsec = (idle_ms % 1000) * 1000000 };
+		int threads = progress_stats(&sw0, &cpu0);
+
+		while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+			;
+		progress_stats(&sw1, &cpu1);
+		printf("idle: ms=%ld progress_threads=%d switches=%" PRIu64 " cpu_ms=%.3f\n", idle_ms, threads, sw1 - sw0,
+		       cpu1 - cpu0);
+	}
 	rc = 0;
 out:
 	fflush(stdout);

@@ -251,3 +251,38 @@ fn the_first_write_on_a_new_connection_is_visible_at_its_completion() {
         late.join("\n")
     );
 }
+
+/// The `idle:` line of `-I`: the progress thread's context switches and CPU milliseconds
+/// while the connected QPs sat idle.
+fn idle(stdout: &str) -> Option<(u64, f64)> {
+    let l = stdout.lines().find_map(|l| l.strip_prefix("idle: "))?;
+    let field = |k: &str| l.split_whitespace().find_map(|w| w.strip_prefix(k));
+    Some((field("switches=")?.parse().ok()?, field("cpu_ms=")?.parse().ok()?))
+}
+
+/// An idle process takes no periodic wake-ups, and the progress thread's busy-poll after
+/// traffic (`engine::spin`, asked for here with a 50 µs window) ends with the traffic:
+/// after 2000 Writes between two connected
+/// QPs, a second in which nothing is posted costs the progress thread at most a few
+/// wake-ups (a lease handed back, a window ending) and no CPU to speak of. A poll that went
+/// on after the traffic shows as CPU time (a second of it), a timer as a wake-up per period.
+#[test]
+fn a_connected_process_left_idle_takes_no_wake_ups() {
+    const TEST: &str = "a_connected_process_left_idle_takes_no_wake_ups";
+    let Some((artifacts, exe)) = prepare(TEST) else {
+        return;
+    };
+    let _lock = device_lock();
+    let dev = Published::up(&artifacts, &out_dir(env!("CARGO_TARGET_TMPDIR")))
+        .unwrap_or_else(|e| panic!("{TEST}: {e}"));
+    let argv = [exe.as_os_str(), OsStr::new("-d"), OsStr::new("uiw_lo"), OsStr::new("-n"), OsStr::new("2000"), OsStr::new("-w"), OsStr::new("10"), OsStr::new("-I"), OsStr::new("1000"), OsStr::new("-q")];
+    for spin in ["0", "50"] {
+        let out = dev.run(&argv, &[("UIW_PROGRESS_SPIN_US", spin)]);
+        let what = format!("UIW_PROGRESS_SPIN_US={spin} placement_lag -I 1000");
+        assert_all_visible(&what, &out, 2000);
+        let (switches, cpu_ms) = idle(&String::from_utf8_lossy(&out.stdout))
+            .unwrap_or_else(|| panic!("{what}: no idle: line\n{}", show(&out)));
+        assert!(switches <= 4, "{what}: the progress thread woke {switches} times in an idle second\n{}", show(&out));
+        assert!(cpu_ms < 50.0, "{what}: the progress thread ran {cpu_ms} ms in an idle second\n{}", show(&out));
+    }
+}

@@ -5,7 +5,7 @@
 //! of one device context) → `qp` → `net` (listener, progress thread) → `datapath` (a QP's work
 //! requests and stream: `rx`, `tx`) and `cm` → `transport` (the `Stream`/`Connector` seam and
 //! its implementations, addressing) → `cq`, `srq`,
-//! `mr`, `wr`, `events`, `lease`, `clock`, `affinity`, `user_memory`, `error` and the pure tables (`access`, `limits`,
+//! `mr`, `wr`, `events`, `lease`, `spin`, `clock`, `affinity`, `user_memory`, `error` and the pure tables (`access`, `limits`,
 //! `qp_state`, `device`). The progress thread and the CQs know QPs only through the traits
 //! [`net::Endpoint`] and [`cq::PolledQp`], rdma_cm through [`cm::CmQp`].
 #![forbid(unsafe_code)]
@@ -29,6 +29,7 @@ pub mod net;
 pub mod qp;
 pub mod qp_state;
 pub mod random;
+pub mod spin;
 pub mod srq;
 pub mod stats;
 pub mod transport;

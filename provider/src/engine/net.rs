@@ -19,6 +19,7 @@ use super::clock::earliest;
 use super::cm::{CmConn, CmStatus};
 use super::device::{gid_ipv4, DeviceInfo, TransportKind};
 use super::lease::{Arming, Check};
+use super::spin::{self, Spin};
 use super::transport::kernel::KernelTcp;
 use super::transport::raw::RawTcp;
 use super::transport::{config, now_ms, now_us, Closing, Connector, Listener, Pending, QpHello, Stream, DEFAULT_PORT_BASE, INDEXES, SLOTS};
@@ -525,9 +526,17 @@ impl Net {
         let mut next_due: Option<u64> = None;
         // When the next application lease is due (engine µs; see `lease`).
         let mut next_lease: Option<u64> = None;
+        // Polls without sleeping for a few µs after traffic (see `spin`).
+        let mut spin = Spin::from_env();
+        let mut loadavg = std::fs::File::open("/proc/loadavg").ok();
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         while !self.stop.load(Ordering::Acquire) {
             evs.clear();
+            let mut polled = false;
             let timeout = if !ready.is_empty() {
+                Some(Duration::ZERO)
+            } else if spin.poll(now_us(), || spin::crowded(&mut loadavg, cpus)) {
+                polled = true;
                 Some(Duration::ZERO)
             } else {
                 let now = now_us();
@@ -536,6 +545,9 @@ impl Net {
             };
             if self.epoll.wait_for(&mut evs, timeout).is_err() {
                 std::thread::sleep(Duration::from_millis(10));
+            }
+            if evs.iter().any(|&(tok, _)| tok & KIND_MASK == KIND_QP) {
+                spin.traffic(now_us(), polled);
             }
             for &(tok, flags) in &evs {
                 match ready.iter_mut().find(|r| r.0 == tok) {

@@ -1,0 +1,204 @@
+//! The progress thread's bounded busy-poll after traffic (issue 9).
+//!
+//! A passive RDMA target never calls into the provider: an RDMA Read's responder, or the
+//! target of a Send whose application sleeps on a completion channel (qperf), is served by
+//! the progress thread only. Woken by `epoll` for every message, that thread pays a wake-up
+//! and two context switches per message — measured on a 2-vCPU guest at 4 µs from the wake-up
+//! to running plus 4–5 µs of running that is almost all the switch itself
+//! (`finish_task_switch`), against 1–2 µs of actual work — which is most of a message's
+//! round trip on loopback.
+//!
+//! So after a message, the thread may poll its `epoll` set without sleeping (timeout 0) for a
+//! window (`UIW_PROGRESS_SPIN_US`; [`SUGGESTED_WINDOW_US`] is what was measured): the next
+//! message of a ping-pong, a Read after a Read, usually comes within it and is served with no
+//! wake-up. The window is renewed by traffic and ends that long after the last message: a
+//! process whose streams go quiet sleeps again within microseconds, and an idle process takes
+//! no periodic wake-ups.
+//!
+//! It is off unless asked for. Measured on the 2-vCPU development machine in alternating
+//! pairs: `ib_read_lat -s 8` 25–26 µs without, 12.4–12.7 µs with a 50 µs window (the machine
+//! otherwise idle); but `ib_write_bw -s 65536`, whose passive target is served by the progress
+//! thread too, lost 10–40 % in three pairs out of three (1.3–1.7 against 1.5–2.5 GB/s), and
+//! issue 9 keeps nothing that costs another row.
+//!
+//! Spinning pays only on a CPU nobody else wants. Before each poll the thread looks at how
+//! many threads are runnable on the machine (`/proc/loadavg`'s running count, itself
+//! included) against the CPUs it may use: when that exceeds them, a thread is waiting for a
+//! CPU that spinning holds, and on a 2-CPU machine whose two application threads spin
+//! (ib_write_lat spins on memory on both sides) a spinning progress thread would take one
+//! of their CPUs for the whole window. It then sleeps at once and skips the next windows
+//! (doubling, up to [`MAX_SKIP`] messages), so that a contended machine pays one look at
+//! the run queue per many messages, not one per message.
+#![forbid(unsafe_code)]
+
+use std::io::Read;
+
+/// The window measured (engine µs): long enough for the next Read of an `ib_read_lat`
+/// requester or the next message of a ping-pong on loopback.
+pub const SUGGESTED_WINDOW_US: u64 = 50;
+
+/// The most windows skipped in a row after spinning was found to take a CPU someone waits
+/// for.
+pub const MAX_SKIP: u32 = 1024;
+
+/// The busy-poll policy of one progress thread.
+#[derive(Debug)]
+pub struct Spin {
+    window_us: u64,
+    /// Poll (rather than sleep) until then (engine µs).
+    until: u64,
+    /// Windows still to skip after contention.
+    skip: u32,
+    /// How many the next contention skips.
+    backoff: u32,
+}
+
+impl Spin {
+    /// A policy with this window (0: never spin).
+    pub fn new(window_us: u64) -> Spin {
+        Spin { window_us, until: 0, skip: 0, backoff: 0 }
+    }
+
+    /// The window from the environment: `UIW_PROGRESS_SPIN_US` (µs, e.g.
+    /// [`SUGGESTED_WINDOW_US`]); unset or 0: never spin (see the module's measurements).
+    pub fn from_env() -> Spin {
+        let w = std::env::var("UIW_PROGRESS_SPIN_US").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(0);
+        Spin::new(w)
+    }
+
+    /// A message was served at `now` (`polled`: found by a poll of the window, not by a
+    /// wake-up): the window runs on from here, unless it is being skipped.
+    pub fn traffic(&mut self, now: u64, polled: bool) {
+        if self.window_us == 0 {
+            return;
+        }
+        if polled {
+            // Spinning caught a message: it pays here; contention starts over.
+            self.backoff = 0;
+        }
+        if self.skip > 0 {
+            self.skip -= 1;
+            return;
+        }
+        self.until = now + self.window_us;
+    }
+
+    /// Whether the next wait at `now` polls (`true`) or sleeps. `crowded` tells whether a
+    /// thread waits for a CPU (see [`crowded`]); it is asked only inside a window.
+    pub fn poll(&mut self, now: u64, crowded: impl FnOnce() -> bool) -> bool {
+        if now >= self.until {
+            return false;
+        }
+        if crowded() {
+            self.until = 0;
+            self.backoff = (self.backoff * 2).clamp(1, MAX_SKIP);
+            self.skip = self.backoff;
+            return false;
+        }
+        true
+    }
+}
+
+/// Whether more threads are runnable on the machine than this thread has CPUs: the
+/// running count of `/proc/loadavg` (`R/T`, which counts the caller) against `cpus`.
+/// Unreadable: crowded (never spin blind).
+pub fn crowded(loadavg: &mut Option<std::fs::File>, cpus: usize) -> bool {
+    use std::io::Seek;
+    let Some(f) = loadavg.as_mut() else { return true };
+    let mut b = [0u8; 128];
+    let n = match f.rewind().and_then(|_| f.read(&mut b)) {
+        Ok(n) => n,
+        Err(_) => return true,
+    };
+    running(&b[..n]).is_none_or(|r| r > cpus)
+}
+
+/// The running count of a `/proc/loadavg` line ("0.52 0.58 0.59 2/345 6789").
+fn running(line: &[u8]) -> Option<usize> {
+    let s = std::str::from_utf8(line).ok()?;
+    let f = s.split_ascii_whitespace().nth(3)?;
+    f.split_once('/')?.0.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn polls_only_within_the_window_after_traffic() {
+        let mut s = Spin::new(SUGGESTED_WINDOW_US);
+        // Nothing served yet: sleep (an idle process never spins).
+        assert!(!s.poll(0, || false));
+        s.traffic(100, false);
+        assert!(s.poll(100, || false));
+        assert!(s.poll(149, || false));
+        assert!(!s.poll(150, || panic!("outside the window the run queue is not read")));
+        // Traffic caught by a poll renews the window.
+        s.traffic(120, true);
+        assert!(s.poll(169, || false));
+        assert!(!s.poll(170, || false));
+    }
+
+    #[test]
+    fn off_never_polls() {
+        let mut s = Spin::new(0);
+        s.traffic(10, false);
+        assert!(!s.poll(10, || false));
+    }
+
+    #[test]
+    fn a_crowded_machine_sleeps_and_skips_windows_doubling() {
+        let mut s = Spin::new(SUGGESTED_WINDOW_US);
+        let mut now = 0;
+        let mut skipped = Vec::new();
+        for _ in 0..5 {
+            s.traffic(now, false);
+            assert!(!s.poll(now, || true), "crowded: sleep at once");
+            // Count the messages whose window is skipped (no poll, no look at the run queue).
+            let mut k = 0;
+            loop {
+                now += 10;
+                s.traffic(now, false);
+                if s.poll(now, || false) {
+                    break;
+                }
+                k += 1;
+            }
+            skipped.push(k);
+            assert!(!s.poll(now + 50, || panic!("window over")));
+        }
+        assert_eq!(skipped, vec![1, 2, 4, 8, 16]);
+        // A poll that catches traffic starts the back-off over.
+        s.traffic(now, true);
+        assert!(!s.poll(now, || true));
+        now += 10;
+        s.traffic(now, false);
+        assert!(!s.poll(now, || false), "one window skipped");
+        now += 10;
+        s.traffic(now, false);
+        assert!(s.poll(now, || false));
+    }
+
+    #[test]
+    fn backoff_is_bounded() {
+        let mut s = Spin::new(SUGGESTED_WINDOW_US);
+        for i in 0..5000u64 {
+            s.traffic(i, false);
+            s.poll(i, || true);
+        }
+        assert_eq!(s.backoff, MAX_SKIP);
+        assert!(s.skip <= MAX_SKIP);
+    }
+
+    #[test]
+    fn loadavg_running_count() {
+        assert_eq!(running(b"0.52 0.58 0.59 2/345 6789\n"), Some(2));
+        assert_eq!(running(b"0.00 0.01 0.05 13/1024 1\n"), Some(13));
+        assert_eq!(running(b"garbage"), None);
+        let mut none = None;
+        assert!(crowded(&mut none, 64), "unreadable: never spin");
+        let mut f = std::fs::File::open("/proc/loadavg").ok();
+        // Some count is read (this thread at least is running).
+        assert!(!crowded(&mut f, usize::MAX - 1));
+    }
+}
