@@ -528,7 +528,8 @@ impl Net {
         let mut next_lease: Option<u64> = None;
         // Polls without sleeping for a few µs after traffic (see `spin`).
         let mut spin = Spin::from_env();
-        let mut loadavg = std::fs::File::open("/proc/loadavg").ok();
+        // Opened only when polling was asked for: by default the thread holds no extra fd.
+        let mut loadavg = if spin.enabled() { std::fs::File::open("/proc/loadavg").ok() } else { None };
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         while !self.stop.load(Ordering::Acquire) {
             evs.clear();

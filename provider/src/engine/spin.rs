@@ -66,6 +66,11 @@ impl Spin {
         Spin::new(w)
     }
 
+    /// Whether this policy ever polls (a window was asked for).
+    pub fn enabled(&self) -> bool {
+        self.window_us > 0
+    }
+
     /// A message was served at `now` (`polled`: found by a poll of the window, not by a
     /// wake-up): the window runs on from here, unless it is being skipped.
     pub fn traffic(&mut self, now: u64, polled: bool) {
