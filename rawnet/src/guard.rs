@@ -18,6 +18,9 @@ pub struct RstGuard {
     table: String,
 }
 
+/// The set of the table's further ports (see [`RstGuard::add`]).
+const EXTRA_SET: &str = "extra";
+
 fn nft(script: Option<&str>, args: &[&str]) -> io::Result<()> {
     let mut c = Command::new("nft");
     c.args(args).stdin(if script.is_some() { Stdio::piped() } else { Stdio::null() });
@@ -48,15 +51,32 @@ impl RstGuard {
         let _ = nft(None, &["delete", "table", "ip", &table]);
         let script = format!(
             "table ip {table} {{\n\
+             \tset {EXTRA_SET} {{\n\
+             \t\ttype inet_service;\n\
+             \t}}\n\
              \tchain input {{\n\
              \t\ttype filter hook input priority -300; policy accept;\n\
              \t\tiifname \"{ifname}\" ip daddr {ip} tcp dport {}-{} drop\n\
+             \t\tiifname \"{ifname}\" ip daddr {ip} tcp dport @{EXTRA_SET} drop\n\
              \t}}\n\
              }}\n",
             ports.0, ports.1
         );
         nft(Some(&script), &["-f", "-"])?;
         Ok(RstGuard { table })
+    }
+}
+
+impl RstGuard {
+    /// Drop TCP to `port` as well (a port outside the range that a listener of the stack
+    /// uses: rdma_cm's).
+    pub fn add(&self, port: u16) -> io::Result<()> {
+        nft(None, &["add", "element", "ip", &self.table, EXTRA_SET, &format!("{{ {port} }}")])
+    }
+
+    /// No longer drop TCP to `port` (added with [`RstGuard::add`]).
+    pub fn remove(&self, port: u16) -> io::Result<()> {
+        nft(None, &["delete", "element", "ip", &self.table, EXTRA_SET, &format!("{{ {port} }}")])
     }
 }
 

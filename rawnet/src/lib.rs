@@ -56,6 +56,12 @@ pub trait FrameIo: Send {
     fn fd(&self) -> RawFd;
     /// Short name for `uiw show` and logs ("packet", "xdp (copy)").
     fn kind(&self) -> &'static str;
+    /// Steer TCP to `port` here too (`on`), or no longer: a port outside uiw's range that a
+    /// listener of the stack needs (rdma_cm listens on the port the application names).
+    fn steer(&mut self, port: u16, on: bool) -> io::Result<()> {
+        let _ = (port, on);
+        Err(io::Error::new(io::ErrorKind::Unsupported, "this driver steers only its port range"))
+    }
 }
 
 impl<T: FrameIo + ?Sized> FrameIo for Box<T> {
@@ -73,5 +79,8 @@ impl<T: FrameIo + ?Sized> FrameIo for Box<T> {
     }
     fn kind(&self) -> &'static str {
         (**self).kind()
+    }
+    fn steer(&mut self, port: u16, on: bool) -> io::Result<()> {
+        (**self).steer(port, on)
     }
 }

@@ -34,18 +34,21 @@ pub(crate) struct Shared {
     pub(crate) host: Mutex<Dyn>,
     /// Connections whose stream was dropped: removed from the stack once CLOSED (lock
     /// order: `host`, then `orphans`).
-    orphans: Mutex<Vec<Handle>>,
+    pub(crate) orphans: Mutex<Vec<Handle>>,
     moved: Condvar,
     stop: AtomicBool,
     fd: i32,
     /// Streams used without blocking (see [`crate::nonblock`]): what their readiness
     /// descriptor waits for (lock order: `host`, then `watches`).
     pub(crate) watches: Mutex<HashMap<Handle, Watch>>,
-    /// The non-blocking listener's readiness descriptor, if one was made.
-    pub(crate) listen_ev: Mutex<Option<Arc<EventFd>>>,
+    /// The non-blocking listeners' readiness descriptors, by port.
+    pub(crate) listen_ev: Mutex<HashMap<u16, Arc<EventFd>>>,
     /// The port range steered to this transport (local ports of connections it opens).
     pub(crate) ports: (u16, u16),
     pub(crate) next_port: AtomicU32,
+    /// Keeps the kernel from answering the steered flows (with the ports steered beyond
+    /// `ports`, see `FrameIo::steer`).
+    pub(crate) guard: RstGuard,
 }
 
 impl Shared {
@@ -59,7 +62,6 @@ pub struct Transport {
     pub(crate) shared: Arc<Shared>,
     progress: Option<JoinHandle<()>>,
     kind: &'static str,
-    _guard: RstGuard,
 }
 
 fn seed() -> u64 {
@@ -91,13 +93,14 @@ impl Transport {
             stop: AtomicBool::new(false),
             fd,
             watches: Mutex::new(HashMap::new()),
-            listen_ev: Mutex::new(None),
+            listen_ev: Mutex::new(HashMap::new()),
             ports,
             next_port: AtomicU32::new(first),
+            guard,
         });
         let s = shared.clone();
         let progress = std::thread::Builder::new().name("uiw-rawnet".into()).spawn(move || progress(s))?;
-        Ok(Transport { shared, progress: Some(progress), kind: name, _guard: guard })
+        Ok(Transport { shared, progress: Some(progress), kind: name })
     }
 
     /// The driver in use ("xdp (native, copy)", "packet").
