@@ -12,10 +12,44 @@ use std::io::{self, Write};
 use std::net::Ipv4Addr;
 use std::process::{Command, Stdio};
 
-/// The nftables table, removed on drop.
+/// The nftables table, removed on drop — and when the process exits (see [`at_exit`]).
 #[derive(Debug)]
 pub struct RstGuard {
     table: String,
+}
+
+/// The tables this process installed and has not removed, and its pid (a forked child that
+/// exits must not remove its parent's tables).
+static LIVE: std::sync::Mutex<Vec<(String, u32)>> = std::sync::Mutex::new(Vec::new());
+
+/// `atexit` handler: a process that exits without dropping its transport (an rdma_cm
+/// application keeps its devices open to the end, as librdmacm does) removes its tables, so
+/// that the kernel's TCP gets the ports back. A killed process still leaves them, until the
+/// next raw transport on the interface replaces them.
+extern "C" fn at_exit() {
+    let Ok(live) = LIVE.try_lock() else { return };
+    for (table, pid) in live.iter() {
+        if *pid == std::process::id() {
+            let _ = nft(None, &["delete", "table", "ip", table]);
+        }
+    }
+}
+
+fn register(table: &str) {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    // SAFETY: at_exit is a plain extern "C" fn with no arguments, as atexit(3) wants.
+    HOOK.call_once(|| unsafe {
+        libc::atexit(at_exit);
+    });
+    if let Ok(mut live) = LIVE.lock() {
+        live.push((table.to_string(), std::process::id()));
+    }
+}
+
+fn unregister(table: &str) {
+    if let Ok(mut live) = LIVE.lock() {
+        live.retain(|(t, pid)| !(t == table && *pid == std::process::id()));
+    }
 }
 
 /// The set of the table's further ports (see [`RstGuard::add`]).
@@ -63,6 +97,7 @@ impl RstGuard {
             ports.0, ports.1
         );
         nft(Some(&script), &["-f", "-"])?;
+        register(&table);
         Ok(RstGuard { table })
     }
 }
@@ -82,6 +117,7 @@ impl RstGuard {
 
 impl Drop for RstGuard {
     fn drop(&mut self) {
+        unregister(&self.table);
         let _ = nft(None, &["delete", "table", "ip", &self.table]);
     }
 }

@@ -116,16 +116,19 @@ impl Transport {
         let ev = Arc::new(EventFd::new()?);
         let s = &self.shared;
         let steer = port < s.ports.0 || port > s.ports.1;
+        // The guard first, outside the host lock (it runs nft). Only where the kernel gets
+        // the frames too: a guard rule is what a killed process leaves behind, and it would
+        // keep the kernel's own TCP off the port (perftest's out-of-band exchange uses the
+        // same 18515 as its rdma_cm).
+        if steer && s.kernel_sees_frames {
+            s.guard.add(port)?;
+        }
         let mut host = s.lock();
         if s.listen_ev.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&port) {
             return Err(io::Error::from_raw_os_error(libc::EADDRINUSE));
         }
         if steer {
-            s.guard.add(port)?;
-            if let Err(e) = host.io.steer(port, true) {
-                let _ = s.guard.remove(port);
-                return Err(e);
-            }
+            host.io.steer(port, true)?;
         }
         s.listen_ev.lock().unwrap_or_else(|p| p.into_inner()).insert(port, ev.clone());
         host.stack.listen(port);

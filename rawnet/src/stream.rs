@@ -49,6 +49,9 @@ pub(crate) struct Shared {
     /// Keeps the kernel from answering the steered flows (with the ports steered beyond
     /// `ports`, see `FrameIo::steer`).
     pub(crate) guard: RstGuard,
+    /// The driver leaves the kernel a copy of every frame (AF_PACKET): a steered port needs
+    /// the guard too. The XDP program redirects steered frames before the kernel sees them.
+    pub(crate) kernel_sees_frames: bool,
 }
 
 impl Shared {
@@ -97,6 +100,7 @@ impl Transport {
             ports,
             next_port: AtomicU32::new(first),
             guard,
+            kernel_sees_frames: kind == Kind::Packet,
         });
         let s = shared.clone();
         let progress = std::thread::Builder::new().name("uiw-rawnet".into()).spawn(move || progress(s))?;
