@@ -1,7 +1,7 @@
 //! The XDP program that steers uiw's TCP into the AF_XDP socket, and the `bpf(2)` calls
 //! that create its XSK map, load it and attach it.
 //!
-//! Why raw instructions: the program is 25 instructions, and assembling it here means a
+//! Why raw instructions: the program is 37 instructions, and assembling it here means a
 //! host running uiw needs no clang, no libbpf and no aya (aya 0.15+ needs a newer rustc
 //! than the workspace's floor; libxdp's default program would also steal ARP/ND). Each
 //! instruction is commented; the verifier checks the rest at load time.
