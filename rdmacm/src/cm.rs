@@ -567,15 +567,16 @@ impl Id {
         // redirects them, the transport's nftables guard drops the AF_PACKET copies before
         // the kernel's TCP). The kernel socket listens all the same, unserved: it holds the
         // port against other listeners, as rdma_cm's port space does, and shows in `ss -l`
-        // as a kernel rdma_cm listener would. A wildcard listener listens on every such
-        // device as well.
+        // as a kernel rdma_cm listener would — only once the provider's listeners (and with
+        // them the steering of the port) are in place: a peer that connects as soon as the
+        // port shows would otherwise reach the kernel's socket, which never serves it. A
+        // wildcard listener listens on every such device as well.
         let in_engine = matches!(&st.dev, Some(d) if d.in_engine);
         let engine_devs: Vec<Arc<Device>> = match &st.dev {
             Some(d) if d.in_engine => vec![d.clone()],
             Some(_) => Vec::new(),
             None => devices().iter().filter(|d| d.in_engine).cloned().collect(),
         };
-        sys::listen(&sock, if backlog <= 0 { 1024 } else { backlog })?;
         if !engine_devs.is_empty() {
             let local = sys::local_addr(&sock)?;
             for d in engine_devs {
@@ -602,6 +603,12 @@ impl Id {
                     }
                 }
             }
+        }
+        if let Err(e) = sys::listen(&sock, if backlog <= 0 { 1024 } else { backlog }) {
+            let ls = std::mem::take(&mut st.engine_listeners);
+            drop(st);
+            drop(ls);
+            return Err(e);
         }
         st.state = State::Listen;
         drop(st);
