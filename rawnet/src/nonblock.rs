@@ -115,7 +115,9 @@ impl Transport {
     pub fn listen_nonblocking(&self, port: u16) -> io::Result<RawListener> {
         let ev = Arc::new(EventFd::new()?);
         let s = &self.shared;
-        let steer = port < s.ports.0 || port > s.ports.1;
+        // A port steered for an earlier listener is still steered: listening again is quick
+        // (perftest -R listens twice on its port, and its client connects at once).
+        let steer = (port < s.ports.0 || port > s.ports.1) && !s.steered.lock().unwrap_or_else(|p| p.into_inner()).contains(&port);
         // The guard first, outside the host lock (it runs nft). Only where the kernel gets
         // the frames too: a guard rule is what a killed process leaves behind, and it would
         // keep the kernel's own TCP off the port (perftest's out-of-band exchange uses the
@@ -129,6 +131,7 @@ impl Transport {
         }
         if steer {
             host.io.steer(port, true)?;
+            s.steered.lock().unwrap_or_else(|p| p.into_inner()).insert(port);
         }
         s.listen_ev.lock().unwrap_or_else(|p| p.into_inner()).insert(port, ev.clone());
         host.stack.listen(port);

@@ -52,6 +52,8 @@ pub(crate) struct Shared {
     /// The driver leaves the kernel a copy of every frame (AF_PACKET): a steered port needs
     /// the guard too. The XDP program redirects steered frames before the kernel sees them.
     pub(crate) kernel_sees_frames: bool,
+    /// Ports outside `ports` steered so far (they stay steered until the transport closes).
+    pub(crate) steered: Mutex<std::collections::HashSet<u16>>,
 }
 
 impl Shared {
@@ -101,6 +103,7 @@ impl Transport {
             next_port: AtomicU32::new(first),
             guard,
             kernel_sees_frames: kind == Kind::Packet,
+            steered: Mutex::new(std::collections::HashSet::new()),
         });
         let s = shared.clone();
         let progress = std::thread::Builder::new().name("uiw-rawnet".into()).spawn(move || progress(s))?;
