@@ -193,9 +193,6 @@ fn rdma_cm_from_kernel_tcp_to_xdp() {
     rdma_cm_tools("rdma_cm_from_kernel_tcp_to_xdp", &["--transport-a", "tcp", "--transport-b", "xdp"], "tcp", "xdp");
 }
 
-/// The packet host connects (a packet listener's steering is exercised by rping only, by
-/// hand: perftest -R's data connections can reach its first listener as it is destroyed,
-/// see the README's limits).
 #[test]
 fn rdma_cm_from_packet_to_xdp() {
     rdma_cm_tools("rdma_cm_from_packet_to_xdp", &["--transport-a", "packet", "--transport-b", "xdp"], "packet", "xdp");
