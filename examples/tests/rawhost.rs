@@ -3,8 +3,9 @@
 //! `ibv_rc_pingpong -g 0` and perftest's `ib_write_bw`, `ib_read_bw`, `ib_send_bw` between
 //! the namespaces with xdp on both hosts, with packet on both, and with xdp on one host and
 //! the kernel's TCP on the other; `integrity` between a packet host and an xdp host; a raw
-//! peer killed mid-stream; rdma_cm refused. Each run checks from the provider's own log
-//! that the raw transport was the one opened.
+//! peer killed mid-stream; rdma_cm (`rping -V`, perftest `-R`) over xdp, between xdp and the
+//! kernel's TCP both ways, and from packet to xdp. Each run checks from the provider's own
+//! log that the raw transport was the one opened.
 //!
 //! As root nothing here is skipped: a missing tool (ip, nft, ethtool, rdma-core's or
 //! perftest's programs) fails the test. Without root the tests are skipped (or fail under
@@ -31,6 +32,7 @@ fn testbed(test: &str, opts: &[&str]) -> Option<(std::sync::MutexGuard<'static, 
         ("ib_write_bw", "perftest"),
         ("ib_read_bw", "perftest"),
         ("ib_send_bw", "perftest"),
+        ("ib_send_lat", "perftest"),
     ] {
         assert!(
             have_program(p) || std::path::Path::new("/usr/sbin").join(p).exists(),
@@ -160,24 +162,71 @@ fn tools_between_xdp_and_kernel_tcp() {
     tools("tools_between_xdp_and_kernel_tcp", &["--transport-a", "xdp", "--transport-b", "tcp"], "xdp", "tcp");
 }
 
-/// rdma_cm cannot use a raw-frame transport yet (the librdmacm drop-in does its TCP with
-/// kernel sockets): `rdma_connect` on such a device fails with EOPNOTSUPP, and the provider
-/// says why on stderr, instead of carrying the QP over the kernel's TCP behind the device's
-/// back.
-#[test]
-fn rdma_cm_on_xdp_is_refused_with_eopnotsupp() {
-    let test = "rdma_cm_on_xdp_is_refused_with_eopnotsupp";
-    let Some((_l, tb)) = testbed(test, &["--transport", "xdp"]) else { return };
+/// rdma_cm over the raw transports (issue 12): the librdmacm drop-in listens and connects
+/// through the provider (`uiw_cm.h` v2) over the device's own transport, so unmodified
+/// `rping -V` (every ping's data checked) and perftest with `-R` connect as over the kernel's
+/// TCP. Both programs use their default ports (rping 7174, perftest 18515), outside uiw's
+/// steered range: the transport steers a listener's port for it. Before v2 the provider
+/// refused the drop-in's kernel sockets with EOPNOTSUPP.
+fn rdma_cm_tools(test: &str, opts: &[&str], transport_a: &str, transport_b: &str) {
+    let Some((_l, tb)) = testbed(test, opts) else { return };
     assert!(have_program("rping"), "{test}: rping is not installed (apt-get install rdmacm-utils)");
-    let s = Running::spawn("server", tb.run_cmd(Host::B, &["rping", "-s", "-a", &tb.addr_b, "-p", "7474", "-C", "1"]));
-    tb.wait_listening_b(7474, &s);
-    let c = Running::spawn("client", tb.run_cmd(Host::A, &["rping", "-c", "-a", &tb.addr_b, "-p", "7474", "-C", "1", "-v"]));
-    let c = c.finish(Instant::now() + Duration::from_secs(30));
-    let s = s.finish(Instant::now() + Duration::from_secs(2));
-    let text = format!("{}{}", c.stdout, c.stderr);
-    assert!(!c.status.is_some_and(|st| st.success()), "rping connected over an xdp device: {text}");
-    assert!(text.contains("rdma_cm is not supported yet on a device published with --transport xdp (EOPNOTSUPP)"), "no reason given: {text}");
-    assert!(text.contains("error -95"), "not EOPNOTSUPP: {text}\nserver: {}{}", s.stdout, s.stderr);
+    let dev = tb.dev.clone();
+    let (s, c) = pair(&tb, &["rping", "-s", "-a", &tb.addr_b, "-V", "-C", "10"], &["rping", "-c", "-a", &tb.addr_b, "-V", "-C", "10", "-v"], 7174);
+    let pings = c.stdout.lines().filter(|l| l.starts_with("ping data: rdma-ping-")).count();
+    assert_eq!(pings, 10, "rping: {pings} of 10 pings\nclient: {}{}\nserver: {}{}", c.stdout, c.stderr, s.stdout, s.stderr);
+    assert_transport(&c, transport_a);
+    assert_transport(&s, transport_b);
+    for (prog, size, qps) in [("ib_write_bw", "65536", "4"), ("ib_read_bw", "65536", "4"), ("ib_send_lat", "4096", "1")] {
+        let mut common = vec![prog, "-R", "-d", &dev, "-n", "200", "-s", size];
+        if qps != "1" {
+            // perftest takes -q in its bandwidth tests only
+            common.extend(["-q", qps]);
+        }
+        let mut cv = common.clone();
+        cv.push(&tb.addr_b);
+        let (s, c) = pair(&tb, &common, &cv, 18515);
+        let iters = if qps == "4" { "800" } else { "200" };
+        assert!(
+            c.stdout.lines().any(|l| l.split_whitespace().next() == Some(size) && l.split_whitespace().nth(1) == Some(iters)),
+            "{prog} -R: no result line\nclient: {}{}\nserver: {}{}",
+            c.stdout,
+            c.stderr,
+            s.stdout,
+            s.stderr
+        );
+        assert_transport(&c, transport_a);
+        assert_transport(&s, transport_b);
+    }
+    // Every program exited normally: no nftables guard of a raw transport is left behind to
+    // keep the kernel's TCP off the ports (perftest's own exchange uses 18515 too).
+    for host in ["a", "b"] {
+        let o = tb.ctl(&["exec", host, "nft", "list", "tables"]);
+        let tables = String::from_utf8_lossy(&o.stdout);
+        assert!(!tables.contains("uiw_rawnet"), "host {host}: a raw transport's guard outlived its program: {tables}");
+    }
+}
+
+#[test]
+fn rdma_cm_over_xdp_on_both_hosts() {
+    rdma_cm_tools("rdma_cm_over_xdp_on_both_hosts", &["--transport", "xdp"], "xdp", "xdp");
+}
+
+/// The xdp host connects to a kernel-TCP host's listener.
+#[test]
+fn rdma_cm_from_xdp_to_kernel_tcp() {
+    rdma_cm_tools("rdma_cm_from_xdp_to_kernel_tcp", &["--transport-a", "xdp", "--transport-b", "tcp"], "xdp", "tcp");
+}
+
+/// A kernel-TCP host connects to the xdp host's listener.
+#[test]
+fn rdma_cm_from_kernel_tcp_to_xdp() {
+    rdma_cm_tools("rdma_cm_from_kernel_tcp_to_xdp", &["--transport-a", "tcp", "--transport-b", "xdp"], "tcp", "xdp");
+}
+
+#[test]
+fn rdma_cm_from_packet_to_xdp() {
+    rdma_cm_tools("rdma_cm_from_packet_to_xdp", &["--transport-a", "packet", "--transport-b", "xdp"], "packet", "xdp");
 }
 
 /// A raw-transport peer killed in the middle of a transfer: its XDP socket and program go

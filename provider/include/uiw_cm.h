@@ -1,5 +1,5 @@
 /*
- * uiw_cm.h — the provider's connection-management interface, version 1.
+ * uiw_cm.h — the provider's connection-management interface, versions 1 and 2.
  *
  * libuiw-rdmav34.so owns the engine (QPs, sockets, progress thread). The librdmacm
  * drop-in does addressing, ports, listen/connect and the rdma_cm event channel, and hands
@@ -19,6 +19,7 @@
 #define UIW_CM_H
 
 #include <stdint.h>
+#include <sys/socket.h>
 #include <infiniband/verbs.h>
 
 #ifdef __cplusplus
@@ -78,6 +79,47 @@ int uiw_cm_disconnect_v1(struct uiw_cm_conn *conn);
 
 /* Forget the connection: no callback after this returns. Does not disconnect. */
 void uiw_cm_release_v1(struct uiw_cm_conn *conn);
+
+/* ---- version 2: listen and connect through the device's transport ----
+ *
+ * A device published with `uiw up --transport xdp|packet` carries its streams over uiw's
+ * userspace TCP on raw frames: the kernel's sockets cannot reach them (its peer's segments
+ * are steered to the raw socket), so the v1 calls, which take kernel sockets, refuse such a
+ * device with EOPNOTSUPP. rdma_cm then listens and connects through the engine, over the
+ * same transport (the engine's Connector) the QPs' non-rdma_cm connects use; MPA, events,
+ * accept/reject/disconnect/release are v1's. The v2 calls work on kernel-TCP devices too,
+ * but the drop-in keeps v1 there. Addresses are IPv4 (sockaddr_in, or an IPv4-mapped
+ * sockaddr_in6). */
+
+struct uiw_cm_listener; /* opaque */
+
+/* 1 when rdma_cm must use uiw_cm_listen_v2/uiw_cm_connect_v2 for this device's streams, 0
+ * when it hands the provider kernel sockets (v1); -1 + errno on failure. */
+int uiw_cm_transport_v2(struct ibv_context *ctx);
+
+/* A connection the listener accepted (called on the provider's progress thread; must not
+ * block): `conn` is its handle (the caller's to release, as from uiw_cm_passive_v1, once it
+ * returns 0), `local`/`remote` its addresses. Return 0 and set *cb and *conn_user to take it
+ * (its UIW_CM_CONNECT_REQUEST and later events go to them); non-zero (or *cb NULL) refuses
+ * it: the stream is closed and `conn` must not be used. */
+typedef int (*uiw_cm_incoming_cb)(void *user, struct uiw_cm_conn *conn, const struct sockaddr *local,
+				  const struct sockaddr *remote, uiw_cm_cb *cb, void **conn_user);
+
+/* rdma_listen on `addr` (the device's address, a port) through the device's transport.
+ * NULL + errno on failure (EADDRINUSE: that port has a listener). */
+struct uiw_cm_listener *uiw_cm_listen_v2(struct ibv_context *ctx, const struct sockaddr *addr,
+					 socklen_t addr_len, uiw_cm_incoming_cb cb, void *user);
+
+/* Stop listening: no incoming callback after this returns (do not call it from one).
+ * Connections already handed out are not affected. */
+void uiw_cm_unlisten_v2(struct uiw_cm_listener *l);
+
+/* Active side: opens the stream to `dst` through the QP's device's transport (the source
+ * port is the transport's) and sends the MPA Request as uiw_cm_active_v1 does; `local`
+ * (may be NULL) receives the stream's source address. NULL + errno on failure. */
+struct uiw_cm_conn *uiw_cm_connect_v2(struct ibv_qp *qp, const struct sockaddr *dst, socklen_t dst_len,
+				      const void *private_data, uint16_t private_data_len, uint16_t ird,
+				      uint16_t ord, uiw_cm_cb cb, void *user, struct sockaddr_storage *local);
 
 #ifdef __cplusplus
 }

@@ -12,11 +12,47 @@ use std::io::{self, Write};
 use std::net::Ipv4Addr;
 use std::process::{Command, Stdio};
 
-/// The nftables table, removed on drop.
+/// The nftables table, removed on drop — and when the process exits (see [`at_exit`]).
 #[derive(Debug)]
 pub struct RstGuard {
     table: String,
 }
+
+/// The tables this process installed and has not removed, and its pid (a forked child that
+/// exits must not remove its parent's tables).
+static LIVE: std::sync::Mutex<Vec<(String, u32)>> = std::sync::Mutex::new(Vec::new());
+
+/// `atexit` handler: a process that exits without dropping its transport (an rdma_cm
+/// application keeps its devices open to the end, as librdmacm does) removes its tables, so
+/// that the kernel's TCP gets the ports back. A killed process still leaves them, until the
+/// next raw transport on the interface replaces them.
+extern "C" fn at_exit() {
+    let Ok(live) = LIVE.try_lock() else { return };
+    for (table, pid) in live.iter() {
+        if *pid == std::process::id() {
+            let _ = nft(None, &["delete", "table", "ip", table]);
+        }
+    }
+}
+
+fn register(table: &str) {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let _ = uiw_kabi::raw::at_exit(at_exit);
+    });
+    if let Ok(mut live) = LIVE.lock() {
+        live.push((table.to_string(), std::process::id()));
+    }
+}
+
+fn unregister(table: &str) {
+    if let Ok(mut live) = LIVE.lock() {
+        live.retain(|(t, pid)| !(t == table && *pid == std::process::id()));
+    }
+}
+
+/// The set of the table's further ports (see [`RstGuard::add`]).
+const EXTRA_SET: &str = "extra";
 
 fn nft(script: Option<&str>, args: &[&str]) -> io::Result<()> {
     let mut c = Command::new("nft");
@@ -48,20 +84,39 @@ impl RstGuard {
         let _ = nft(None, &["delete", "table", "ip", &table]);
         let script = format!(
             "table ip {table} {{\n\
+             \tset {EXTRA_SET} {{\n\
+             \t\ttype inet_service;\n\
+             \t}}\n\
              \tchain input {{\n\
              \t\ttype filter hook input priority -300; policy accept;\n\
              \t\tiifname \"{ifname}\" ip daddr {ip} tcp dport {}-{} drop\n\
+             \t\tiifname \"{ifname}\" ip daddr {ip} tcp dport @{EXTRA_SET} drop\n\
              \t}}\n\
              }}\n",
             ports.0, ports.1
         );
         nft(Some(&script), &["-f", "-"])?;
+        register(&table);
         Ok(RstGuard { table })
+    }
+}
+
+impl RstGuard {
+    /// Drop TCP to `port` as well (a port outside the range that a listener of the stack
+    /// uses: rdma_cm's).
+    pub fn add(&self, port: u16) -> io::Result<()> {
+        nft(None, &["add", "element", "ip", &self.table, EXTRA_SET, &format!("{{ {port} }}")])
+    }
+
+    /// No longer drop TCP to `port` (added with [`RstGuard::add`]).
+    pub fn remove(&self, port: u16) -> io::Result<()> {
+        nft(None, &["delete", "element", "ip", &self.table, EXTRA_SET, &format!("{{ {port} }}")])
     }
 }
 
 impl Drop for RstGuard {
     fn drop(&mut self) {
+        unregister(&self.table);
         let _ = nft(None, &["delete", "table", "ip", &self.table]);
     }
 }

@@ -63,6 +63,12 @@ pub trait FrameIo: Send {
     fn tx_waiting(&self) -> bool {
         false
     }
+    /// Steer TCP to `port` here too (`on`), or no longer: a port outside uiw's range that a
+    /// listener of the stack needs (rdma_cm listens on the port the application names).
+    fn steer(&mut self, port: u16, on: bool) -> io::Result<()> {
+        let _ = (port, on);
+        Err(io::Error::new(io::ErrorKind::Unsupported, "this driver steers only its port range"))
+    }
 }
 
 impl<T: FrameIo + ?Sized> FrameIo for Box<T> {
@@ -83,5 +89,8 @@ impl<T: FrameIo + ?Sized> FrameIo for Box<T> {
     }
     fn tx_waiting(&self) -> bool {
         (**self).tx_waiting()
+    }
+    fn steer(&mut self, port: u16, on: bool) -> io::Result<()> {
+        (**self).steer(port, on)
     }
 }

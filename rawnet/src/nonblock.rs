@@ -51,8 +51,10 @@ pub(crate) fn notify(host: &mut Dyn, s: &Shared) {
     }
     drop(watches);
     if host.stack.acceptable() {
-        if let Some(ev) = s.listen_ev.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
-            ev.signal();
+        for (port, ev) in s.listen_ev.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            if host.stack.acceptable_on(*port) {
+                ev.signal();
+            }
         }
     }
 }
@@ -75,10 +77,11 @@ fn watch(s: &Shared, stream: &RawStream, state: Option<State>) {
     s.watches.lock().unwrap_or_else(|p| p.into_inner()).insert(stream.h, Watch { ev, want_read: true, want_write: true, state });
 }
 
-/// Accepts connections to one port without blocking.
+/// Accepts connections to one port without blocking; stops listening when dropped.
 pub struct RawListener {
     shared: Arc<Shared>,
     ev: Arc<EventFd>,
+    port: u16,
 }
 
 impl Transport {
@@ -107,13 +110,53 @@ impl Transport {
         Ok(stream)
     }
 
-    /// Listens on `port` for [`RawListener::try_accept`] (one such listener per transport:
-    /// the stack has one accept queue).
+    /// Listens on `port` for [`RawListener::try_accept`]: each port has its own listener
+    /// (the provider's QP port, rdma_cm's); `EADDRINUSE` if `port` has one already. A port
+    /// outside the steered range is steered here too (the driver's filter and the RST guard),
+    /// so that rdma_cm can listen on the port the application names (rping's 7174, perftest's
+    /// 18515). It stays steered until the transport closes: connections accepted on it
+    /// outlive the listener, and their segments must never reach the kernel (which would
+    /// reset them).
     pub fn listen_nonblocking(&self, port: u16) -> io::Result<RawListener> {
         let ev = Arc::new(EventFd::new()?);
-        *self.shared.listen_ev.lock().unwrap_or_else(|p| p.into_inner()) = Some(ev.clone());
-        self.shared.lock().stack.listen(port);
-        Ok(RawListener { shared: self.shared.clone(), ev })
+        let s = &self.shared;
+        // A port steered for an earlier listener is still steered: listening again is quick
+        // (perftest -R listens twice on its port, and its client connects at once).
+        let steer = (port < s.ports.0 || port > s.ports.1) && !s.steered.lock().unwrap_or_else(|p| p.into_inner()).contains(&port);
+        // The guard first, outside the host lock (it runs nft). Only where the kernel gets
+        // the frames too: a guard rule is what a killed process leaves behind, and it would
+        // keep the kernel's own TCP off the port (perftest's out-of-band exchange uses the
+        // same 18515 as its rdma_cm).
+        if steer && s.kernel_sees_frames {
+            s.guard.add(port)?;
+        }
+        let mut host = s.lock();
+        if s.listen_ev.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&port) {
+            return Err(io::Error::from_raw_os_error(libc::EADDRINUSE));
+        }
+        if steer {
+            host.io.steer(port, true)?;
+            s.steered.lock().unwrap_or_else(|p| p.into_inner()).insert(port);
+        }
+        s.listen_ev.lock().unwrap_or_else(|p| p.into_inner()).insert(port, ev.clone());
+        host.stack.listen(port);
+        Ok(RawListener { shared: s.clone(), ev, port })
+    }
+}
+
+impl Drop for RawListener {
+    /// Stops listening; connections made to the port and never accepted are reset, as
+    /// closing a kernel listener resets its backlog.
+    fn drop(&mut self) {
+        let mut host = self.shared.lock();
+        host.stack.unlisten(self.port);
+        self.shared.listen_ev.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.port);
+        while let Some(h) = host.stack.accept_on(self.port) {
+            if let Some(t) = host.stack.tcb(h) {
+                t.abort();
+            }
+            self.shared.orphans.lock().unwrap_or_else(|p| p.into_inner()).push(h);
+        }
     }
 }
 
@@ -122,7 +165,7 @@ impl RawListener {
     pub fn try_accept(&self) -> io::Result<RawStream> {
         let s = &self.shared;
         let mut host = s.lock();
-        match host.stack.accept() {
+        match host.stack.accept_on(self.port) {
             Some(h) => {
                 let ev = Arc::new(EventFd::new()?);
                 let stream = RawStream::nonblocking(s.clone(), h, ev);
@@ -137,7 +180,7 @@ impl RawListener {
             None => {
                 // Drained under the host lock: the next connection signals again.
                 self.ev.drain();
-                if host.stack.acceptable() {
+                if host.stack.acceptable_on(self.port) {
                     self.ev.signal();
                 }
                 Err(would_block())
@@ -234,6 +277,12 @@ impl RawStream {
     /// Who is at the other end.
     pub fn peer(&self) -> Option<SocketAddrV4> {
         self.shared.lock().stack.remote(self.h)
+    }
+
+    /// This end: the stack's address and the connection's port.
+    pub fn local(&self) -> Option<SocketAddrV4> {
+        let host = self.shared.lock();
+        host.stack.local_port(self.h).map(|p| SocketAddrV4::new(host.stack.ip(), p))
     }
 
     /// The readiness descriptor (`None` for a blocking stream).

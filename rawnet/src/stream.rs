@@ -48,7 +48,7 @@ pub(crate) struct Shared {
     pub(crate) host: Mutex<Dyn>,
     /// Connections whose stream was dropped: removed from the stack once CLOSED (lock
     /// order: `host`, then `orphans`).
-    orphans: Mutex<Vec<Handle>>,
+    pub(crate) orphans: Mutex<Vec<Handle>>,
     moved: Condvar,
     /// Threads blocked in `wait` on `moved` (counted under the host lock): a turn with none
     /// skips `notify_all`, which is a futex system call whether anyone waits or not.
@@ -63,11 +63,19 @@ pub(crate) struct Shared {
     /// Streams used without blocking (see [`crate::nonblock`]): what their readiness
     /// descriptor waits for (lock order: `host`, then `watches`).
     pub(crate) watches: Mutex<HashMap<Handle, Watch>>,
-    /// The non-blocking listener's readiness descriptor, if one was made.
-    pub(crate) listen_ev: Mutex<Option<Arc<EventFd>>>,
+    /// The non-blocking listeners' readiness descriptors, by port.
+    pub(crate) listen_ev: Mutex<HashMap<u16, Arc<EventFd>>>,
     /// The port range steered to this transport (local ports of connections it opens).
     pub(crate) ports: (u16, u16),
     pub(crate) next_port: AtomicU32,
+    /// Keeps the kernel from answering the steered flows (with the ports steered beyond
+    /// `ports`, see `FrameIo::steer`).
+    pub(crate) guard: RstGuard,
+    /// The driver leaves the kernel a copy of every frame (AF_PACKET): a steered port needs
+    /// the guard too. The XDP program redirects steered frames before the kernel sees them.
+    pub(crate) kernel_sees_frames: bool,
+    /// Ports outside `ports` steered so far (they stay steered until the transport closes).
+    pub(crate) steered: Mutex<std::collections::HashSet<u16>>,
 }
 
 impl Shared {
@@ -141,7 +149,6 @@ pub struct Transport {
     pub(crate) shared: Arc<Shared>,
     progress: Option<JoinHandle<()>>,
     kind: &'static str,
-    _guard: RstGuard,
 }
 
 fn seed() -> u64 {
@@ -188,11 +195,14 @@ impl Transport {
             timer: TimerFd::new()?,
             armed: Mutex::new(None),
             watches: Mutex::new(HashMap::new()),
-            listen_ev: Mutex::new(None),
+            listen_ev: Mutex::new(HashMap::new()),
             ports,
             next_port: AtomicU32::new(first),
+            guard,
+            kernel_sees_frames: kind == Kind::Packet,
+            steered: Mutex::new(std::collections::HashSet::new()),
         });
-        Ok(Transport { shared, progress: None, kind: name, _guard: guard })
+        Ok(Transport { shared, progress: None, kind: name })
     }
 
     /// What a driven transport's caller waits on, readable (level) until [`Transport::turn`]

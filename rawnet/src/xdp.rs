@@ -28,6 +28,8 @@ pub struct XskSocket {
     _link: OwnedFd,
     _prog: OwnedFd,
     _map: OwnedFd,
+    /// Ports steered beyond the range (see `FrameIo::steer`).
+    ports_map: OwnedFd,
     xsk: Xsk,
     mode: &'static str,
 }
@@ -45,7 +47,8 @@ impl XskSocket {
         let xsk = Xsk::open(iface.index, 0)?;
         let map = ebpf::xsk_map(64)?;
         ebpf::map_set(&map, 0, xsk.fd()).map_err(|e| io::Error::new(e.kind(), format!("AF_XDP XSK map update: {e}")))?;
-        let prog = ebpf::load_xdp(&ebpf::program(map.as_raw_fd(), iface.ip, ports))?;
+        let ports_map = ebpf::port_set(MAX_STEERED)?;
+        let prog = ebpf::load_xdp(&ebpf::program(map.as_raw_fd(), ports_map.as_raw_fd(), iface.ip, ports))?;
         let (link, mode) = match ebpf::attach_xdp(&prog, iface.index, ebpf::XDP_FLAGS_DRV_MODE) {
             Ok(l) => (l, "xdp (native, copy)"),
             Err(_) => (
@@ -54,11 +57,22 @@ impl XskSocket {
                 "xdp (generic, copy)",
             ),
         };
-        Ok(XskSocket { _link: link, _prog: prog, _map: map, xsk, mode })
+        Ok(XskSocket { _link: link, _prog: prog, _map: map, ports_map, xsk, mode })
     }
 }
 
+/// Ports a socket steers beyond its range at most (rdma_cm listeners of one process).
+pub const MAX_STEERED: u32 = 256;
+
 impl FrameIo for XskSocket {
+    fn steer(&mut self, port: u16, on: bool) -> io::Result<()> {
+        if on {
+            ebpf::map_set(&self.ports_map, u32::from(port), 1)
+        } else {
+            ebpf::map_delete(&self.ports_map, u32::from(port))
+        }
+    }
+
     fn recv(&mut self, budget: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
         self.xsk.recv(budget, f)
     }

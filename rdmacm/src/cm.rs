@@ -59,6 +59,9 @@ pub struct Device {
     pub port: u8,
     pub max_ird: u8,
     pub max_ord: u8,
+    /// Its streams go over a userspace transport (`uiw up --transport xdp|packet`): rdma_cm
+    /// listens and connects through the provider (uiw_cm.h v2), not with kernel sockets.
+    pub in_engine: bool,
 }
 
 /// The IP address a GID holds: IPv4-mapped GIDs are IPv4 addresses.
@@ -117,6 +120,7 @@ pub fn devices() -> &'static [Arc<Device>] {
                 }
             }
             let clamp = |v: i32| v.clamp(0, 255) as u8;
+            let in_engine = uiwcm::Api::for_ctx(ctx).map(|a| a.in_engine(ctx)).unwrap_or(false);
             out.push(Arc::new(Device {
                 ctx,
                 name,
@@ -125,6 +129,7 @@ pub fn devices() -> &'static [Arc<Device>] {
                 port: 1,
                 max_ird: clamp(ird),
                 max_ord: clamp(ord),
+                in_engine,
             }));
         }
         out
@@ -300,6 +305,9 @@ pub struct St {
     /// `sock`'s port was picked by the system, not asked for (port 0): `connect` may take
     /// another one (see `connect_thread`).
     port_picked: bool,
+    /// The provider's listeners of a listening id on devices with a userspace transport
+    /// (uiw_cm_listen_v2): one for its device, or one per such device for a wildcard.
+    engine_listeners: Vec<uiwcm::Listener>,
     target: Option<Arc<Target>>,
     pending: Vec<Arc<Target>>,
     pub reuseaddr: bool,
@@ -347,6 +355,7 @@ impl Id {
                 state: State::Idle,
                 sock: None,
                 port_picked: false,
+                engine_listeners: Vec::new(),
                 target: None,
                 pending: Vec::new(),
                 reuseaddr: false,
@@ -553,13 +562,92 @@ impl Id {
             _ => return Err(err(libc::EINVAL)),
         }
         let sock = st.sock.clone().ok_or_else(|| err(libc::EINVAL))?;
-        sys::listen(&sock, if backlog <= 0 { 1024 } else { backlog })?;
+        // A device whose streams go over a userspace transport is listened on through the
+        // provider (its peers' segments never reach a kernel socket: the XDP program
+        // redirects them, the transport's nftables guard drops the AF_PACKET copies before
+        // the kernel's TCP). The kernel socket listens all the same, unserved: it holds the
+        // port against other listeners, as rdma_cm's port space does, and shows in `ss -l`
+        // as a kernel rdma_cm listener would — only once the provider's listeners (and with
+        // them the steering of the port) are in place: a peer that connects as soon as the
+        // port shows would otherwise reach the kernel's socket, which never serves it. A
+        // wildcard listener listens on every such device as well.
+        let in_engine = matches!(&st.dev, Some(d) if d.in_engine);
+        let engine_devs: Vec<Arc<Device>> = match &st.dev {
+            Some(d) if d.in_engine => vec![d.clone()],
+            Some(_) => Vec::new(),
+            None => devices().iter().filter(|d| d.in_engine).cloned().collect(),
+        };
+        if !engine_devs.is_empty() {
+            let local = sys::local_addr(&sock)?;
+            for d in engine_devs {
+                let ips: Vec<IpAddr> = if in_engine {
+                    vec![canonical(local.ip())]
+                } else {
+                    d.addrs.iter().copied().filter(IpAddr::is_ipv4).collect()
+                };
+                for ip in ips {
+                    let at = SocketAddr::new(ip, local.port());
+                    let r = uiwcm::Api::for_ctx(d.ctx)
+                        .map_err(|_| err(libc::ENOSYS))
+                        .and_then(|api| api.listen(d.ctx, &at, Arc::downgrade(self)));
+                    debug!("id {:#x}: listen on {at} through {}: {:?}", self.ptr(), d.name, r.as_ref().err());
+                    match r {
+                        Ok(l) => st.engine_listeners.push(l),
+                        Err(e) if in_engine => {
+                            let ls = std::mem::take(&mut st.engine_listeners);
+                            drop(st);
+                            drop(ls);
+                            return Err(e);
+                        }
+                        Err(_) => {}
+                    }
+                }
+            }
+        }
+        if let Err(e) = sys::listen(&sock, if backlog <= 0 { 1024 } else { backlog }) {
+            let ls = std::mem::take(&mut st.engine_listeners);
+            drop(st);
+            drop(ls);
+            return Err(e);
+        }
         st.state = State::Listen;
         drop(st);
+        if in_engine {
+            return Ok(());
+        }
         let me = Arc::downgrade(self);
         uiw_kabi::thread::spawn_started("uiw-rdmacm-listen", move || accept_loop(me, sock))
             .map_err(|_| err(libc::ENOMEM))?;
         Ok(())
+    }
+
+    /// A connection the provider accepted on one of our listeners (uiw_cm_listen_v2; on its
+    /// progress thread): as [`Id::on_accept`], with the provider's connection handle, made
+    /// by `conn` only if we take it. Returns the Target the connection's events go to.
+    pub fn on_incoming(
+        self: &Arc<Self>,
+        local: SocketAddr,
+        remote: SocketAddr,
+        conn: impl FnOnce(&'static uiwcm::Api) -> Conn,
+    ) -> Option<*const Target> {
+        debug!("listener {:#x}: incoming {remote} -> {local}", self.ptr());
+        let dev = match self.st().dev.clone() {
+            Some(d) => d,
+            None => device_for_ip(local.ip())?,
+        };
+        let api = uiwcm::Api::for_ctx(dev.ctx).ok()?;
+        let t = Arc::new(Target::new(Arc::downgrade(self), Weak::new(), dev, local, remote));
+        {
+            let mut st = self.st();
+            if st.destroyed || st.state != State::Listen {
+                return None;
+            }
+            st.pending.retain(|p| !p.dead.load(Ordering::Relaxed));
+            st.pending.push(t.clone());
+        }
+        let _ = t.conn.set(conn(api));
+        t.arm();
+        Some(Arc::as_ptr(&t))
     }
 
     fn on_accept(self: &Arc<Self>, fd: OwnedFd) {
@@ -718,8 +806,18 @@ impl Id {
             st.state = State::Connect;
             (sock, st.port_picked, dst, dev, st.cancel.clone())
         };
-        let sock = Arc::try_unwrap(sock).map_err(|_| err(libc::EBUSY))?;
         let me = Arc::downgrade(self);
+        if dev.in_engine {
+            // The provider opens the stream through the device's transport, from a port of
+            // its own: the bound kernel socket has done its part (the source address).
+            drop(sock);
+            uiw_kabi::thread::spawn_started("uiw-rdmacm-connect", move || {
+                engine_connect_thread(me, dst, dev, qp, pdata, ird, ord)
+            })
+            .map_err(|_| err(libc::ENOMEM))?;
+            return Ok(());
+        }
+        let sock = Arc::try_unwrap(sock).map_err(|_| err(libc::EBUSY))?;
         uiw_kabi::thread::spawn_started("uiw-rdmacm-connect", move || {
             connect_thread(me, sock, port_picked, dst, dev, qp, pdata, ird, ord, cancel)
         })
@@ -770,7 +868,7 @@ impl Id {
     /// rdma_destroy_id's work: stop everything, drop undelivered events, then wait until the
     /// application acknowledged every event it got. The caller acked `id->event` first.
     pub fn destroy(self: &Arc<Self>) {
-        let (target, sock, pending, chan, state) = {
+        let (target, sock, pending, chan, state, listeners) = {
             let mut st = self.st();
             st.destroyed = true;
             st.cancel.store(true, Ordering::SeqCst);
@@ -780,8 +878,11 @@ impl Id {
                 std::mem::take(&mut st.pending),
                 st.chan.clone(),
                 st.state,
+                std::mem::take(&mut st.engine_listeners),
             )
         };
+        // Without our lock: closing waits for an incoming callback in flight, which takes it.
+        drop(listeners);
         if let Some(s) = &sock {
             sys::shutdown(s); // wakes the accept loop
         }
@@ -991,6 +1092,50 @@ fn connect_thread(
         }
         Err(e) => {
             debug!("id {:#x}: uiw_cm_active_v1 failed: {e}", me.ptr());
+            me.st().target = None;
+            me.connect_failed(e.raw_os_error().unwrap_or(libc::EIO));
+        }
+    }
+}
+
+/// rdma_connect on a device whose streams go over a userspace transport: the provider opens
+/// the stream (uiw_cm_connect_v2) and sends the MPA Request; its events follow as for
+/// [`connect_thread`]'s. A thread, as there: the provider may wait for the peer's MAC.
+fn engine_connect_thread(
+    id: Weak<Id>,
+    dst: SocketAddr,
+    dev: Arc<Device>,
+    qp: verbs::Qp,
+    pdata: Vec<u8>,
+    ird: u8,
+    ord: u8,
+) {
+    let Some(me) = id.upgrade() else { return };
+    let api = match uiwcm::Api::for_ctx(dev.ctx) {
+        Ok(a) => a,
+        Err(_) => return me.connect_failed(libc::ENOSYS),
+    };
+    let local = me.c.src().unwrap_or(dst);
+    let t = Arc::new(Target::new(Weak::new(), Arc::downgrade(&me), dev, local, dst));
+    {
+        let mut st = me.st();
+        if st.destroyed {
+            return;
+        }
+        st.target = Some(t.clone());
+    }
+    match api.connect(qp, &dst, &pdata, ird as u16, ord as u16, &t) {
+        Ok((c, local)) => {
+            debug!("id {:#x}: connect to {dst} through {}: from {local:?}", me.ptr(), t.dev.name);
+            if local.is_some() {
+                me.c.set_src(local);
+            }
+            let _ = t.conn.set(c);
+            drop(me);
+            t.arm();
+        }
+        Err(e) => {
+            debug!("id {:#x}: uiw_cm_connect_v2 to {dst} failed: {e}", me.ptr());
             me.st().target = None;
             me.connect_failed(e.raw_os_error().unwrap_or(libc::EIO));
         }

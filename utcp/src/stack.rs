@@ -138,6 +138,32 @@ impl Stack {
         !self.accept_q.is_empty()
     }
 
+    /// [`Stack::accept`] for one listening port: the oldest connection made to `port`, the
+    /// others left queued (a host may listen on several ports, each with its own owner — the
+    /// provider's QP port and the rdma_cm listeners).
+    pub fn accept_on(&mut self, port: u16) -> Option<Handle> {
+        let k = self.accept_q.iter().position(|h| self.conn_port(*h) == Some(port))?;
+        let h = self.accept_q.remove(k)?;
+        if let Some(Some(c)) = self.conns.get_mut(h.0) {
+            c.passive_unaccepted = false;
+        }
+        Some(h)
+    }
+
+    /// Whether a connection to `port` waits for [`Stack::accept_on`].
+    pub fn acceptable_on(&self, port: u16) -> bool {
+        self.accept_q.iter().any(|h| self.conn_port(*h) == Some(port))
+    }
+
+    fn conn_port(&self, h: Handle) -> Option<u16> {
+        self.conns.get(h.0)?.as_ref().map(|c| c.tcb.local_port())
+    }
+
+    /// The local port of a connection.
+    pub fn local_port(&self, h: Handle) -> Option<u16> {
+        self.conn_port(h)
+    }
+
     /// Open a connection from `local_port` to `remote`. The remote's MAC must be known
     /// (`set_neighbour`) before anything is sent.
     pub fn connect(&mut self, local_port: u16, remote: SocketAddrV4) -> Handle {

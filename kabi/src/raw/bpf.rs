@@ -21,6 +21,8 @@ pub struct Insn {
 // bpf(2) commands and constants.
 const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+const BPF_MAP_TYPE_HASH: u32 = 1;
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_MAP_TYPE_XSKMAP: u32 = 17;
@@ -71,6 +73,22 @@ pub fn xsk_map(entries: u32) -> io::Result<OwnedFd> {
     bpf(BPF_MAP_CREATE, &mut a).map(own).map_err(|e| {
         io::Error::new(e.kind(), format!("bpf(BPF_MAP_CREATE, XSKMAP): {e} (AF_XDP needs CAP_BPF and CAP_NET_ADMIN)"))
     })
+}
+
+/// A hash map of up to `entries` ports (u32 key, u32 value): the ports the XDP program
+/// steers beyond its range.
+pub fn port_set(entries: u32) -> io::Result<OwnedFd> {
+    let mut a = Attr::new();
+    a.u32(0, BPF_MAP_TYPE_HASH).u32(4, 4).u32(8, 4).u32(12, entries);
+    bpf(BPF_MAP_CREATE, &mut a).map(own).map_err(|e| io::Error::new(e.kind(), format!("bpf(BPF_MAP_CREATE, HASH): {e}")))
+}
+
+/// `delete map[key]` (absent: ENOENT).
+pub fn map_delete(map: &OwnedFd, key: u32) -> io::Result<()> {
+    let k = key;
+    let mut a = Attr::new();
+    a.u32(0, map.as_raw_fd() as u32).u64(8, &k as *const u32 as u64);
+    bpf(BPF_MAP_DELETE_ELEM, &mut a).map(|_| ())
 }
 
 /// `map[key] = fd`.

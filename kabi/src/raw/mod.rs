@@ -103,6 +103,18 @@ pub fn iface(name: &str) -> io::Result<IfInfo> {
     Ok(IfInfo { index, mac, ip, mtu })
 }
 
+/// Registers `f` to run when the process exits normally (`atexit(3)`); fails when the C
+/// library's table is full.
+pub fn at_exit(f: extern "C" fn()) -> io::Result<()> {
+    // SAFETY: `f` is a plain `extern "C" fn()` with no arguments, as atexit(3) wants; it
+    // lives for the whole program.
+    if unsafe { libc::atexit(f) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::new(io::ErrorKind::OutOfMemory, "atexit: no room for another handler"))
+    }
+}
+
 /// Waits until `fd` is readable or `timeout` has passed (`poll(2)`, millisecond resolution,
 /// rounded up); an interruption counts as a timeout.
 pub fn poll_readable(fd: RawFd, timeout: Duration) -> io::Result<bool> {

@@ -32,24 +32,30 @@ fn setopt_int(fd: &OwnedFd, level: libc::c_int, name: libc::c_int, v: libc::c_in
     .map(|_| ())
 }
 
+/// Attaches (or atomically replaces) the socket's classic BPF filter.
+fn attach_filter(fd: &OwnedFd, filter: &[SockFilter]) -> io::Result<()> {
+    let fprog = libc::sock_fprog { len: filter.len() as u16, filter: filter.as_ptr() as *mut libc::sock_filter };
+    // SAFETY: fprog points at `filter`, which outlives the call; the kernel copies it.
+    // SockFilter is repr(C) with sock_filter's layout.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            &fprog as *const libc::sock_fprog as *const libc::c_void,
+            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    })
+    .map(|_| ())
+}
+
 impl PacketFd {
     /// Opens on interface `ifindex` for IPv4 frames that `filter` passes. Needs CAP_NET_RAW.
     pub fn open(ifindex: u32, filter: &[SockFilter]) -> io::Result<PacketFd> {
         // Protocol 0: receive nothing until bound, i.e. until the filter is in place.
         let fd = socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_NONBLOCK, 0)
             .map_err(|e| io::Error::new(e.kind(), format!("AF_PACKET socket (needs CAP_NET_RAW): {e}")))?;
-        let fprog = libc::sock_fprog { len: filter.len() as u16, filter: filter.as_ptr() as *mut libc::sock_filter };
-        // SAFETY: fprog points at `filter`, which outlives the call; the kernel copies it.
-        // SockFilter is repr(C) with sock_filter's layout.
-        cvt(unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_ATTACH_FILTER,
-                &fprog as *const libc::sock_fprog as *const libc::c_void,
-                std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
-            )
-        })?;
+        attach_filter(&fd, filter)?;
         setopt_int(&fd, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, 1)?;
         // Transmit straight to the driver, past the qdisc layer (uiw paces itself with its
         // congestion window). Best effort: older kernels lack it.
@@ -75,6 +81,11 @@ impl PacketFd {
             libc::bind(fd.as_raw_fd(), &sll as *const libc::sockaddr_ll as *const libc::sockaddr, std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t)
         })?;
         Ok(PacketFd { fd })
+    }
+
+    /// Replaces the filter (`SO_ATTACH_FILTER` swaps it atomically: no frame sees neither).
+    pub fn set_filter(&self, filter: &[SockFilter]) -> io::Result<()> {
+        attach_filter(&self.fd, filter)
     }
 
     /// The next frame into `buf`, without waiting: `Ok(None)` when none is queued. The length

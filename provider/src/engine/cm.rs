@@ -3,6 +3,7 @@
 //! connecting; it hands each TCP stream to the engine, which runs MPA on it (RFC 5044 §7,
 //! RFC 6581), attaches it to a QP, moves the QP to RTS and reports events back.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -52,6 +53,38 @@ pub struct CmEvent<'a> {
 }
 
 pub type CmCallback = Box<dyn Fn(&CmEvent<'_>) + Send + Sync>;
+
+/// What a [`CmListen`] does with a connection its listener accepted: given the stream's local
+/// and remote addresses, the rdma_cm connection that will report its MPA Request
+/// (CONNECT_REQUEST), or `None` to refuse it (the stream is closed).
+pub type IncomingCallback = Box<dyn Fn(SocketAddr, SocketAddr) -> Option<Arc<CmConn>> + Send + Sync>;
+
+/// An rdma_cm listener on a device whose streams go over a userspace transport
+/// (`uiw_cm_listen_v2`): the engine listens through the device's [`Connector`] — the seam the
+/// QPs' own streams use — and hands each accepted stream to the drop-in, as the drop-in's
+/// kernel listener does with `uiw_cm_passive_v1` on a `--transport tcp` device.
+///
+/// [`Connector`]: super::transport::Connector
+pub struct CmListen {
+    incoming: Mutex<Option<IncomingCallback>>,
+}
+
+impl CmListen {
+    pub fn new(incoming: IncomingCallback) -> Arc<CmListen> {
+        Arc::new(CmListen { incoming: Mutex::new(Some(incoming)) })
+    }
+
+    /// A stream was accepted: the drop-in's connection for it, or `None` (refused, or the
+    /// listener is closed).
+    pub fn incoming(&self, local: SocketAddr, remote: SocketAddr) -> Option<Arc<CmConn>> {
+        self.incoming.lock().as_ref().and_then(|f| f(local, remote))
+    }
+
+    /// No callback after this returns.
+    pub fn release(&self) {
+        *self.incoming.lock() = None;
+    }
+}
 
 /// One rdma_cm connection as the engine sees it.
 pub struct CmConn {

@@ -98,6 +98,25 @@ impl Context {
         Ok(net.cm_passive(Box::new(KernelStream::prepare(sock)?), cm)?)
     }
 
+    /// Whether rdma_cm must connect this device's streams through the engine
+    /// ([`Context::cm_listen`], `Qp::cm_connect_to`) rather than hand it kernel sockets: its
+    /// streams go over a userspace TCP on raw frames (`--transport xdp|packet`), which the
+    /// kernel's sockets cannot reach.
+    pub fn cm_in_engine(&self) -> bool {
+        self.device.transport != TransportKind::Tcp
+    }
+
+    /// `uiw_cm_listen_v2`: rdma_listen on `at` through the device's transport; each stream
+    /// accepted is offered to `cm`. Returns the id for [`Context::cm_unlisten`].
+    /// Works on any device; the drop-in uses it where [`Context::cm_in_engine`] says so.
+    /// Returns the transport and the id to stop it with (`Net::cm_unlisten`).
+    pub fn cm_listen(&self, at: std::net::SocketAddrV4, cm: Arc<super::cm::CmListen>) -> Result<(Arc<Net>, u64)> {
+        let net = self.net()?;
+        let l = net.connector(&self.device).listen(at)?;
+        let id = net.cm_listen(l, cm)?;
+        Ok((net, id))
+    }
+
     // ---- protection domains ----
 
     pub fn alloc_pd(&self) -> Result<u32> {

@@ -16,7 +16,7 @@ use uiw_kabi::sys::{Epoll, EPOLL_IN, EPOLL_SOCKET_EDGE};
 use uiw_wire::conn::{Connection, Role};
 
 use super::clock::earliest;
-use super::cm::{CmConn, CmStatus};
+use super::cm::{CmConn, CmListen, CmStatus};
 use super::device::{gid_ipv4, DeviceInfo, TransportKind};
 use super::lease::{Arming, Check};
 use super::spin::{self, Spin};
@@ -93,6 +93,8 @@ const KIND_PENDING: u64 = 2 << 32;
 const KIND_CLOSING: u64 = 3 << 32;
 /// A raw-frame transport's socket or timer (index into `Net::raw_turn`).
 const KIND_RAW: u64 = 4 << 32;
+/// An rdma_cm listener of the device's transport (see `Net::cm_listen`).
+const KIND_CM_LISTEN: u64 = 5 << 32;
 const KIND_MASK: u64 = 0xffff_ffff << 32;
 
 /// The progress thread's doorbell: a socket pair whose read end is in its epoll set
@@ -144,6 +146,8 @@ pub struct Net {
     next_pending: AtomicU64,
     /// Streams of stopped QPs still sending their last bytes (the Terminate) before FIN.
     closing: Mutex<HashMap<u64, Lingering>>,
+    /// rdma_cm listeners on userspace transports (`uiw_cm_listen_v2`), by id.
+    cm_listeners: Mutex<HashMap<u64, (Box<dyn Listener>, Arc<CmListen>)>>,
     pub user_mem: &'static dyn UserMemory,
     /// QPs an application thread holds (see `lease`): their sockets are out of the epoll
     /// interest, and the progress thread looks at each lease when it is due. Changed only
@@ -331,6 +335,7 @@ impl Net {
             pending: Mutex::new(HashMap::new()),
             next_pending: AtomicU64::new(1),
             closing: Mutex::new(HashMap::new()),
+            cm_listeners: Mutex::new(HashMap::new()),
             user_mem,
             leased: Mutex::new(HashSet::new()),
             lease_news: AtomicBool::new(false),
@@ -581,6 +586,10 @@ impl Net {
                         }
                         false
                     }
+                    KIND_CM_LISTEN => {
+                        self.cm_accept_all(tok & !KIND_MASK);
+                        false
+                    }
                     _ if tok == TOKEN_LISTENER => {
                         self.accept_all();
                         next_due = Some(0);
@@ -663,6 +672,12 @@ impl Net {
         if let Some(mut c) = self.closing.try_lock() {
             for (_, l) in c.drain() {
                 l.stream.abandon();
+            }
+        }
+        // A raw listener belongs to the parent's stack (forgotten above).
+        if let Some(mut c) = self.cm_listeners.try_lock() {
+            for (_, l) in c.drain() {
+                std::mem::forget(l);
             }
         }
         let qps: Vec<Arc<dyn Endpoint>> = match self.qps.try_read() {
@@ -762,6 +777,58 @@ impl Net {
         let n = self.pending.lock().values().filter(|(_, cm)| cm.is_none()).count();
         if n >= MAX_PENDING {
             self.drop_oldest_pending();
+        }
+    }
+
+    /// rdma_listen on a device whose streams go over a userspace transport: `l` (a listener of
+    /// the device's [`Connector`]) is served by the progress thread, which gives every stream
+    /// it accepts to `cm` and, if taken, waits for its MPA Request ([`Net::cm_passive`]).
+    /// Returns the id for [`Net::cm_unlisten`].
+    pub fn cm_listen(&self, l: Box<dyn Listener>, cm: Arc<CmListen>) -> io::Result<u64> {
+        let id = self.next_pending.fetch_add(1, Ordering::Relaxed);
+        let fd = l.readiness();
+        self.cm_listeners.lock().insert(id, (l, cm));
+        if let Err(e) = self.epoll.add(fd, KIND_CM_LISTEN | id, EPOLL_IN) {
+            self.cm_listeners.lock().remove(&id);
+            return Err(e);
+        }
+        Ok(id)
+    }
+
+    /// Stops an rdma_cm listener: no callback of its [`CmListen`] runs after this returns
+    /// (unless called from one: the progress thread may be inside it).
+    pub fn cm_unlisten(&self, id: u64) {
+        let gone = self.cm_listeners.lock().remove(&id);
+        if let Some((l, cm)) = gone {
+            let _ = self.epoll.delete(l.readiness());
+            cm.release();
+        }
+    }
+
+    fn cm_accept_all(&self, id: u64) {
+        let mut accepted = Vec::new();
+        let cm = {
+            let ls = self.cm_listeners.lock();
+            let Some((l, cm)) = ls.get(&id) else { return };
+            loop {
+                match l.accept() {
+                    Ok(s) => accepted.push(s),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+            cm.clone()
+        };
+        for stream in accepted {
+            let (Some(local), Some(remote)) = (stream.local(), stream.peer()) else { continue };
+            match cm.incoming(local, remote) {
+                Some(conn) => {
+                    if self.cm_passive(stream, conn.clone()).is_err() {
+                        conn.ended(CmStatus::LocalError);
+                    }
+                }
+                None => drop(stream),
+            }
         }
     }
 

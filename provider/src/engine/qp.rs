@@ -693,6 +693,20 @@ impl Qp {
         r
     }
 
+    /// `uiw_cm_connect_v2`: `rdma_connect` on a device whose streams go over a userspace
+    /// transport — the stream to `to` is opened through the device's [`Connector`] (the
+    /// seam the QPs' RTR connects use), then MPA runs as in [`Qp::cm_connect`]. Returns the
+    /// stream's local address (rdma_cm's source address and port).
+    ///
+    /// [`Connector`]: super::transport::Connector
+    pub fn cm_connect_to(self: &Arc<Self>, cm: &Arc<CmConn>, to: std::net::SocketAddrV4, private_data: &[u8], ird: u16, ord: u16) -> Result<Option<std::net::SocketAddr>> {
+        let stream = self.net.connector(&self.device).connect(to)?;
+        let local = stream.local();
+        let r = self.cm_connect_unsettled(cm, stream, private_data, ird, ord);
+        self.settle();
+        r.map(|()| local)
+    }
+
     fn cm_connect_unsettled(self: &Arc<Self>, cm: &Arc<CmConn>, stream: Box<dyn Stream>, private_data: &[u8], ird: u16, ord: u16) -> Result<()> {
         let mut inner = self.cm_ready(ird, ord)?;
         let cfg = config(Role::Initiator, ird, ord, private_data.to_vec(), stream.mss());

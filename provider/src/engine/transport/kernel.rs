@@ -65,6 +65,10 @@ impl Stream for KernelStream {
         self.sock.peer_addr().ok()
     }
 
+    fn local(&self) -> Option<SocketAddr> {
+        self.sock.local_addr().ok()
+    }
+
     fn readiness(&self) -> RawFd {
         self.sock.as_raw_fd()
     }

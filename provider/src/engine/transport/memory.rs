@@ -158,6 +158,10 @@ impl Stream for MemStream {
         Some(SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 1)))
     }
 
+    fn local(&self) -> Option<SocketAddr> {
+        Some(SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 2)))
+    }
+
     /// No progress thread serves it: the test drives both ends.
     fn readiness(&self) -> RawFd {
         -1

@@ -212,14 +212,18 @@ pub const RNR_WAIT_MS: u64 = 5_000;
 /// enough for siw under an emulated CPU, a one-time cost per connection to a non-uiw peer.
 pub const FIRST_FPDU_HOLD_MS: u64 = 50;
 
-/// rdma_cm cannot use a raw-frame transport yet: the librdmacm drop-in listens and connects
-/// with kernel sockets, which on such a device would carry the QP's stream outside the
-/// device's transport. Says so on stderr (a configuration problem, shown whatever the log
-/// level) before the call fails with EOPNOTSUPP.
+/// A kernel socket handed to `uiw_cm_passive_v1`/`uiw_cm_active_v1` for a device whose
+/// streams go over a userspace TCP on raw frames: the kernel's socket cannot carry them (its
+/// peer's segments are steered away from the kernel). The drop-in must listen and connect
+/// through the engine instead (`uiw_cm_listen_v2`/`uiw_cm_connect_v2`, which it does when
+/// `uiw_cm_transport_v2` says so): only a drop-in older than the provider gets here. Says so
+/// on stderr (a configuration problem, shown whatever the log level) before the call fails
+/// with EOPNOTSUPP.
 pub fn cm_refused(device: &super::device::DeviceInfo) {
     eprintln!(
-        "uiw: {}: rdma_cm is not supported yet on a device published with --transport {} (EOPNOTSUPP); \
-         connect with RTR (ibv_modify_qp, perftest without -R) or publish the device with --transport tcp",
+        "uiw: {}: a kernel TCP socket was handed to uiw_cm_*_v1 for a device published with --transport {} (EOPNOTSUPP): \
+         this librdmacm.so.1 predates uiw_cm.h v2 (listen/connect through the device's transport); \
+         run the librdmacm of this uiw build (uiw run) or publish the device with --transport tcp",
         device.name,
         device.transport.name()
     );

@@ -220,6 +220,10 @@ impl Stream for RawStreamIo {
         self.s.peer().map(SocketAddr::V4)
     }
 
+    fn local(&self) -> Option<SocketAddr> {
+        self.s.local().map(SocketAddr::V4)
+    }
+
     fn readiness(&self) -> RawFd {
         self.s.fd().unwrap_or(-1)
     }

@@ -53,6 +53,9 @@ pub trait Stream: Send {
     /// Who is at the other end.
     fn peer(&self) -> Option<SocketAddr>;
 
+    /// This end's address and port (what rdma_cm reports as the source of a connection).
+    fn local(&self) -> Option<SocketAddr>;
+
     /// The descriptor the progress thread waits on, edge-triggered (see the module doc).
     fn readiness(&self) -> RawFd;
 
