@@ -562,63 +562,68 @@ impl Id {
             _ => return Err(err(libc::EINVAL)),
         }
         let sock = st.sock.clone().ok_or_else(|| err(libc::EINVAL))?;
+        let backlog = if backlog <= 0 { 1024 } else { backlog };
+        if !matches!(&st.dev, Some(d) if d.in_engine) {
+            // A kernel socket served by our accept loop, listening at once as before the raw
+            // transports existed (a peer told the port may connect the moment this returns).
+            sys::listen(&sock, backlog)?;
+            st.state = State::Listen;
+            let wildcard = st.dev.is_none();
+            drop(st);
+            let port = sys::local_addr(&sock).map_or(0, |a| a.port());
+            let me = Arc::downgrade(self);
+            uiw_kabi::thread::spawn_started("uiw-rdmacm-listen", move || accept_loop(me, sock))
+                .map_err(|_| err(libc::ENOMEM))?;
+            if wildcard {
+                // A wildcard listener listens on every device whose streams go over a
+                // userspace transport as well (best effort: the kernel's devices are served
+                // whatever becomes of these).
+                let engine_devs: Vec<Arc<Device>> = devices().iter().filter(|d| d.in_engine).cloned().collect();
+                if !engine_devs.is_empty() {
+                    for d in engine_devs {
+                        for ip in d.addrs.iter().copied().filter(IpAddr::is_ipv4) {
+                            if let Ok(l) = self.engine_listen(&d, SocketAddr::new(ip, port)) {
+                                let mut st = self.st();
+                                if st.destroyed {
+                                    return Ok(());
+                                }
+                                st.engine_listeners.push(l);
+                            }
+                        }
+                    }
+                }
+            }
+            return Ok(());
+        }
         // A device whose streams go over a userspace transport is listened on through the
         // provider (its peers' segments never reach a kernel socket: the XDP program
         // redirects them, the transport's nftables guard drops the AF_PACKET copies before
         // the kernel's TCP). The kernel socket listens all the same, unserved: it holds the
         // port against other listeners, as rdma_cm's port space does, and shows in `ss -l`
-        // as a kernel rdma_cm listener would — only once the provider's listeners (and with
-        // them the steering of the port) are in place: a peer that connects as soon as the
-        // port shows would otherwise reach the kernel's socket, which never serves it. A
-        // wildcard listener listens on every such device as well.
-        let in_engine = matches!(&st.dev, Some(d) if d.in_engine);
-        let engine_devs: Vec<Arc<Device>> = match &st.dev {
-            Some(d) if d.in_engine => vec![d.clone()],
-            Some(_) => Vec::new(),
-            None => devices().iter().filter(|d| d.in_engine).cloned().collect(),
-        };
-        if !engine_devs.is_empty() {
-            let local = sys::local_addr(&sock)?;
-            for d in engine_devs {
-                let ips: Vec<IpAddr> = if in_engine {
-                    vec![canonical(local.ip())]
-                } else {
-                    d.addrs.iter().copied().filter(IpAddr::is_ipv4).collect()
-                };
-                for ip in ips {
-                    let at = SocketAddr::new(ip, local.port());
-                    let r = uiwcm::Api::for_ctx(d.ctx)
-                        .map_err(|_| err(libc::ENOSYS))
-                        .and_then(|api| api.listen(d.ctx, &at, Arc::downgrade(self)));
-                    debug!("id {:#x}: listen on {at} through {}: {:?}", self.ptr(), d.name, r.as_ref().err());
-                    match r {
-                        Ok(l) => st.engine_listeners.push(l),
-                        Err(e) if in_engine => {
-                            let ls = std::mem::take(&mut st.engine_listeners);
-                            drop(st);
-                            drop(ls);
-                            return Err(e);
-                        }
-                        Err(_) => {}
-                    }
-                }
-            }
-        }
-        if let Err(e) = sys::listen(&sock, if backlog <= 0 { 1024 } else { backlog }) {
+        // as a kernel rdma_cm listener would — only once the provider's listener (and with
+        // it the steering of the port) is in place: a peer that connects as soon as the port
+        // shows would otherwise reach the kernel's socket, which never serves it.
+        let dev = st.dev.clone().ok_or_else(|| err(libc::EINVAL))?;
+        let local = sys::local_addr(&sock)?;
+        let l = self.engine_listen(&dev, SocketAddr::new(canonical(local.ip()), local.port()))?;
+        st.engine_listeners.push(l);
+        if let Err(e) = sys::listen(&sock, backlog) {
             let ls = std::mem::take(&mut st.engine_listeners);
             drop(st);
             drop(ls);
             return Err(e);
         }
         st.state = State::Listen;
-        drop(st);
-        if in_engine {
-            return Ok(());
-        }
-        let me = Arc::downgrade(self);
-        uiw_kabi::thread::spawn_started("uiw-rdmacm-listen", move || accept_loop(me, sock))
-            .map_err(|_| err(libc::ENOMEM))?;
         Ok(())
+    }
+
+    /// uiw_cm_listen_v2 on `at` through device `d`'s transport, for this id.
+    fn engine_listen(self: &Arc<Self>, d: &Device, at: SocketAddr) -> io::Result<uiwcm::Listener> {
+        let r = uiwcm::Api::for_ctx(d.ctx)
+            .map_err(|_| err(libc::ENOSYS))
+            .and_then(|api| api.listen(d.ctx, &at, Arc::downgrade(self)));
+        debug!("id {:#x}: listen on {at} through {}: {:?}", self.ptr(), d.name, r.as_ref().err());
+        r
     }
 
     /// A connection the provider accepted on one of our listeners (uiw_cm_listen_v2; on its
@@ -1070,13 +1075,20 @@ fn connect_thread(
         Err(_) => return me.connect_failed(libc::ENOSYS),
     };
     let local = sys::local_addr(&sock).unwrap_or(dst);
-    let t = Arc::new(Target::new(
-        Weak::new(),
-        Arc::downgrade(&me),
-        dev,
-        local,
-        dst,
-    ));
+    let t = Arc::new(Target::new(Weak::new(), Arc::downgrade(&me), dev, local, dst));
+    start_target(me, t, "uiw_cm_active_v1", |t| api.active(qp, sock, &pdata, ird as u16, ord as u16, t).map(|c| (c, None)));
+}
+
+/// The provider half of an rdma_connect: `t` becomes the id's target unless the id was
+/// destroyed meanwhile, then `open` hands the QP and its stream to the provider (`what` names
+/// the call in the debug log); its events arrive through `t`. A failure is the id's
+/// `RDMA_CM_EVENT_UNREACHABLE` (see `Id::connect_failed`).
+fn start_target(
+    me: Arc<Id>,
+    t: Arc<Target>,
+    what: &str,
+    open: impl FnOnce(&Arc<Target>) -> io::Result<(uiwcm::Conn, Option<SocketAddr>)>,
+) {
     {
         let mut st = me.st();
         if st.destroyed {
@@ -1084,14 +1096,18 @@ fn connect_thread(
         }
         st.target = Some(t.clone());
     }
-    match api.active(qp, sock, &pdata, ird as u16, ord as u16, &t) {
-        Ok(c) => {
+    match open(&t) {
+        Ok((c, local)) => {
+            debug!("id {:#x}: {what}: connected through {}, from {local:?}", me.ptr(), t.dev.name);
+            if local.is_some() {
+                me.c.set_src(local);
+            }
             let _ = t.conn.set(c);
             drop(me);
             t.arm();
         }
         Err(e) => {
-            debug!("id {:#x}: uiw_cm_active_v1 failed: {e}", me.ptr());
+            debug!("id {:#x}: {what} failed: {e}", me.ptr());
             me.st().target = None;
             me.connect_failed(e.raw_os_error().unwrap_or(libc::EIO));
         }
@@ -1117,29 +1133,7 @@ fn engine_connect_thread(
     };
     let local = me.c.src().unwrap_or(dst);
     let t = Arc::new(Target::new(Weak::new(), Arc::downgrade(&me), dev, local, dst));
-    {
-        let mut st = me.st();
-        if st.destroyed {
-            return;
-        }
-        st.target = Some(t.clone());
-    }
-    match api.connect(qp, &dst, &pdata, ird as u16, ord as u16, &t) {
-        Ok((c, local)) => {
-            debug!("id {:#x}: connect to {dst} through {}: from {local:?}", me.ptr(), t.dev.name);
-            if local.is_some() {
-                me.c.set_src(local);
-            }
-            let _ = t.conn.set(c);
-            drop(me);
-            t.arm();
-        }
-        Err(e) => {
-            debug!("id {:#x}: uiw_cm_connect_v2 to {dst} failed: {e}", me.ptr());
-            me.st().target = None;
-            me.connect_failed(e.raw_os_error().unwrap_or(libc::EIO));
-        }
-    }
+    start_target(me, t, "uiw_cm_connect_v2", |t| api.connect(qp, &dst, &pdata, ird as u16, ord as u16, t));
 }
 
 // ---------------------------------------------------------------------------------------
