@@ -578,17 +578,18 @@ impl Id {
                 // A wildcard listener listens on every device whose streams go over a
                 // userspace transport as well (best effort: the kernel's devices are served
                 // whatever becomes of these).
-                let engine_devs: Vec<Arc<Device>> = devices().iter().filter(|d| d.in_engine).cloned().collect();
-                if !engine_devs.is_empty() {
-                    for d in engine_devs {
-                        for ip in d.addrs.iter().copied().filter(IpAddr::is_ipv4) {
-                            if let Ok(l) = self.engine_listen(&d, SocketAddr::new(ip, port)) {
-                                let mut st = self.st();
-                                if st.destroyed {
-                                    return Ok(());
-                                }
-                                st.engine_listeners.push(l);
+                for d in devices().iter().filter(|d| d.in_engine) {
+                    for ip in d.addrs.iter().copied().filter(IpAddr::is_ipv4) {
+                        if let Ok(l) = self.engine_listen(d, SocketAddr::new(ip, port)) {
+                            let mut st = self.st();
+                            if st.destroyed {
+                                // Dropped after our lock: closing waits for an incoming
+                                // callback in flight, which takes it.
+                                drop(st);
+                                drop(l);
+                                return Ok(());
                             }
+                            st.engine_listeners.push(l);
                         }
                     }
                 }
