@@ -1071,25 +1071,28 @@ fn connect_thread(
     }
     // Where the stream really runs (the kernel reports it in the CONNECT_REPLY).
     me.c.set_src(sys::local_addr(&sock).ok());
+    let local = sys::local_addr(&sock).unwrap_or(dst);
+    start_target(me, dev, local, dst, "uiw_cm_active_v1", |api, t| api.active(qp, sock, &pdata, ird as u16, ord as u16, t).map(|c| (c, None)));
+}
+
+/// The provider half of an rdma_connect from `local` to `dst` on `dev`: a target for the
+/// connection becomes the id's unless the id was destroyed meanwhile, then `open` hands the
+/// QP and its stream to the provider (`what` names the call in the debug log); its events
+/// arrive through the target. A failure is the id's `RDMA_CM_EVENT_UNREACHABLE` (see
+/// `Id::connect_failed`).
+fn start_target(
+    me: Arc<Id>,
+    dev: Arc<Device>,
+    local: SocketAddr,
+    dst: SocketAddr,
+    what: &str,
+    open: impl FnOnce(&'static uiwcm::Api, &Arc<Target>) -> io::Result<(uiwcm::Conn, Option<SocketAddr>)>,
+) {
     let api = match uiwcm::Api::for_ctx(dev.ctx) {
         Ok(a) => a,
         Err(_) => return me.connect_failed(libc::ENOSYS),
     };
-    let local = sys::local_addr(&sock).unwrap_or(dst);
     let t = Arc::new(Target::new(Weak::new(), Arc::downgrade(&me), dev, local, dst));
-    start_target(me, t, "uiw_cm_active_v1", |t| api.active(qp, sock, &pdata, ird as u16, ord as u16, t).map(|c| (c, None)));
-}
-
-/// The provider half of an rdma_connect: `t` becomes the id's target unless the id was
-/// destroyed meanwhile, then `open` hands the QP and its stream to the provider (`what` names
-/// the call in the debug log); its events arrive through `t`. A failure is the id's
-/// `RDMA_CM_EVENT_UNREACHABLE` (see `Id::connect_failed`).
-fn start_target(
-    me: Arc<Id>,
-    t: Arc<Target>,
-    what: &str,
-    open: impl FnOnce(&Arc<Target>) -> io::Result<(uiwcm::Conn, Option<SocketAddr>)>,
-) {
     {
         let mut st = me.st();
         if st.destroyed {
@@ -1097,7 +1100,7 @@ fn start_target(
         }
         st.target = Some(t.clone());
     }
-    match open(&t) {
+    match open(api, &t) {
         Ok((c, local)) => {
             debug!("id {:#x}: {what}: connected through {}, from {local:?}", me.ptr(), t.dev.name);
             if local.is_some() {
@@ -1128,13 +1131,8 @@ fn engine_connect_thread(
     ord: u8,
 ) {
     let Some(me) = id.upgrade() else { return };
-    let api = match uiwcm::Api::for_ctx(dev.ctx) {
-        Ok(a) => a,
-        Err(_) => return me.connect_failed(libc::ENOSYS),
-    };
     let local = me.c.src().unwrap_or(dst);
-    let t = Arc::new(Target::new(Weak::new(), Arc::downgrade(&me), dev, local, dst));
-    start_target(me, t, "uiw_cm_connect_v2", |t| api.connect(qp, &dst, &pdata, ird as u16, ord as u16, t));
+    start_target(me, dev, local, dst, "uiw_cm_connect_v2", |api, t| api.connect(qp, &dst, &pdata, ird as u16, ord as u16, t));
 }
 
 // ---------------------------------------------------------------------------------------

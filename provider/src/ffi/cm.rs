@@ -87,10 +87,16 @@ fn open(fd: c_int, cb: Option<UiwCmCb>, user: *mut c_void, valid: bool, start: i
         set_errno(libc::EINVAL);
         return ptr::null_mut();
     };
+    start_handle(cb, user, |c| start(sock, c))
+}
+
+/// A new connection handle reporting to `cb`/`user`, given out only if `start` succeeds;
+/// otherwise errno is set and NULL returned.
+fn start_handle(cb: UiwCmCb, user: *mut c_void, start: impl FnOnce(&Arc<CmConn>) -> Result<(), i32>) -> *mut c_void {
     let slot = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let c = CmConn::new(callback(cb, user, slot.clone()));
     let h = into_handle(c.clone(), &slot);
-    match start(sock, &c) {
+    match start(&c) {
         Ok(()) => h,
         Err(e) => {
             // SAFETY: h was just made by into_handle and not given out.
@@ -363,26 +369,16 @@ pub unsafe extern "C" fn uiw_cm_connect_v2(
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         };
-        let slot = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let c = CmConn::new(callback(cb, user, slot.clone()));
-        let h = into_handle(c.clone(), &slot);
-        // SAFETY: qp is one of our QPs; pd the caller's bytes.
-        let (q, data) = unsafe { (qp_obj(qp), bytes(pd, len)) };
-        match q.cm_connect_to(&c, to, data, ird, ord) {
-            Ok(a) => {
-                if let (Some(a), false) = (a, local.is_null()) {
-                    // SAFETY: local points at a writable sockaddr_storage, larger than and
-                    // aligned for a sockaddr_in.
-                    unsafe { ptr::write(local as *mut libc::sockaddr_in, sockaddr_in(a)) };
-                }
-                h
+        start_handle(cb, user, |c| {
+            // SAFETY: qp is one of our QPs; pd the caller's bytes.
+            let (q, data) = unsafe { (qp_obj(qp), bytes(pd, len)) };
+            let a = q.cm_connect_to(c, to, data, ird, ord).map_err(|e| e.errno())?;
+            if let (Some(a), false) = (a, local.is_null()) {
+                // SAFETY: local points at a writable sockaddr_storage, larger than and
+                // aligned for a sockaddr_in.
+                unsafe { ptr::write(local as *mut libc::sockaddr_in, sockaddr_in(a)) };
             }
-            Err(e) => {
-                // SAFETY: h was just made by into_handle and not given out.
-                drop(unsafe { Box::from_raw(h as *mut Arc<CmConn>) });
-                set_errno(e.errno());
-                ptr::null_mut()
-            }
-        }
+            Ok(())
+        })
     })
 }
