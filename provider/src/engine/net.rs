@@ -541,7 +541,7 @@ impl Net {
             let mut polled = false;
             let timeout = if !ready.is_empty() {
                 Some(Duration::ZERO)
-            } else if spin.poll(now_us(), || spin::crowded(&mut loadavg, cpus)) {
+            } else if spin.enabled() && spin.poll(now_us(), || spin::crowded(&mut loadavg, cpus)) {
                 polled = true;
                 Some(Duration::ZERO)
             } else {
@@ -552,7 +552,7 @@ impl Net {
             if self.epoll.wait_for(&mut evs, timeout).is_err() {
                 std::thread::sleep(Duration::from_millis(10));
             }
-            if evs.iter().any(|&(tok, _)| tok & KIND_MASK == KIND_QP) {
+            if spin.enabled() && evs.iter().any(|&(tok, _)| tok & KIND_MASK == KIND_QP) {
                 spin.traffic(now_us(), polled);
             }
             for &(tok, flags) in &evs {
