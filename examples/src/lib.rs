@@ -137,6 +137,29 @@ pub fn have_program(prog: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// The command line the valgrind tests run a program under: memcheck, exit status 99 on any
+/// error or definite/possible leak, the project's suppressions (`valgrind/verbs.supp`), and
+/// `--fair-sched=yes`. Valgrind runs one thread at a time; its default lock gives the CPU back
+/// to whichever thread grabs it first, and on a machine with many cores a thread that spins on
+/// a CQ (every test program here) grabs it nearly every time: uiw's progress thread, which
+/// serves the passive side, then waited 20 s and more in CI (a peer's zero window outlived
+/// `UIW_PEER_TIMEOUT`). The ticket lock takes turns, as a real scheduler does.
+pub fn valgrind_command() -> Vec<String> {
+    let supp = Path::new(env!("CARGO_MANIFEST_DIR")).join("valgrind/verbs.supp");
+    [
+        "valgrind",
+        "--fair-sched=yes",
+        "--error-exitcode=99",
+        "--leak-check=full",
+        "--show-leak-kinds=definite,possible",
+        "--errors-for-leak-kinds=definite,possible",
+    ]
+    .into_iter()
+    .map(String::from)
+    .chain([format!("--suppressions={}", supp.display())])
+    .collect()
+}
+
 /// Compile one example C program with `cc -O1 -g -Wall -Werror ... -libverbs`
 /// into `out_dir`, returning the executable's path.
 pub fn build_c_example(name: &str, out_dir: &Path) -> PathBuf {
@@ -155,7 +178,10 @@ pub fn compile_c(src: &Path, out: &Path, args: &[&str], dev_package: &str) -> Pa
     let dir = out.parent().expect("an output path with a directory");
     fs::create_dir_all(dir).expect("create the output directory");
     static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let name = out.file_name().expect("an output file name").to_string_lossy();
+    let name = out
+        .file_name()
+        .expect("an output file name")
+        .to_string_lossy();
     let tmp = dir.join(format!(
         ".{name}.{}.{}",
         std::process::id(),

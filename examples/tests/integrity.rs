@@ -15,7 +15,7 @@ use std::time::Duration;
 use uiw_examples::twoproc::{free_tcp_port, run_pair, PairOutput};
 use uiw_examples::{
     build_c_example, device_lock, device_test_artifacts, failures, have_program, out_dir,
-    parse_summary, show, skip, Artifacts, Published,
+    parse_summary, show, skip, valgrind_command, Artifacts, Published,
 };
 
 /// Checks a passing default run (-m 8M, ibv_post_send) reports on each side;
@@ -208,16 +208,8 @@ fn under_valgrind(test: &str, extra: &[&str]) {
         skip(test, "valgrind is not installed (apt-get install valgrind)");
         return;
     }
-    let supp = Path::new(env!("CARGO_MANIFEST_DIR")).join("valgrind/verbs.supp");
-    let supp_arg = format!("--suppressions={}", supp.display());
-    let prefix = [
-        "valgrind",
-        "--error-exitcode=99",
-        "--leak-check=full",
-        "--show-leak-kinds=definite,possible",
-        "--errors-for-leak-kinds=definite,possible",
-        supp_arg.as_str(),
-    ];
+    let valgrind = valgrind_command();
+    let prefix: Vec<&str> = valgrind.iter().map(String::as_str).collect();
     let mut opts = vec!["-m", "64K"];
     opts.extend_from_slice(extra);
     let Some(pair) = run(test, &prefix, &opts, LIMIT_VALGRIND) else {

@@ -7,11 +7,11 @@
 //! `UIW_TEST_REQUIRE_ALL=1` (set by ci/test.sh) they fail instead.
 
 use std::ffi::OsStr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use uiw_examples::{
     build_c_example, device_lock, device_test_artifacts, failures, have_program, out_dir,
-    parse_summary, show, skip, Artifacts, Published,
+    parse_summary, show, skip, valgrind_command, Artifacts, Published,
 };
 
 /// Every check in verbs_objects.c; a run that reports fewer stopped early.
@@ -91,20 +91,12 @@ fn verbs_objects_under_valgrind() {
     let Some((artifacts, exe)) = prepare(TEST) else {
         return;
     };
-    let supp = Path::new(env!("CARGO_MANIFEST_DIR")).join("valgrind/verbs.supp");
-    let supp_arg = format!("--suppressions={}", supp.display());
     let _lock = device_lock();
     let dev = Published::up(&artifacts, &out_dir(env!("CARGO_TARGET_TMPDIR")))
         .unwrap_or_else(|e| panic!("{TEST}: {e}"));
-    let args: Vec<&OsStr> = vec![
-        OsStr::new("valgrind"),
-        OsStr::new("--error-exitcode=99"),
-        OsStr::new("--leak-check=full"),
-        OsStr::new("--show-leak-kinds=definite,possible"),
-        OsStr::new("--errors-for-leak-kinds=definite,possible"),
-        OsStr::new(&supp_arg),
-        exe.as_os_str(),
-    ];
+    let valgrind = valgrind_command();
+    let mut args: Vec<&OsStr> = valgrind.iter().map(OsStr::new).collect();
+    args.push(exe.as_os_str());
     let out = dev.run(&args, &[("UIW_EXPECT_COMP_CHANNEL", "1")]);
     assert!(
         out.status.code() != Some(99),
