@@ -85,6 +85,18 @@ pub fn canonical(ip: IpAddr) -> IpAddr {
 }
 
 /// Is this the name of a device published by `uiw` (`uiw_<netdev>`)?
+/// Whether a uiw device published on this host carries its streams over a userspace
+/// transport (`uiw up --transport xdp|packet`: its sysfs directory's `uiw/transport`). Read
+/// from the published files, without opening a device: a listener that finds none listens on
+/// its kernel socket at once (see [`Id::listen`]).
+fn raw_transport_published() -> bool {
+    let Ok(dir) = std::fs::read_dir("/sys/class/infiniband") else { return false };
+    dir.flatten()
+        .filter(|e| is_uiw_name(&e.file_name().to_string_lossy()))
+        .filter_map(|e| std::fs::read_to_string(e.path().join("uiw/transport")).ok())
+        .any(|t| !matches!(t.trim(), "" | "tcp"))
+}
+
 pub fn is_uiw_name(name: &str) -> bool {
     name.starts_with("uiw_")
 }
@@ -563,37 +575,45 @@ impl Id {
         }
         let sock = st.sock.clone().ok_or_else(|| err(libc::EINVAL))?;
         let backlog = if backlog <= 0 { 1024 } else { backlog };
-        if !matches!(&st.dev, Some(d) if d.in_engine) {
+        let wildcard = st.dev.is_none();
+        if !matches!(&st.dev, Some(d) if d.in_engine) && !(wildcard && raw_transport_published()) {
             // A kernel socket served by our accept loop, listening at once as before the raw
             // transports existed (a peer told the port may connect the moment this returns).
             sys::listen(&sock, backlog)?;
             st.state = State::Listen;
-            let wildcard = st.dev.is_none();
             drop(st);
-            let port = sys::local_addr(&sock).map_or(0, |a| a.port());
             let me = Arc::downgrade(self);
             uiw_kabi::thread::spawn_started("uiw-rdmacm-listen", move || accept_loop(me, sock))
                 .map_err(|_| err(libc::ENOMEM))?;
-            if wildcard {
-                // A wildcard listener listens on every device whose streams go over a
-                // userspace transport as well (best effort: the kernel's devices are served
-                // whatever becomes of these).
-                for d in devices().iter().filter(|d| d.in_engine) {
-                    for ip in d.addrs.iter().copied().filter(IpAddr::is_ipv4) {
-                        if let Ok(l) = self.engine_listen(d, SocketAddr::new(ip, port)) {
-                            let mut st = self.st();
-                            if st.destroyed {
-                                // Dropped after our lock: closing waits for an incoming
-                                // callback in flight, which takes it.
-                                drop(st);
-                                drop(l);
-                                return Ok(());
-                            }
-                            st.engine_listeners.push(l);
-                        }
+            return Ok(());
+        }
+        if wildcard {
+            // A wildcard listener on a host with a device whose streams go over a userspace
+            // transport: it listens on every such device through the provider as well, and
+            // before its kernel socket listens (as a bound listener, below). A peer that
+            // connects as soon as the port shows in `ss -l` (a test, a script) would otherwise
+            // reach the kernel's socket before the port is steered to the raw transport, and
+            // be refused. Best effort per device: the kernel's devices are served whatever
+            // becomes of these.
+            let port = sys::local_addr(&sock)?.port();
+            for d in devices().iter().filter(|d| d.in_engine) {
+                for ip in d.addrs.iter().copied().filter(IpAddr::is_ipv4) {
+                    if let Ok(l) = self.engine_listen(d, SocketAddr::new(ip, port)) {
+                        st.engine_listeners.push(l);
                     }
                 }
             }
+            if let Err(e) = sys::listen(&sock, backlog) {
+                let ls = std::mem::take(&mut st.engine_listeners);
+                drop(st);
+                drop(ls);
+                return Err(e);
+            }
+            st.state = State::Listen;
+            drop(st);
+            let me = Arc::downgrade(self);
+            uiw_kabi::thread::spawn_started("uiw-rdmacm-listen", move || accept_loop(me, sock))
+                .map_err(|_| err(libc::ENOMEM))?;
             return Ok(());
         }
         // A device whose streams go over a userspace transport is listened on through the
