@@ -178,10 +178,7 @@ pub fn compile_c(src: &Path, out: &Path, args: &[&str], dev_package: &str) -> Pa
     let dir = out.parent().expect("an output path with a directory");
     fs::create_dir_all(dir).expect("create the output directory");
     static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let name = out
-        .file_name()
-        .expect("an output file name")
-        .to_string_lossy();
+    let name = out.file_name().expect("an output file name").to_string_lossy();
     let tmp = dir.join(format!(
         ".{name}.{}.{}",
         std::process::id(),

@@ -40,11 +40,7 @@ impl Testbed {
     /// (`--loss 1`, `--mtu 9000`, ...).
     pub fn up(artifacts: &Artifacts, opts: &[&str]) -> Result<Testbed, String> {
         static N: AtomicU32 = AtomicU32::new(0);
-        let prefix = format!(
-            "uiwt{}x{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        );
+        let prefix = format!("uiwt{}x{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
         let script = workspace_root().join("ci/testbed.sh");
         let out = Command::new(&script)
             .args(["-p", &prefix, "up", "--uiw"])
@@ -62,11 +58,7 @@ impl Testbed {
             script,
         };
         if !out.status.success() {
-            return Err(format!(
-                "ci/testbed.sh up failed ({})\n{}",
-                out.status,
-                show(&out)
-            ));
+            return Err(format!("ci/testbed.sh up failed ({})\n{}", out.status, show(&out)));
         }
         Ok(tb)
     }
@@ -74,9 +66,7 @@ impl Testbed {
     /// `ci/testbed.sh run HOST -- PROGRAM...`: the program under `uiw run` on that host.
     pub fn run_cmd<S: AsRef<OsStr>>(&self, host: Host, program: &[S]) -> Command {
         let mut c = Command::new(&self.script);
-        c.args(["-p", &self.prefix, "run", host.arg(), "--"])
-            .args(program)
-            .stdin(Stdio::null());
+        c.args(["-p", &self.prefix, "run", host.arg(), "--"]).args(program).stdin(Stdio::null());
         c
     }
 
@@ -100,11 +90,7 @@ impl Testbed {
             if !String::from_utf8_lossy(&o.stdout).trim().is_empty() {
                 return;
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "nothing listens on {port} on host B: {:?}",
-                s.lines()
-            );
+            assert!(std::time::Instant::now() < deadline, "nothing listens on {port} on host B: {:?}", s.lines());
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
     }
@@ -112,9 +98,6 @@ impl Testbed {
 
 impl Drop for Testbed {
     fn drop(&mut self) {
-        let _ = Command::new(&self.script)
-            .args(["-p", &self.prefix, "down"])
-            .stdin(Stdio::null())
-            .output();
+        let _ = Command::new(&self.script).args(["-p", &self.prefix, "down"]).stdin(Stdio::null()).output();
     }
 }

@@ -7,9 +7,7 @@
 
 use std::process::Output;
 
-use uiw_examples::{
-    build_c_example, device_lock, device_test_artifacts, out_dir, show, skip, Published,
-};
+use uiw_examples::{build_c_example, device_lock, device_test_artifacts, out_dir, show, skip, Published};
 
 /// The pinned CPU and the progress thread's CPUs, as affinity.c printed them; `None` when
 /// the process has a single CPU.
@@ -19,13 +17,7 @@ fn report(out: &Output) -> Option<(usize, Vec<usize>)> {
     if stdout.lines().any(|l| l == "ONE_CPU") {
         return None;
     }
-    let field = |k: &str| {
-        stdout
-            .lines()
-            .find_map(|l| l.strip_prefix(k))
-            .unwrap_or_else(|| panic!("no {k}line\n{}", show(out)))
-            .to_owned()
-    };
+    let field = |k: &str| stdout.lines().find_map(|l| l.strip_prefix(k)).unwrap_or_else(|| panic!("no {k}line\n{}", show(out))).to_owned();
     let pinned: usize = field("PINNED ").parse().unwrap();
     Some((pinned, cpu_list(&field("PROGRESS "))))
 }
@@ -44,9 +36,7 @@ fn cpu_list(s: &str) -> Vec<usize> {
 #[test]
 fn the_progress_thread_leaves_its_pinned_creators_cpu() {
     let test = "the_progress_thread_leaves_its_pinned_creators_cpu";
-    let Some(artifacts) = device_test_artifacts(test) else {
-        return;
-    };
+    let Some(artifacts) = device_test_artifacts(test) else { return };
     let out = out_dir(env!("CARGO_TARGET_TMPDIR"));
     let exe = build_c_example("affinity", &out);
     let _l = device_lock();
@@ -57,22 +47,10 @@ fn the_progress_thread_leaves_its_pinned_creators_cpu() {
         skip(test, "the process may use one CPU only");
         return;
     };
-    assert!(
-        !progress.is_empty() && !progress.contains(&pinned),
-        "pinned to {pinned}, progress thread on {progress:?}\n{}",
-        show(&o)
-    );
+    assert!(!progress.is_empty() && !progress.contains(&pinned), "pinned to {pinned}, progress thread on {progress:?}\n{}", show(&o));
 
     // Named: even the creator's CPU, if that is what is asked for.
-    let o = dev.run(
-        &[exe.as_os_str()],
-        &[("UIW_PROGRESS_CPUS", &pinned.to_string())],
-    );
+    let o = dev.run(&[exe.as_os_str()], &[("UIW_PROGRESS_CPUS", &pinned.to_string())]);
     let (_, progress) = report(&o).unwrap();
-    assert_eq!(
-        progress,
-        vec![pinned],
-        "UIW_PROGRESS_CPUS={pinned}\n{}",
-        show(&o)
-    );
+    assert_eq!(progress, vec![pinned], "UIW_PROGRESS_CPUS={pinned}\n{}", show(&o));
 }

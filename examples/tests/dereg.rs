@@ -9,9 +9,9 @@
 use std::ffi::OsStr;
 use std::path::PathBuf;
 
-use uiw_examples::{
+use uiw_examples::{valgrind_command, 
     build_c_example, device_lock, device_test_artifacts, failures, have_program, out_dir,
-    parse_summary, show, skip, valgrind_command, Artifacts, Published,
+    parse_summary, show, skip, Artifacts, Published,
 };
 
 /// Checks a run makes: per round 4 for the writes (3 with `-f`: the freed region is not
@@ -31,11 +31,7 @@ fn assert_passed(what: &str, out: &std::process::Output, want: u32) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     println!("{}", show(out));
     let summary = parse_summary(&stdout).unwrap_or_else(|| {
-        panic!(
-            "{what}: no `N passed, N failed` line (exit status {})\n{}",
-            out.status,
-            show(out)
-        )
+        panic!("{what}: no `N passed, N failed` line (exit status {})\n{}", out.status, show(out))
     });
     assert!(
         summary.failed == 0 && out.status.success(),
@@ -83,22 +79,9 @@ fn dereg_while_streaming_under_valgrind() {
         .unwrap_or_else(|e| panic!("{TEST}: {e}"));
     let valgrind = valgrind_command();
     let mut args: Vec<&OsStr> = valgrind.iter().map(OsStr::new).collect();
-    args.extend([
-        exe.as_os_str(),
-        OsStr::new("-r"),
-        OsStr::new("2"),
-        OsStr::new("-f"),
-    ]);
+    args.extend([exe.as_os_str(), OsStr::new("-r"), OsStr::new("2"), OsStr::new("-f")]);
     // Warnings (a QP going to ERROR and why) on stderr: a failure explains itself.
     let out = dev.run(&args, &[("VERBS_LOG_LEVEL", "2")]);
-    assert!(
-        out.status.code() != Some(99),
-        "valgrind found memory errors or leaks (exit 99)\n{}",
-        show(&out)
-    );
-    assert_passed(
-        "uiw run -- valgrind dereg_race -r 2 -f",
-        &out,
-        checks(2, true),
-    );
+    assert!(out.status.code() != Some(99), "valgrind found memory errors or leaks (exit 99)\n{}", show(&out));
+    assert_passed("uiw run -- valgrind dereg_race -r 2 -f", &out, checks(2, true));
 }

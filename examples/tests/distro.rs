@@ -21,21 +21,11 @@ fn distro(test: &str, suite: &str, release: u32) {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let artifacts = Artifacts::locate().unwrap_or_else(|e| panic!("{test}: {e}"));
     if !is_root() {
-        return skip(
-            test,
-            "building and entering a chroot needs root; run `sudo ./ci/test.sh`",
-        );
+        return skip(test, "building and entering a chroot needs root; run `sudo ./ci/test.sh`");
     }
-    for (prog, package) in [
-        ("mmdebstrap", "mmdebstrap"),
-        ("unshare", "util-linux"),
-        ("timeout", "coreutils"),
-    ] {
+    for (prog, package) in [("mmdebstrap", "mmdebstrap"), ("unshare", "util-linux"), ("timeout", "coreutils")] {
         if !have_program(prog) {
-            return skip(
-                test,
-                &format!("{prog} is not installed (apt-get install {package})"),
-            );
+            return skip(test, &format!("{prog} is not installed (apt-get install {package})"));
         }
     }
     let script = uiw_examples::workspace_root().join("ci/distro-chroot.sh");
@@ -67,27 +57,16 @@ fn distro(test: &str, suite: &str, release: u32) {
         "provider not registered".into(),
         format!("distro-chroot[{suite}]: all passed"),
     ] {
-        assert!(
-            stderr.contains(&want),
-            "{test}: missing {want:?} in:\n{stderr}"
-        );
+        assert!(stderr.contains(&want), "{test}: missing {want:?} in:\n{stderr}");
     }
 }
 
 #[test]
 fn debian13_rdma_core_56_runs_its_tools_over_uiw() {
-    distro(
-        "debian13_rdma_core_56_runs_its_tools_over_uiw",
-        "trixie",
-        56,
-    );
+    distro("debian13_rdma_core_56_runs_its_tools_over_uiw", "trixie", 56);
 }
 
 #[test]
 fn debian_unstable_rdma_core_65_runs_its_tools_over_uiw() {
-    distro(
-        "debian_unstable_rdma_core_65_runs_its_tools_over_uiw",
-        "sid",
-        65,
-    );
+    distro("debian_unstable_rdma_core_65_runs_its_tools_over_uiw", "sid", 65);
 }

@@ -36,8 +36,7 @@ const WC_REM_ACCESS_ERR: u32 = 10;
 
 fn target_exe() -> PathBuf {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
-    EXE.get_or_init(|| build_c_example("target", &out_dir(env!("CARGO_TARGET_TMPDIR"))))
-        .clone()
+    EXE.get_or_init(|| build_c_example("target", &out_dir(env!("CARGO_TARGET_TMPDIR")))).clone()
 }
 
 /// The engine's RTR stream greeting (MPA private data, `provider/src/engine/net.rs`):
@@ -66,9 +65,7 @@ struct Target {
 }
 
 fn field<'a>(line: &'a str, key: &str) -> &'a str {
-    line.split_whitespace()
-        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
-        .unwrap_or_else(|| panic!("no {key} in {line:?}"))
+    line.split_whitespace().find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')).unwrap_or_else(|| panic!("no {key} in {line:?}"))
 }
 
 fn num(s: &str) -> u64 {
@@ -85,32 +82,15 @@ impl Target {
         // (and corrupts) FPDUs without it; a uiw asking for CRC would make it use CRC (RFC 5044
         // §7.1), and every crafted fault would end as an MPA CRC error before reaching the
         // check it is aimed at.
-        c.arg("run")
-            .arg("--")
-            .arg(target_exe())
-            .args(args)
-            .env("UIW_PORT_BASE", port_base.to_string())
-            .env("UIW_CRC", "0")
-            .stdin(Stdio::piped());
+        c.arg("run").arg("--").arg(target_exe()).args(args).env("UIW_PORT_BASE", port_base.to_string()).env("UIW_CRC", "0").stdin(Stdio::piped());
         let mut run = Running::spawn(name, c);
         let stdin = run.stdin().unwrap();
-        let l = run
-            .wait_for_line("READY", Duration::from_secs(20))
-            .unwrap_or_else(|e| panic!("{e}\n{:?}", run.lines()));
+        let l = run.wait_for_line("READY", Duration::from_secs(20)).unwrap_or_else(|e| panic!("{e}\n{:?}", run.lines()));
         let t = &l.text;
         let qpn = num(field(t, "qpn")) as u32;
         // The QP number names the port: UIW_PORT_BASE + (qpn >> 12).
         let port = port_base + (qpn >> 12) as u16;
-        Target {
-            qpn,
-            psn: num(field(t, "psn")) as u32,
-            rkey: num(field(t, "rkey")) as u32,
-            addr: num(field(t, "addr")),
-            port,
-            run,
-            stdin,
-            seen: 0,
-        }
+        Target { qpn, psn: num(field(t, "psn")) as u32, rkey: num(field(t, "rkey")) as u32, addr: num(field(t, "addr")), port, run, stdin, seen: 0 }
     }
 
     fn cmd(&mut self, line: &str) {
@@ -123,34 +103,19 @@ impl Target {
         self.cmd(line);
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let lines: Vec<String> = self
-                .run
-                .lines()
-                .into_iter()
-                .filter(|l| l.stream == uiw_examples::pair::Stream::Stdout)
-                .map(|l| l.text)
-                .collect();
+            let lines: Vec<String> = self.run.lines().into_iter().filter(|l| l.stream == uiw_examples::pair::Stream::Stdout).map(|l| l.text).collect();
             if let Some(i) = lines[self.seen..].iter().position(|l| l.contains(until)) {
                 let out = lines[self.seen..=self.seen + i].to_vec();
                 self.seen += i + 1;
                 return out;
             }
-            assert!(
-                Instant::now() < deadline,
-                "{}: no {until:?} after {line:?}: {:?}",
-                self.run.name,
-                &lines[self.seen..]
-            );
+            assert!(Instant::now() < deadline, "{}: no {until:?} after {line:?}: {:?}", self.run.name, &lines[self.seen..]);
             std::thread::sleep(Duration::from_millis(5));
         }
     }
 
     fn wcs(lines: &[String]) -> Vec<(u64, u32)> {
-        lines
-            .iter()
-            .filter(|l| l.starts_with("WC "))
-            .map(|l| (num(field(l, "wr_id")), num(field(l, "status")) as u32))
-            .collect()
+        lines.iter().filter(|l| l.starts_with("WC ")).map(|l| (num(field(l, "wr_id")), num(field(l, "status")) as u32)).collect()
     }
 
     /// After a fatal error: QP in ERROR, QP_FATAL raised, `recv_status` for the receives
@@ -158,27 +123,12 @@ impl Target {
     fn assert_failed(&mut self, what: &str, recvs: &[u32], data_hex: &str) {
         let lines = self.ask("WAIT 400", "WAITED");
         let wcs = Target::wcs(&lines);
-        let want: Vec<(u64, u32)> = recvs
-            .iter()
-            .enumerate()
-            .map(|(i, &s)| (1001 + i as u64, s))
-            .collect();
+        let want: Vec<(u64, u32)> = recvs.iter().enumerate().map(|(i, &s)| (1001 + i as u64, s)).collect();
         let got: Vec<(u64, u32)> = wcs.iter().copied().filter(|(id, _)| *id > 1000).collect();
         assert_eq!(got, want, "{what}: receive completions {lines:?}");
-        assert!(
-            lines.iter().any(|l| l == &format!("EVENT type={QP_FATAL}")),
-            "{what}: no QP_FATAL: {lines:?}"
-        );
-        assert_eq!(
-            self.ask("STATE", "STATE"),
-            vec![format!("STATE {IBV_QPS_ERR}")],
-            "{what}"
-        );
-        assert_eq!(
-            self.ask("CHECK", "GUARDS"),
-            vec!["GUARDS ok".to_string()],
-            "{what}"
-        );
+        assert!(lines.iter().any(|l| l == &format!("EVENT type={QP_FATAL}")), "{what}: no QP_FATAL: {lines:?}");
+        assert_eq!(self.ask("STATE", "STATE"), vec![format!("STATE {IBV_QPS_ERR}")], "{what}");
+        assert_eq!(self.ask("CHECK", "GUARDS"), vec!["GUARDS ok".to_string()], "{what}");
         let d = self.ask(&format!("DUMP 0 {}", data_hex.len() / 2), "DATA");
         assert_eq!(d, vec![format!("DATA {data_hex}")], "{what}: data region");
     }
@@ -204,25 +154,9 @@ impl Peer {
         let s = socket2_connect(from, port);
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         s.set_nodelay(true).unwrap();
-        let mut p = Peer {
-            sock: s,
-            rx: Vec::new(),
-            msn_send: 1,
-            msn_rr: 1,
-        };
+        let mut p = Peer { sock: s, rx: Vec::new(), msn_send: 1, msn_rr: 1 };
         let mut req = Vec::new();
-        encode_rr(
-            FrameKind::Request,
-            0,
-            2,
-            Some(IrdOrd {
-                ird: 4,
-                ord: 4,
-                ..Default::default()
-            }),
-            pd,
-            &mut req,
-        );
+        encode_rr(FrameKind::Request, 0, 2, Some(IrdOrd { ird: 4, ord: 4, ..Default::default() }), pd, &mut req);
         p.sock.write_all(&req).unwrap();
         loop {
             match RrFrame::parse(&p.rx) {
@@ -262,47 +196,22 @@ impl Peer {
     }
 
     fn write(&mut self, stag: u32, to: u64, data: &[u8]) {
-        self.fpdu(
-            &DdpHeader::tagged(stag, to, true, RdmapCtrl::new(Opcode::Write)),
-            &[],
-            data,
-        );
+        self.fpdu(&DdpHeader::tagged(stag, to, true, RdmapCtrl::new(Opcode::Write)), &[], data);
     }
 
     fn send(&mut self, data: &[u8]) {
         let msn = self.msn_send;
         self.msn_send += 1;
-        self.fpdu(
-            &DdpHeader::untagged(qn::SEND, msn, 0, 0, true, RdmapCtrl::new(Opcode::Send)),
-            &[],
-            data,
-        );
+        self.fpdu(&DdpHeader::untagged(qn::SEND, msn, 0, 0, true, RdmapCtrl::new(Opcode::Send)), &[], data);
     }
 
     fn read_request(&mut self, src_stag: u32, src_to: u64, size: u32) {
-        let rr = ReadRequest {
-            sink_stag: 0x5100,
-            sink_to: 0,
-            size,
-            src_stag,
-            src_to,
-        };
+        let rr = ReadRequest { sink_stag: 0x5100, sink_to: 0, size, src_stag, src_to };
         let mut body = [0u8; 28];
         rr.encode(&mut body);
         let msn = self.msn_rr;
         self.msn_rr += 1;
-        self.fpdu(
-            &DdpHeader::untagged(
-                qn::READ_REQUEST,
-                msn,
-                0,
-                0,
-                true,
-                RdmapCtrl::new(Opcode::ReadRequest),
-            ),
-            &body,
-            &[],
-        );
+        self.fpdu(&DdpHeader::untagged(qn::READ_REQUEST, msn, 0, 0, true, RdmapCtrl::new(Opcode::ReadRequest)), &body, &[]);
     }
 
     /// Reads FPDUs until a Terminate; returns its body bytes and every FPDU opcode seen
@@ -316,11 +225,7 @@ impl Peer {
                     if op == Some(Opcode::Terminate) {
                         let body = f.payload.to_vec();
                         self.rx.drain(..n);
-                        assert!(
-                            self.rx.is_empty(),
-                            "{what}: bytes after the Terminate: {:02x?}",
-                            self.rx
-                        );
+                        assert!(self.rx.is_empty(), "{what}: bytes after the Terminate: {:02x?}", self.rx);
                         // Orderly close: EOF (not a reset) right after.
                         let mut b = [0u8; 64];
                         match self.sock.read(&mut b) {
@@ -346,8 +251,7 @@ fn socket2_connect(from: Ipv4Addr, port: u16) -> TcpStream {
     use socket2::{Domain, Socket, Type};
     let s = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
     s.bind(&SocketAddrV4::new(from, 0).into()).expect("bind");
-    s.connect(&SocketAddrV4::new(Ipv4Addr::LOCALHOST, port).into())
-        .expect("connect");
+    s.connect(&SocketAddrV4::new(Ipv4Addr::LOCALHOST, port).into()).expect("connect");
     s.into()
 }
 
@@ -361,43 +265,26 @@ fn port_base() -> u16 {
 fn connected(dev: &Published, name: &str, args: &[&str]) -> (Target, Peer) {
     let mut t = Target::start(dev, name, port_base(), args);
     let peer_psn = 0x00ab_cdef;
-    assert_eq!(
-        t.ask(&format!("PEER 127.0.0.1 1 {peer_psn}"), "RTS")
-            .last()
-            .unwrap(),
-        "RTS"
-    );
-    let (p, ok) = Peer::connect(
-        Ipv4Addr::LOCALHOST,
-        t.port,
-        &hello(t.qpn, 1, t.psn, Some(peer_psn)),
-    );
+    assert_eq!(t.ask(&format!("PEER 127.0.0.1 1 {peer_psn}"), "RTS").last().unwrap(), "RTS");
+    let (p, ok) = Peer::connect(Ipv4Addr::LOCALHOST, t.port, &hello(t.qpn, 1, t.psn, Some(peer_psn)));
     assert!(ok, "{name}: the target refused a peer that knows the PSNs");
     (t, p)
 }
 
 fn term_code(body: &[u8]) -> (TermCode, Terminate) {
     let (t, layout) = Terminate::parse(body).unwrap();
-    assert_eq!(
-        layout,
-        uiw_wire::rdmap::TermLayout::Rfc,
-        "Terminate not in RFC 5040 layout: {body:02x?}"
-    );
+    assert_eq!(layout, uiw_wire::rdmap::TermLayout::Rfc, "Terminate not in RFC 5040 layout: {body:02x?}");
     // RFC 5040 §4.8 byte 0: Layer in the high nibble, EType in the low; byte 2: M D R.
     assert_eq!(body[0], t.code.layer << 4 | t.code.etype);
     assert_eq!(body[1], t.code.ecode);
-    assert_eq!(
-        body[2] & 0xe0,
-        u8::from(t.m) << 7 | u8::from(t.d) << 6 | u8::from(t.r) << 5
-    );
+    assert_eq!(body[2] & 0xe0, u8::from(t.m) << 7 | u8::from(t.d) << 6 | u8::from(t.r) << 5);
     (t.code, t)
 }
 
 fn setup(test: &str) -> Option<(std::sync::MutexGuard<'static, ()>, Published)> {
     let artifacts = device_test_artifacts(test)?;
     let lock = device_lock();
-    let dev = Published::up(&artifacts, &out_dir(env!("CARGO_TARGET_TMPDIR")))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let dev = Published::up(&artifacts, &out_dir(env!("CARGO_TARGET_TMPDIR"))).unwrap_or_else(|e| panic!("{e}"));
     let _ = target_exe();
     Some((lock, dev))
 }
@@ -406,26 +293,12 @@ const ZERO16: &str = "00000000000000000000000000000000";
 
 #[test]
 fn hostile_writes_out_of_bounds_and_bad_stags() {
-    let Some((_l, dev)) = setup("hostile_writes_out_of_bounds_and_bad_stags") else {
-        return;
-    };
+    let Some((_l, dev)) = setup("hostile_writes_out_of_bounds_and_bad_stags") else { return };
     // (what, stag transform, offset, len, code)
     let cases: [(&str, u32, u64, usize, TermCode); 3] = [
-        (
-            "bad STag key",
-            0x0000_00ff,
-            0,
-            16,
-            TermCode::DDP_T_INVALID_STAG,
-        ),
+        ("bad STag key", 0x0000_00ff, 0, 16, TermCode::DDP_T_INVALID_STAG),
         ("past the end", 0, 4096 - 8, 16, TermCode::DDP_T_BASE_BOUNDS),
-        (
-            "before the start",
-            0,
-            u64::MAX - 7,
-            16,
-            TermCode::DDP_T_BASE_BOUNDS,
-        ),
+        ("before the start", 0, u64::MAX - 7, 16, TermCode::DDP_T_BASE_BOUNDS),
     ];
     for (what, key_flip, off, len, code) in cases {
         let (mut t, mut p) = connected(&dev, what, &[]);
@@ -436,16 +309,7 @@ fn hostile_writes_out_of_bounds_and_bad_stags() {
         assert_eq!(c, code, "{what}");
         assert!(term.m && term.d && !term.r, "{what}: {term:?}");
         let (h, _) = DdpHeader::parse(term.echoed_ddp().unwrap()).unwrap();
-        assert_eq!(
-            h,
-            DdpHeader::tagged(
-                stag,
-                t.addr.wrapping_add(off),
-                true,
-                RdmapCtrl::new(Opcode::Write)
-            ),
-            "{what}"
-        );
+        assert_eq!(h, DdpHeader::tagged(stag, t.addr.wrapping_add(off), true, RdmapCtrl::new(Opcode::Write)), "{what}");
         t.assert_failed(what, &[WC_FLUSH; 4], ZERO16);
         t.quit();
     }
@@ -453,9 +317,7 @@ fn hostile_writes_out_of_bounds_and_bad_stags() {
 
 #[test]
 fn hostile_untagged_errors() {
-    let Some((_l, dev)) = setup("hostile_untagged_errors") else {
-        return;
-    };
+    let Some((_l, dev)) = setup("hostile_untagged_errors") else { return };
     // Send without a posted receive.
     let (mut t, mut p) = connected(&dev, "no receive", &["-n", "0"]);
     p.send(b"nobody asked");
@@ -469,11 +331,7 @@ fn hostile_untagged_errors() {
     p.send(&[0x77; 100]);
     let (body, _) = p.expect_terminate("too long");
     assert_eq!(term_code(&body).0, TermCode::DDP_U_NO_BUFFER);
-    t.assert_failed(
-        "too long",
-        &[WC_LOC_LEN_ERR, WC_FLUSH, WC_FLUSH, WC_FLUSH],
-        ZERO16,
-    );
+    t.assert_failed("too long", &[WC_LOC_LEN_ERR, WC_FLUSH, WC_FLUSH, WC_FLUSH], ZERO16);
     t.quit();
 
     // A Send with the wrong MSN.
@@ -487,11 +345,7 @@ fn hostile_untagged_errors() {
 
     // An untagged message on a queue that does not exist.
     let (mut t, mut p) = connected(&dev, "bad QN", &[]);
-    p.fpdu(
-        &DdpHeader::untagged(5, 1, 0, 0, true, RdmapCtrl::new(Opcode::Send)),
-        &[],
-        b"x",
-    );
+    p.fpdu(&DdpHeader::untagged(5, 1, 0, 0, true, RdmapCtrl::new(Opcode::Send)), &[], b"x");
     let (body, _) = p.expect_terminate("bad QN");
     assert_eq!(term_code(&body).0, TermCode::DDP_U_INVALID_QN);
     t.assert_failed("bad QN", &[WC_FLUSH; 4], ZERO16);
@@ -500,13 +354,7 @@ fn hostile_untagged_errors() {
     // An RDMAP opcode nobody defined (0xf), untagged on the Send queue.
     let (mut t, mut p) = connected(&dev, "bad opcode", &[]);
     let mut v = Vec::new();
-    encode_fpdu(
-        &DdpHeader::untagged(qn::SEND, 1, 0, 0, true, RdmapCtrl::new(Opcode::Send)),
-        &[],
-        b"x",
-        false,
-        &mut v,
-    );
+    encode_fpdu(&DdpHeader::untagged(qn::SEND, 1, 0, 0, true, RdmapCtrl::new(Opcode::Send)), &[], b"x", false, &mut v);
     v[3] = (v[3] & 0xf0) | 0x0f;
     p.send_raw(&v);
     let (body, _) = p.expect_terminate("bad opcode");
@@ -530,9 +378,7 @@ fn hostile_untagged_errors() {
 
 #[test]
 fn hostile_reads() {
-    let Some((_l, dev)) = setup("hostile_reads") else {
-        return;
-    };
+    let Some((_l, dev)) = setup("hostile_reads") else { return };
     // A Read Request with a bad STag: RDMAP remote protection, the request echoed (R).
     let (mut t, mut p) = connected(&dev, "read bad stag", &[]);
     p.read_request(t.rkey ^ 0xff, t.addr, 64);
@@ -550,46 +396,22 @@ fn hostile_reads() {
     // All 40 in one write: they arrive together, more than IRD can be outstanding.
     let mut flood = Vec::new();
     for msn in 1..=40 {
-        let rr = ReadRequest {
-            sink_stag: 0x5100,
-            sink_to: 0,
-            size: 4096,
-            src_stag: t.rkey,
-            src_to: t.addr,
-        };
+        let rr = ReadRequest { sink_stag: 0x5100, sink_to: 0, size: 4096, src_stag: t.rkey, src_to: t.addr };
         let mut body = [0u8; 28];
         rr.encode(&mut body);
-        encode_fpdu(
-            &DdpHeader::untagged(
-                qn::READ_REQUEST,
-                msn,
-                0,
-                0,
-                true,
-                RdmapCtrl::new(Opcode::ReadRequest),
-            ),
-            &body,
-            &[],
-            false,
-            &mut flood,
-        );
+        encode_fpdu(&DdpHeader::untagged(qn::READ_REQUEST, msn, 0, 0, true, RdmapCtrl::new(Opcode::ReadRequest)), &body, &[], false, &mut flood);
     }
     p.send_raw(&flood);
     let (body, before) = p.expect_terminate("read flood");
     assert_eq!(term_code(&body).0, TermCode::RDMAP_CATASTROPHIC_STREAM);
-    assert!(
-        before.iter().all(|o| *o == Some(Opcode::ReadResponse)),
-        "{before:?}"
-    );
+    assert!(before.iter().all(|o| *o == Some(Opcode::ReadResponse)), "{before:?}");
     t.assert_failed("read flood", &[WC_FLUSH; 4], ZERO16);
     t.quit();
 }
 
 #[test]
 fn requester_sees_the_status_a_terminate_implies() {
-    let Some((_l, dev)) = setup("requester_sees_the_status_a_terminate_implies") else {
-        return;
-    };
+    let Some((_l, dev)) = setup("requester_sees_the_status_a_terminate_implies") else { return };
     let (mut t, mut p) = connected(&dev, "requester", &[]);
     t.ask("READ 0x12345600 0x1000 64", "POSTED");
     // The Read Request arrives; answer it with a Terminate (RDMAP invalid STag).
@@ -612,18 +434,7 @@ fn requester_sees_the_status_a_terminate_implies() {
     term.rdmap_hdr = Some(rr);
     let mut body = [0u8; 64];
     let n = term.encode(&mut body);
-    p.fpdu(
-        &DdpHeader::untagged(
-            qn::TERMINATE,
-            1,
-            0,
-            0,
-            true,
-            RdmapCtrl::new(Opcode::Terminate),
-        ),
-        &[],
-        &body[..n],
-    );
+    p.fpdu(&DdpHeader::untagged(qn::TERMINATE, 1, 0, 0, true, RdmapCtrl::new(Opcode::Terminate)), &[], &body[..n]);
     let lines = t.ask("WAIT 300", "WAITED");
     let wcs = Target::wcs(&lines);
     assert!(wcs.contains(&(1, WC_REM_ACCESS_ERR)), "{lines:?}");
@@ -639,80 +450,37 @@ fn requester_sees_the_status_a_terminate_implies() {
 
 #[test]
 fn hijack_is_refused_and_the_real_peer_connects() {
-    let Some((_l, dev)) = setup("hijack_is_refused_and_the_real_peer_connects") else {
-        return;
-    };
+    let Some((_l, dev)) = setup("hijack_is_refused_and_the_real_peer_connects") else { return };
     // One port range for both, as for any two processes of a host (each takes its own slot).
     let base = port_base();
-    let (mut x, mut y) = (
-        Target::start(&dev, "one", base, &[]),
-        Target::start(&dev, "two", base, &[]),
-    );
+    let (mut x, mut y) = (Target::start(&dev, "one", base, &[]), Target::start(&dev, "two", base, &[]));
     // The victim waits for its peer: the higher QPN accepts, the lower one connects.
     if x.qpn < y.qpn {
         std::mem::swap(&mut x, &mut y);
     }
     let (mut victim, mut real) = (x, y);
-    assert_eq!(
-        victim
-            .ask(&format!("PEER 127.0.0.1 {} {}", real.qpn, real.psn), "RTS")
-            .last()
-            .unwrap(),
-        "RTS"
-    );
+    assert_eq!(victim.ask(&format!("PEER 127.0.0.1 {} {}", real.qpn, real.psn), "RTS").last().unwrap(), "RTS");
     // A stranger who guessed both QPNs: wrong source address, then wrong PSNs.
-    let (_a, ok) = Peer::connect(
-        Ipv4Addr::new(127, 0, 0, 2),
-        victim.port,
-        &hello(victim.qpn, real.qpn, victim.psn, Some(real.psn)),
-    );
+    let (_a, ok) = Peer::connect(Ipv4Addr::new(127, 0, 0, 2), victim.port, &hello(victim.qpn, real.qpn, victim.psn, Some(real.psn)));
     assert!(!ok, "a stream from another address was accepted");
-    let (_b, ok) = Peer::connect(
-        Ipv4Addr::LOCALHOST,
-        victim.port,
-        &hello(victim.qpn, real.qpn, victim.psn ^ 1, Some(real.psn ^ 1)),
-    );
+    let (_b, ok) = Peer::connect(Ipv4Addr::LOCALHOST, victim.port, &hello(victim.qpn, real.qpn, victim.psn ^ 1, Some(real.psn ^ 1)));
     assert!(!ok, "a stream with the wrong PSNs was accepted");
-    let (mut c, ok) = Peer::connect(
-        Ipv4Addr::LOCALHOST,
-        victim.port,
-        &hello(victim.qpn, real.qpn, 0, None),
-    );
+    let (mut c, ok) = Peer::connect(Ipv4Addr::LOCALHOST, victim.port, &hello(victim.qpn, real.qpn, 0, None));
     if ok {
         // Unproven (no sq_psn, rq_psn not verifiable yet or wrong): it must not be placed.
         c.write(victim.rkey, victim.addr, &[0xee; 16]);
     }
     // The real peer arrives second and connects; its Write lands.
-    assert_eq!(
-        real.ask(
-            &format!("PEER 127.0.0.1 {} {}", victim.qpn, victim.psn),
-            "RTS"
-        )
-        .last()
-        .unwrap(),
-        "RTS"
-    );
-    real.ask(
-        &format!("WRITE {:#x} {:#x} 16", victim.rkey, victim.addr),
-        "POSTED",
-    );
+    assert_eq!(real.ask(&format!("PEER 127.0.0.1 {} {}", victim.qpn, victim.psn), "RTS").last().unwrap(), "RTS");
+    real.ask(&format!("WRITE {:#x} {:#x} 16", victim.rkey, victim.addr), "POSTED");
     let lines = real.ask("WAIT 300", "WAITED");
-    assert_eq!(
-        Target::wcs(&lines),
-        vec![(1, WC_SUCCESS)],
-        "{lines:?}\nreal: {:?}\nvictim: {:?}",
-        real.run.lines(),
-        victim.run.lines()
-    );
+    assert_eq!(Target::wcs(&lines), vec![(1, WC_SUCCESS)], "{lines:?}\nreal: {:?}\nvictim: {:?}", real.run.lines(), victim.run.lines());
     let lines = victim.ask("WAIT 100", "WAITED");
     assert!(!lines.iter().any(|l| l.starts_with("EVENT")), "{lines:?}");
     assert_eq!(victim.ask("STATE", "STATE"), vec!["STATE 3".to_string()]);
     // The real peer's data buffer is zeroed, so the victim's region is still all zero —
     // and the stranger's 0xee never arrived.
-    assert_eq!(
-        victim.ask("DUMP 0 16", "DATA"),
-        vec![format!("DATA {ZERO16}")]
-    );
+    assert_eq!(victim.ask("DUMP 0 16", "DATA"), vec![format!("DATA {ZERO16}")]);
     assert_eq!(victim.ask("CHECK", "GUARDS"), vec!["GUARDS ok".to_string()]);
     victim.quit();
     real.quit();
@@ -720,34 +488,16 @@ fn hijack_is_refused_and_the_real_peer_connects() {
 
 #[test]
 fn unreachable_peer_fails_the_qp_with_an_async_event() {
-    let Some((_l, dev)) = setup("unreachable_peer_fails_the_qp_with_an_async_event") else {
-        return;
-    };
+    let Some((_l, dev)) = setup("unreachable_peer_fails_the_qp_with_an_async_event") else { return };
     let mut t = Target::start(&dev, "unreachable", port_base(), &[]);
     // A peer QP number above ours, so this QP opens the stream — to a slot nobody listens on.
     // ibv_modify_qp returns at once (no connect under the QP lock); the failure comes later.
-    assert_eq!(
-        t.ask("PEER 127.0.0.1 0xfff001 5", "RTS").last().unwrap(),
-        "RTS"
-    );
+    assert_eq!(t.ask("PEER 127.0.0.1 0xfff001 5", "RTS").last().unwrap(), "RTS");
     let lines = t.ask("WAIT 2000", "WAITED");
-    assert!(
-        lines.iter().any(|l| l == &format!("EVENT type={QP_FATAL}")),
-        "no QP_FATAL: {lines:?}"
-    );
-    let recvs: Vec<(u64, u32)> = Target::wcs(&lines)
-        .into_iter()
-        .filter(|(id, _)| *id > 1000)
-        .collect();
-    assert_eq!(
-        recvs,
-        (1001..=1004).map(|id| (id, WC_FLUSH)).collect::<Vec<_>>(),
-        "{lines:?}"
-    );
-    assert_eq!(
-        t.ask("STATE", "STATE"),
-        vec![format!("STATE {IBV_QPS_ERR}")]
-    );
+    assert!(lines.iter().any(|l| l == &format!("EVENT type={QP_FATAL}")), "no QP_FATAL: {lines:?}");
+    let recvs: Vec<(u64, u32)> = Target::wcs(&lines).into_iter().filter(|(id, _)| *id > 1000).collect();
+    assert_eq!(recvs, (1001..=1004).map(|id| (id, WC_FLUSH)).collect::<Vec<_>>(), "{lines:?}");
+    assert_eq!(t.ask("STATE", "STATE"), vec![format!("STATE {IBV_QPS_ERR}")]);
     t.quit();
 }
 
@@ -765,18 +515,11 @@ fn terminates_decode_in_tshark() {
     let pcap = out_dir(env!("CARGO_TARGET_TMPDIR")).join("hostile-terminates.pcap");
     let _ = std::fs::remove_file(&pcap);
     let mut cap = std::process::Command::new("tshark");
-    cap.args(["-q", "-i", "lo", "-B", "64", "-f"])
-        .arg(format!("tcp portrange {base}-{}", base + 3))
-        .arg("-w")
-        .arg(&pcap);
+    cap.args(["-q", "-i", "lo", "-B", "64", "-f"]).arg(format!("tcp portrange {base}-{}", base + 3)).arg("-w").arg(&pcap);
     let mut cap = Running::spawn("tshark", cap);
     let deadline = Instant::now() + Duration::from_secs(20);
     while !cap.lines().iter().any(|l| l.text.contains("Capturing on")) {
-        assert!(
-            Instant::now() < deadline && cap.try_status().is_none(),
-            "tshark did not start: {:?}",
-            cap.lines()
-        );
+        assert!(Instant::now() < deadline && cap.try_status().is_none(), "tshark did not start: {:?}", cap.lines());
         std::thread::sleep(Duration::from_millis(20));
     }
     // "Capturing on" comes a moment before the capture filter is in place.
@@ -786,17 +529,8 @@ fn terminates_decode_in_tshark() {
     let mut run = |name: &str, args: &[&str], act: &dyn Fn(&Target, &mut Peer), code: TermCode| {
         let mut t = Target::start(&dev, name, base, args);
         assert!(t.port <= base + 3, "{name}: target took port {}", t.port);
-        assert_eq!(
-            t.ask(&format!("PEER 127.0.0.1 1 {}", 0x77), "RTS")
-                .last()
-                .unwrap(),
-            "RTS"
-        );
-        let (mut p, ok) = Peer::connect(
-            Ipv4Addr::LOCALHOST,
-            t.port,
-            &hello(t.qpn, 1, t.psn, Some(0x77)),
-        );
+        assert_eq!(t.ask(&format!("PEER 127.0.0.1 1 {}", 0x77), "RTS").last().unwrap(), "RTS");
+        let (mut p, ok) = Peer::connect(Ipv4Addr::LOCALHOST, t.port, &hello(t.qpn, 1, t.psn, Some(0x77)));
         assert!(ok, "{name}: refused");
         act(&t, &mut p);
         let (body, _) = p.expect_terminate(name);
@@ -804,101 +538,40 @@ fn terminates_decode_in_tshark() {
         want.push((code.layer, code.etype, code.ecode));
         t.quit();
     };
-    run(
-        "write bad stag",
-        &[],
-        &|t, p| p.write(t.rkey ^ 0xff, t.addr, &[1; 16]),
-        TermCode::DDP_T_INVALID_STAG,
-    );
-    run(
-        "write out of bounds",
-        &[],
-        &|t, p| p.write(t.rkey, t.addr + 4090, &[1; 16]),
-        TermCode::DDP_T_BASE_BOUNDS,
-    );
-    run(
-        "send without receive",
-        &["-n", "0"],
-        &|_, p| p.send(b"hello"),
-        TermCode::DDP_U_NO_BUFFER,
-    );
-    run(
-        "read bad stag",
-        &[],
-        &|t, p| p.read_request(t.rkey ^ 0xff, t.addr, 64),
-        TermCode::RDMAP_INVALID_STAG,
-    );
+    run("write bad stag", &[], &|t, p| p.write(t.rkey ^ 0xff, t.addr, &[1; 16]), TermCode::DDP_T_INVALID_STAG);
+    run("write out of bounds", &[], &|t, p| p.write(t.rkey, t.addr + 4090, &[1; 16]), TermCode::DDP_T_BASE_BOUNDS);
+    run("send without receive", &["-n", "0"], &|_, p| p.send(b"hello"), TermCode::DDP_U_NO_BUFFER);
+    run("read bad stag", &[], &|t, p| p.read_request(t.rkey ^ 0xff, t.addr, 64), TermCode::RDMAP_INVALID_STAG);
     std::thread::sleep(Duration::from_millis(500));
     cap.interrupt();
-    cap.wait_until(Instant::now() + Duration::from_secs(20))
-        .expect("tshark did not stop");
+    cap.wait_until(Instant::now() + Duration::from_secs(20)).expect("tshark did not stop");
     let check = uiw_examples::workspace_root().join("ci/tshark-check.sh");
-    let o = std::process::Command::new(check)
-        .arg("-r")
-        .arg(&pcap)
-        .output()
-        .expect("run ci/tshark-check.sh");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let o = std::process::Command::new(check).arg("-r").arg(&pcap).output().expect("run ci/tshark-check.sh");
+    let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     println!("{text}");
     assert!(o.status.success(), "tshark-check failed:\n{text}");
     let o = std::process::Command::new("tshark")
         .arg("-r")
         .arg(&pcap)
-        .args([
-            "--disable-heuristic",
-            "rpcrdma_iwarp",
-            "--disable-heuristic",
-            "smb_direct_iwarp",
-            "-Y",
-            "iwarp_rdma.opcode == 7",
-            "-T",
-            "fields",
-        ])
+        .args(["--disable-heuristic", "rpcrdma_iwarp", "--disable-heuristic", "smb_direct_iwarp", "-Y", "iwarp_rdma.opcode == 7", "-T", "fields"])
         // The dissector names the type and code fields by layer: the first non-empty of each
         // group is the one that applies.
         .args(["-e", "iwarp_rdma.term_layer"])
-        .args([
-            "-e",
-            "iwarp_rdma.term_etype_rdma",
-            "-e",
-            "iwarp_rdma.term_etype_ddp",
-            "-e",
-            "iwarp_rdma.term_etype_llp",
-        ])
-        .args([
-            "-e",
-            "iwarp_rdma.term_errcode_rdma",
-            "-e",
-            "iwarp_rdma.term_errcode_ddp_tagged",
-        ])
-        .args([
-            "-e",
-            "iwarp_rdma.term_errcode_ddp_untagged",
-            "-e",
-            "iwarp_rdma.term_errcode_llp",
-        ])
+        .args(["-e", "iwarp_rdma.term_etype_rdma", "-e", "iwarp_rdma.term_etype_ddp", "-e", "iwarp_rdma.term_etype_llp"])
+        .args(["-e", "iwarp_rdma.term_errcode_rdma", "-e", "iwarp_rdma.term_errcode_ddp_tagged"])
+        .args(["-e", "iwarp_rdma.term_errcode_ddp_untagged", "-e", "iwarp_rdma.term_errcode_llp"])
         .output()
         .expect("run tshark");
     let num = |s: &str| -> u8 {
         let s = s.trim();
-        s.strip_prefix("0x")
-            .map(|h| u8::from_str_radix(h, 16).unwrap())
-            .unwrap_or_else(|| s.parse().unwrap())
+        s.strip_prefix("0x").map(|h| u8::from_str_radix(h, 16).unwrap()).unwrap_or_else(|| s.parse().unwrap())
     };
     let got: Vec<(u8, u8, u8)> = String::from_utf8_lossy(&o.stdout)
         .lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| {
             let f: Vec<&str> = l.split('\t').collect();
-            let first = |r: std::ops::Range<usize>| {
-                f.get(r)
-                    .and_then(|g| g.iter().find(|x| !x.trim().is_empty()).copied())
-                    .unwrap_or_else(|| panic!("{l:?}"))
-            };
+            let first = |r: std::ops::Range<usize>| f.get(r).and_then(|g| g.iter().find(|x| !x.trim().is_empty()).copied()).unwrap_or_else(|| panic!("{l:?}"));
             (num(f[0]), num(first(1..4)), num(first(4..8)))
         })
         .collect();
@@ -918,40 +591,20 @@ fn cpu_ticks(pid: u32) -> u64 {
 /// stalled streams hold every descriptor; once the flood is gone, the real peer connects.
 #[test]
 fn connection_flood_with_few_descriptors() {
-    let Some((_l, dev)) = setup("connection_flood_with_few_descriptors") else {
-        return;
-    };
+    let Some((_l, dev)) = setup("connection_flood_with_few_descriptors") else { return };
     let base = port_base();
     let mut c = dev.command();
-    c.arg("run")
-        .arg("--")
-        .args(["sh", "-c", "ulimit -n 48 && exec \"$0\" \"$@\""])
-        .arg(target_exe());
-    c.env("UIW_PORT_BASE", base.to_string())
-        .env("UIW_CRC", "0")
-        .stdin(Stdio::piped());
+    c.arg("run").arg("--").args(["sh", "-c", "ulimit -n 48 && exec \"$0\" \"$@\""]).arg(target_exe());
+    c.env("UIW_PORT_BASE", base.to_string()).env("UIW_CRC", "0").stdin(Stdio::piped());
     let mut run = Running::spawn("flooded", c);
     let stdin = run.stdin().unwrap();
-    let l = run
-        .wait_for_line("READY", Duration::from_secs(20))
-        .unwrap_or_else(|e| panic!("{e}\n{:?}", run.lines()));
+    let l = run.wait_for_line("READY", Duration::from_secs(20)).unwrap_or_else(|e| panic!("{e}\n{:?}", run.lines()));
     let qpn = num(field(&l.text, "qpn")) as u32;
     let psn = num(field(&l.text, "psn")) as u32;
-    let mut t = Target {
-        qpn,
-        psn,
-        rkey: num(field(&l.text, "rkey")) as u32,
-        addr: num(field(&l.text, "addr")),
-        port: base + (qpn >> 12) as u16,
-        run,
-        stdin,
-        seen: 0,
-    };
+    let mut t = Target { qpn, psn, rkey: num(field(&l.text, "rkey")) as u32, addr: num(field(&l.text, "addr")), port: base + (qpn >> 12) as u16, run, stdin, seen: 0 };
     assert_eq!(t.ask("PEER 127.0.0.1 1 9", "RTS").last().unwrap(), "RTS");
     let pid = t.run.pid();
-    let flood: Vec<TcpStream> = (0..200)
-        .filter_map(|_| TcpStream::connect((Ipv4Addr::LOCALHOST, t.port)).ok())
-        .collect();
+    let flood: Vec<TcpStream> = (0..200).filter_map(|_| TcpStream::connect((Ipv4Addr::LOCALHOST, t.port)).ok()).collect();
     assert!(flood.len() > 48, "only {} connections", flood.len());
     std::thread::sleep(Duration::from_millis(300));
     let before = cpu_ticks(pid);
@@ -959,17 +612,10 @@ fn connection_flood_with_few_descriptors() {
     let used = cpu_ticks(pid) - before;
     // Idle, the process uses ~0 ticks (100 Hz); a progress thread retrying accept on a
     // readable listener used ~40 in 1.5 s here (a debug build, on 2 busy cores).
-    assert!(
-        used < 15,
-        "the flooded process used {used} ticks of CPU in 1.5 s: spinning"
-    );
+    assert!(used < 15, "the flooded process used {used} ticks of CPU in 1.5 s: spinning");
     drop(flood);
     std::thread::sleep(Duration::from_millis(300));
-    let (_p, ok) = Peer::connect(
-        Ipv4Addr::LOCALHOST,
-        t.port,
-        &hello(t.qpn, 1, t.psn, Some(9)),
-    );
+    let (_p, ok) = Peer::connect(Ipv4Addr::LOCALHOST, t.port, &hello(t.qpn, 1, t.psn, Some(9)));
     assert!(ok, "the real peer was refused after the flood");
     assert_eq!(t.ask("STATE", "STATE"), vec!["STATE 3".to_string()]);
     t.quit();
@@ -998,17 +644,9 @@ impl Rng {
 /// is in RTS or ERROR, and if the stream ended it ended after whole FPDUs.
 #[test]
 fn randomized_peer_bytes_never_escape_the_region() {
-    let Some((_l, dev)) = setup("randomized_peer_bytes_never_escape_the_region") else {
-        return;
-    };
-    let seed: u64 = std::env::var("UIW_FUZZ_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x5ec0_0001);
-    let rounds: u64 = std::env::var("UIW_FUZZ_ROUNDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(24);
+    let Some((_l, dev)) = setup("randomized_peer_bytes_never_escape_the_region") else { return };
+    let seed: u64 = std::env::var("UIW_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5ec0_0001);
+    let rounds: u64 = std::env::var("UIW_FUZZ_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(24);
     println!("randomized peer: seed {seed}, {rounds} rounds");
     let mut rng = Rng(seed | 1);
     for round in 0..rounds {
@@ -1021,84 +659,22 @@ fn randomized_peer_bytes_never_escape_the_region() {
                 0 => {
                     let off = rng.below(4200);
                     let len = rng.below(300) as usize;
-                    encode_fpdu(
-                        &DdpHeader::tagged(
-                            t.rkey,
-                            t.addr + off,
-                            true,
-                            RdmapCtrl::new(Opcode::Write),
-                        ),
-                        &[],
-                        &vec![0x5a; len],
-                        false,
-                        &mut v,
-                    );
+                    encode_fpdu(&DdpHeader::tagged(t.rkey, t.addr + off, true, RdmapCtrl::new(Opcode::Write)), &[], &vec![0x5a; len], false, &mut v);
                 }
                 1 => {
-                    let stag = if rng.below(2) == 0 {
-                        t.rkey
-                    } else {
-                        rng.next() as u32
-                    };
-                    encode_fpdu(
-                        &DdpHeader::tagged(
-                            stag,
-                            rng.next(),
-                            rng.below(2) == 0,
-                            RdmapCtrl::new(Opcode::Write),
-                        ),
-                        &[],
-                        &vec![0xa5; rng.below(64) as usize],
-                        false,
-                        &mut v,
-                    );
+                    let stag = if rng.below(2) == 0 { t.rkey } else { rng.next() as u32 };
+                    encode_fpdu(&DdpHeader::tagged(stag, rng.next(), rng.below(2) == 0, RdmapCtrl::new(Opcode::Write)), &[], &vec![0xa5; rng.below(64) as usize], false, &mut v);
                 }
                 2 => {
-                    let msn = if rng.below(3) == 0 {
-                        rng.next() as u32
-                    } else {
-                        p.msn_send
-                    };
+                    let msn = if rng.below(3) == 0 { rng.next() as u32 } else { p.msn_send };
                     p.msn_send += 1;
-                    encode_fpdu(
-                        &DdpHeader::untagged(
-                            qn::SEND,
-                            msn,
-                            rng.below(80) as u32,
-                            0,
-                            rng.below(4) != 0,
-                            RdmapCtrl::new(Opcode::Send),
-                        ),
-                        &[],
-                        &vec![0x33; rng.below(100) as usize],
-                        false,
-                        &mut v,
-                    );
+                    encode_fpdu(&DdpHeader::untagged(qn::SEND, msn, rng.below(80) as u32, 0, rng.below(4) != 0, RdmapCtrl::new(Opcode::Send)), &[], &vec![0x33; rng.below(100) as usize], false, &mut v);
                 }
                 3 => {
-                    let rr = ReadRequest {
-                        sink_stag: rng.next() as u32,
-                        sink_to: rng.next(),
-                        size: rng.below(5000) as u32,
-                        src_stag: t.rkey,
-                        src_to: t.addr + rng.below(4200),
-                    };
+                    let rr = ReadRequest { sink_stag: rng.next() as u32, sink_to: rng.next(), size: rng.below(5000) as u32, src_stag: t.rkey, src_to: t.addr + rng.below(4200) };
                     let mut body = [0u8; 28];
                     rr.encode(&mut body);
-                    encode_fpdu(
-                        &DdpHeader::untagged(
-                            qn::READ_REQUEST,
-                            p.msn_rr,
-                            0,
-                            0,
-                            true,
-                            RdmapCtrl::new(Opcode::ReadRequest),
-                        ),
-                        &body,
-                        &[],
-                        false,
-                        &mut v,
-                    );
+                    encode_fpdu(&DdpHeader::untagged(qn::READ_REQUEST, p.msn_rr, 0, 0, true, RdmapCtrl::new(Opcode::ReadRequest)), &body, &[], false, &mut v);
                     p.msn_rr += 1;
                 }
                 4 => {
@@ -1120,9 +696,7 @@ fn randomized_peer_bytes_never_escape_the_region() {
         }
         p.send_raw(&wire);
         // Whatever comes back within a moment: whole FPDUs, or the end of the stream.
-        p.sock
-            .set_read_timeout(Some(Duration::from_millis(300)))
-            .unwrap();
+        p.sock.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
         let mut ended = false;
         while p.fill() {}
         if let Ok(0) = p.sock.read(&mut [0u8; 1]) {
@@ -1133,17 +707,9 @@ fn randomized_peer_bytes_never_escape_the_region() {
             rest = &rest[n..];
         }
         if ended {
-            assert!(
-                rest.is_empty(),
-                "{what}: the stream ended mid-FPDU: {:02x?}",
-                rest
-            );
+            assert!(rest.is_empty(), "{what}: the stream ended mid-FPDU: {:02x?}", rest);
         }
-        assert_eq!(
-            t.ask("CHECK", "GUARDS"),
-            vec!["GUARDS ok".to_string()],
-            "{what}"
-        );
+        assert_eq!(t.ask("CHECK", "GUARDS"), vec!["GUARDS ok".to_string()], "{what}");
         let st = t.ask("STATE", "STATE");
         assert!(st == ["STATE 3"] || st == ["STATE 6"], "{what}: {st:?}");
         t.quit();

@@ -13,9 +13,9 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use uiw_examples::twoproc::{free_tcp_port, run_pair, PairOutput};
-use uiw_examples::{
+use uiw_examples::{valgrind_command, 
     build_c_example, device_lock, device_test_artifacts, failures, have_program, out_dir,
-    parse_summary, show, skip, valgrind_command, Artifacts, Published,
+    parse_summary, show, skip, Artifacts, Published,
 };
 
 /// Checks a passing default run (-m 8M, ibv_post_send) reports on each side;

@@ -19,9 +19,7 @@ const REFUSED: &str = "uiw: ibv_modify_qp refused: QP 0x";
 #[test]
 fn verbs_log_level_and_file_select_diagnostics() {
     let test = "verbs_log_level_and_file_select_diagnostics";
-    let Some(artifacts) = device_test_artifacts(test) else {
-        return;
-    };
+    let Some(artifacts) = device_test_artifacts(test) else { return };
     let out = out_dir(env!("CARGO_TARGET_TMPDIR"));
     let exe = build_c_example("verbs_objects", &out);
     let _lock = device_lock();
@@ -30,9 +28,7 @@ fn verbs_log_level_and_file_select_diagnostics() {
     let run = |envs: &[(&str, &str)]| {
         // The test's own environment must not decide the outcome.
         let mut c = dev.command();
-        c.env_remove("UIW_DEBUG")
-            .env_remove("VERBS_LOG_LEVEL")
-            .env_remove("VERBS_LOG_FILE");
+        c.env_remove("UIW_DEBUG").env_remove("VERBS_LOG_LEVEL").env_remove("VERBS_LOG_FILE");
         c.arg("run").arg("--").arg(&exe).envs(envs.iter().copied());
         let o = c.output().expect("run verbs_objects");
         assert!(o.status.success(), "{envs:?}\n{}", show(&o));
@@ -40,39 +36,21 @@ fn verbs_log_level_and_file_select_diagnostics() {
     };
 
     let quiet = run(&[]);
-    assert!(
-        !quiet.contains(REFUSED),
-        "nothing is logged by default:\n{quiet}"
-    );
+    assert!(!quiet.contains(REFUSED), "nothing is logged by default:\n{quiet}");
 
     let logf = log.to_str().unwrap();
     let err = run(&[("VERBS_LOG_LEVEL", "3"), ("VERBS_LOG_FILE", logf)]);
-    assert!(
-        !err.contains(REFUSED),
-        "with VERBS_LOG_FILE, stderr stays quiet:\n{err}"
-    );
+    assert!(!err.contains(REFUSED), "with VERBS_LOG_FILE, stderr stays quiet:\n{err}");
     let first = fs::read_to_string(&log).expect("VERBS_LOG_FILE was created");
-    assert!(
-        first.contains(REFUSED),
-        "the refusals are explained in the file:\n{first}"
-    );
+    assert!(first.contains(REFUSED), "the refusals are explained in the file:\n{first}");
     // Appended, not truncated.
     run(&[("VERBS_LOG_LEVEL", "0x3"), ("VERBS_LOG_FILE", logf)]);
     let second = fs::read_to_string(&log).unwrap();
-    assert!(
-        second.len() > first.len() && second.starts_with(&first),
-        "the file is appended to"
-    );
+    assert!(second.len() > first.len() && second.starts_with(&first), "the file is appended to");
 
     let warn = run(&[("VERBS_LOG_LEVEL", "2")]);
-    assert!(
-        !warn.contains(REFUSED),
-        "level 2 hides information messages:\n{warn}"
-    );
+    assert!(!warn.contains(REFUSED), "level 2 hides information messages:\n{warn}");
 
     let dbg = run(&[("UIW_DEBUG", "1")]);
-    assert!(
-        dbg.contains(REFUSED),
-        "UIW_DEBUG=1 explains on stderr:\n{dbg}"
-    );
+    assert!(dbg.contains(REFUSED), "UIW_DEBUG=1 explains on stderr:\n{dbg}");
 }

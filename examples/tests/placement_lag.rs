@@ -186,9 +186,7 @@ fn placement_lag_sees_every_write_at_a_passive_target() {
 /// The `first_look: N of M writes …` line: writes already visible at the first read after
 /// their completion.
 fn first_look(stdout: &str) -> Option<(u64, u64)> {
-    let l = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("first_look: "))?;
+    let l = stdout.lines().find_map(|l| l.strip_prefix("first_look: "))?;
     let (n, rest) = l.split_once(" of ")?;
     let m = rest.split_whitespace().next()?;
     Some((n.parse().ok()?, m.parse().ok()?))
@@ -208,11 +206,7 @@ fn a_write_to_a_qp_of_the_same_process_is_visible_at_its_completion() {
     let dev = Published::up(&artifacts, &out_dir(env!("CARGO_TARGET_TMPDIR")))
         .unwrap_or_else(|e| panic!("{TEST}: {e}"));
     for size in ["8", "4K"] {
-        let out = run(
-            &dev,
-            &exe,
-            &["-d", "uiw_lo", "-n", "2000", "-w", "10", "-s", size],
-        );
+        let out = run(&dev, &exe, &["-d", "uiw_lo", "-n", "2000", "-w", "10", "-s", size]);
         let what = format!("placement_lag -s {size}");
         assert_all_visible(&what, &out, 2000);
         assert_eq!(
@@ -263,10 +257,7 @@ fn the_first_write_on_a_new_connection_is_visible_at_its_completion() {
 fn idle(stdout: &str) -> Option<(u64, f64)> {
     let l = stdout.lines().find_map(|l| l.strip_prefix("idle: "))?;
     let field = |k: &str| l.split_whitespace().find_map(|w| w.strip_prefix(k));
-    Some((
-        field("switches=")?.parse().ok()?,
-        field("cpu_ms=")?.parse().ok()?,
-    ))
+    Some((field("switches=")?.parse().ok()?, field("cpu_ms=")?.parse().ok()?))
 }
 
 /// An idle process takes no periodic wake-ups, and the progress thread's busy-poll after
@@ -284,33 +275,14 @@ fn a_connected_process_left_idle_takes_no_wake_ups() {
     let _lock = device_lock();
     let dev = Published::up(&artifacts, &out_dir(env!("CARGO_TARGET_TMPDIR")))
         .unwrap_or_else(|e| panic!("{TEST}: {e}"));
-    let argv = [
-        exe.as_os_str(),
-        OsStr::new("-d"),
-        OsStr::new("uiw_lo"),
-        OsStr::new("-n"),
-        OsStr::new("2000"),
-        OsStr::new("-w"),
-        OsStr::new("10"),
-        OsStr::new("-I"),
-        OsStr::new("1000"),
-        OsStr::new("-q"),
-    ];
+    let argv = [exe.as_os_str(), OsStr::new("-d"), OsStr::new("uiw_lo"), OsStr::new("-n"), OsStr::new("2000"), OsStr::new("-w"), OsStr::new("10"), OsStr::new("-I"), OsStr::new("1000"), OsStr::new("-q")];
     for spin in ["0", "50"] {
         let out = dev.run(&argv, &[("UIW_PROGRESS_SPIN_US", spin)]);
         let what = format!("UIW_PROGRESS_SPIN_US={spin} placement_lag -I 1000");
         assert_all_visible(&what, &out, 2000);
         let (switches, cpu_ms) = idle(&String::from_utf8_lossy(&out.stdout))
             .unwrap_or_else(|| panic!("{what}: no idle: line\n{}", show(&out)));
-        assert!(
-            switches <= 4,
-            "{what}: the progress thread woke {switches} times in an idle second\n{}",
-            show(&out)
-        );
-        assert!(
-            cpu_ms < 50.0,
-            "{what}: the progress thread ran {cpu_ms} ms in an idle second\n{}",
-            show(&out)
-        );
+        assert!(switches <= 4, "{what}: the progress thread woke {switches} times in an idle second\n{}", show(&out));
+        assert!(cpu_ms < 50.0, "{what}: the progress thread ran {cpu_ms} ms in an idle second\n{}", show(&out));
     }
 }

@@ -20,10 +20,7 @@ use uiw_examples::{device_lock, device_test_artifacts, have_program, is_root, sk
 
 fn testbed(test: &str, opts: &[&str]) -> Option<(std::sync::MutexGuard<'static, ()>, Testbed)> {
     if !is_root() {
-        skip(
-            test,
-            "raw-frame transports need root (CAP_NET_RAW, CAP_NET_ADMIN, CAP_BPF)",
-        );
+        skip(test, "raw-frame transports need root (CAP_NET_RAW, CAP_NET_ADMIN, CAP_BPF)");
         return None;
     }
     let artifacts = device_test_artifacts(test)?;
@@ -47,21 +44,15 @@ fn testbed(test: &str, opts: &[&str]) -> Option<(std::sync::MutexGuard<'static, 
     Some((lock, tb))
 }
 
+
 /// The names of the threads of process `pid` and of its descendants (`ci/testbed.sh run`
 /// reaches the program through `ip netns exec` and `uiw run`).
 fn thread_names(pid: u32) -> Vec<String> {
     let ppid = |p: u32| -> Option<u32> {
         let s = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
-        s[s.rfind(')')? + 2..]
-            .split_whitespace()
-            .nth(1)?
-            .parse()
-            .ok()
+        s[s.rfind(')')? + 2..].split_whitespace().nth(1)?.parse().ok()
     };
-    let all: Vec<u32> = std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
+    let all: Vec<u32> = std::fs::read_dir("/proc").unwrap().filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
     let mut tree = vec![pid];
     let mut grew = true;
     while grew {
@@ -75,9 +66,7 @@ fn thread_names(pid: u32) -> Vec<String> {
     }
     let mut names = Vec::new();
     for p in tree {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
-            continue;
-        };
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else { continue };
         for t in tasks.flatten() {
             if let Ok(c) = std::fs::read_to_string(t.path().join("comm")) {
                 names.push(c.trim().to_string());
@@ -105,20 +94,9 @@ fn pair(tb: &Testbed, server: &[&str], client: &[&str], port: u16) -> (Finished,
     let c = c.finish(deadline);
     let s = s.finish(deadline);
     let show = |f: &Finished| format!("{}{}", f.stdout, f.stderr);
-    assert!(
-        !c.timed_out && !s.timed_out,
-        "{client:?}: did not finish\nserver: {}\nclient: {}",
-        show(&s),
-        show(&c)
-    );
+    assert!(!c.timed_out && !s.timed_out, "{client:?}: did not finish\nserver: {}\nclient: {}", show(&s), show(&c));
     for f in [&s, &c] {
-        assert!(
-            f.status.is_some_and(|st| st.success()),
-            "{client:?}: {} failed\nserver: {}\nclient: {}",
-            f.name,
-            show(&s),
-            show(&c)
-        );
+        assert!(f.status.is_some_and(|st| st.success()), "{client:?}: {} failed\nserver: {}\nclient: {}", f.name, show(&s), show(&c));
     }
     (s, c)
 }
@@ -126,71 +104,38 @@ fn pair(tb: &Testbed, server: &[&str], client: &[&str], port: u16) -> (Finished,
 /// The provider said the device's QPs go over `transport` (or, for `tcp`, opened none).
 fn assert_transport(side: &Finished, transport: &str) {
     let text = format!("{}{}", side.stdout, side.stderr);
-    let raw = text
-        .lines()
-        .find(|l| l.contains("QP streams go over uiw's TCP on veth0"));
+    let raw = text.lines().find(|l| l.contains("QP streams go over uiw's TCP on veth0"));
     match transport {
-        "tcp" => assert!(
-            raw.is_none(),
-            "{}: a raw transport was opened on a tcp device: {text}",
-            side.name
-        ),
+        "tcp" => assert!(raw.is_none(), "{}: a raw transport was opened on a tcp device: {text}", side.name),
         t => {
-            let l =
-                raw.unwrap_or_else(|| panic!("{}: no raw transport was opened: {text}", side.name));
-            assert!(
-                l.contains(&format!("({t}")),
-                "{}: not the {t} transport: {l}",
-                side.name
-            );
+            let l = raw.unwrap_or_else(|| panic!("{}: no raw transport was opened: {text}", side.name));
+            assert!(l.contains(&format!("({t}")), "{}: not the {t} transport: {l}", side.name);
         }
     }
 }
 
 /// `ibv_rc_pingpong -g 0` and the three perftest bandwidth tests, A (client) to B (server).
 fn tools(test: &str, opts: &[&str], transport_a: &str, transport_b: &str) {
-    let Some((_l, tb)) = testbed(test, opts) else {
-        return;
-    };
+    let Some((_l, tb)) = testbed(test, opts) else { return };
     let dev = tb.dev.clone();
     let (s, c) = pair(
         &tb,
         &["ibv_rc_pingpong", "-d", &dev, "-g", "0", "-n", "200"],
-        &[
-            "ibv_rc_pingpong",
-            "-d",
-            &dev,
-            "-g",
-            "0",
-            "-n",
-            "200",
-            &tb.addr_b,
-        ],
+        &["ibv_rc_pingpong", "-d", &dev, "-g", "0", "-n", "200", &tb.addr_b],
         18515,
     );
     for r in [&s, &c] {
-        assert!(
-            r.stdout.contains("200 iters in"),
-            "ibv_rc_pingpong {}: no result\n{}{}",
-            r.name,
-            r.stdout,
-            r.stderr
-        );
+        assert!(r.stdout.contains("200 iters in"), "ibv_rc_pingpong {}: no result\n{}{}", r.name, r.stdout, r.stderr);
     }
     assert_transport(&c, transport_a);
     assert_transport(&s, transport_b);
     for prog in ["ib_write_bw", "ib_read_bw", "ib_send_bw"] {
-        let common = [
-            prog, "-d", &dev, "-x", "0", "-n", "300", "-s", "65536", "-p", "7472",
-        ];
+        let common = [prog, "-d", &dev, "-x", "0", "-n", "300", "-s", "65536", "-p", "7472"];
         let mut cv = common.to_vec();
         cv.push(&tb.addr_b);
         let (s, c) = pair(&tb, &common, &cv, 7472);
         assert!(
-            c.stdout
-                .lines()
-                .any(|l| l.split_whitespace().next() == Some("65536")
-                    && l.split_whitespace().nth(1) == Some("300")),
+            c.stdout.lines().any(|l| l.split_whitespace().next() == Some("65536") && l.split_whitespace().nth(1) == Some("300")),
             "{prog}: no result line\nclient: {}{}\nserver: {}{}",
             c.stdout,
             c.stderr,
@@ -204,32 +149,17 @@ fn tools(test: &str, opts: &[&str], transport_a: &str, transport_b: &str) {
 
 #[test]
 fn tools_over_xdp_on_both_hosts() {
-    tools(
-        "tools_over_xdp_on_both_hosts",
-        &["--transport", "xdp"],
-        "xdp",
-        "xdp",
-    );
+    tools("tools_over_xdp_on_both_hosts", &["--transport", "xdp"], "xdp", "xdp");
 }
 
 #[test]
 fn tools_over_packet_on_both_hosts() {
-    tools(
-        "tools_over_packet_on_both_hosts",
-        &["--transport", "packet"],
-        "packet",
-        "packet",
-    );
+    tools("tools_over_packet_on_both_hosts", &["--transport", "packet"], "packet", "packet");
 }
 
 #[test]
 fn tools_between_xdp_and_kernel_tcp() {
-    tools(
-        "tools_between_xdp_and_kernel_tcp",
-        &["--transport-a", "xdp", "--transport-b", "tcp"],
-        "xdp",
-        "tcp",
-    );
+    tools("tools_between_xdp_and_kernel_tcp", &["--transport-a", "xdp", "--transport-b", "tcp"], "xdp", "tcp");
 }
 
 /// rdma_cm over the raw transports (issue 12): the librdmacm drop-in listens and connects
@@ -239,37 +169,15 @@ fn tools_between_xdp_and_kernel_tcp() {
 /// steered range: the transport steers a listener's port for it. Before v2 the provider
 /// refused the drop-in's kernel sockets with EOPNOTSUPP.
 fn rdma_cm_tools(test: &str, opts: &[&str], transport_a: &str, transport_b: &str) {
-    let Some((_l, tb)) = testbed(test, opts) else {
-        return;
-    };
-    assert!(
-        have_program("rping"),
-        "{test}: rping is not installed (apt-get install rdmacm-utils)"
-    );
+    let Some((_l, tb)) = testbed(test, opts) else { return };
+    assert!(have_program("rping"), "{test}: rping is not installed (apt-get install rdmacm-utils)");
     let dev = tb.dev.clone();
-    let (s, c) = pair(
-        &tb,
-        &["rping", "-s", "-a", &tb.addr_b, "-V", "-C", "10"],
-        &["rping", "-c", "-a", &tb.addr_b, "-V", "-C", "10", "-v"],
-        7174,
-    );
-    let pings = c
-        .stdout
-        .lines()
-        .filter(|l| l.starts_with("ping data: rdma-ping-"))
-        .count();
-    assert_eq!(
-        pings, 10,
-        "rping: {pings} of 10 pings\nclient: {}{}\nserver: {}{}",
-        c.stdout, c.stderr, s.stdout, s.stderr
-    );
+    let (s, c) = pair(&tb, &["rping", "-s", "-a", &tb.addr_b, "-V", "-C", "10"], &["rping", "-c", "-a", &tb.addr_b, "-V", "-C", "10", "-v"], 7174);
+    let pings = c.stdout.lines().filter(|l| l.starts_with("ping data: rdma-ping-")).count();
+    assert_eq!(pings, 10, "rping: {pings} of 10 pings\nclient: {}{}\nserver: {}{}", c.stdout, c.stderr, s.stdout, s.stderr);
     assert_transport(&c, transport_a);
     assert_transport(&s, transport_b);
-    for (prog, size, qps) in [
-        ("ib_write_bw", "65536", "4"),
-        ("ib_read_bw", "65536", "4"),
-        ("ib_send_lat", "4096", "1"),
-    ] {
+    for (prog, size, qps) in [("ib_write_bw", "65536", "4"), ("ib_read_bw", "65536", "4"), ("ib_send_lat", "4096", "1")] {
         let mut common = vec![prog, "-R", "-d", &dev, "-n", "200", "-s", size];
         if qps != "1" {
             // perftest takes -q in its bandwidth tests only
@@ -280,10 +188,7 @@ fn rdma_cm_tools(test: &str, opts: &[&str], transport_a: &str, transport_b: &str
         let (s, c) = pair(&tb, &common, &cv, 18515);
         let iters = if qps == "4" { "800" } else { "200" };
         assert!(
-            c.stdout
-                .lines()
-                .any(|l| l.split_whitespace().next() == Some(size)
-                    && l.split_whitespace().nth(1) == Some(iters)),
+            c.stdout.lines().any(|l| l.split_whitespace().next() == Some(size) && l.split_whitespace().nth(1) == Some(iters)),
             "{prog} -R: no result line\nclient: {}{}\nserver: {}{}",
             c.stdout,
             c.stderr,
@@ -298,53 +203,30 @@ fn rdma_cm_tools(test: &str, opts: &[&str], transport_a: &str, transport_b: &str
     for host in ["a", "b"] {
         let o = tb.ctl(&["exec", host, "nft", "list", "tables"]);
         let tables = String::from_utf8_lossy(&o.stdout);
-        assert!(
-            !tables.contains("uiw_rawnet"),
-            "host {host}: a raw transport's guard outlived its program: {tables}"
-        );
+        assert!(!tables.contains("uiw_rawnet"), "host {host}: a raw transport's guard outlived its program: {tables}");
     }
 }
 
 #[test]
 fn rdma_cm_over_xdp_on_both_hosts() {
-    rdma_cm_tools(
-        "rdma_cm_over_xdp_on_both_hosts",
-        &["--transport", "xdp"],
-        "xdp",
-        "xdp",
-    );
+    rdma_cm_tools("rdma_cm_over_xdp_on_both_hosts", &["--transport", "xdp"], "xdp", "xdp");
 }
 
 /// The xdp host connects to a kernel-TCP host's listener.
 #[test]
 fn rdma_cm_from_xdp_to_kernel_tcp() {
-    rdma_cm_tools(
-        "rdma_cm_from_xdp_to_kernel_tcp",
-        &["--transport-a", "xdp", "--transport-b", "tcp"],
-        "xdp",
-        "tcp",
-    );
+    rdma_cm_tools("rdma_cm_from_xdp_to_kernel_tcp", &["--transport-a", "xdp", "--transport-b", "tcp"], "xdp", "tcp");
 }
 
 /// A kernel-TCP host connects to the xdp host's listener.
 #[test]
 fn rdma_cm_from_kernel_tcp_to_xdp() {
-    rdma_cm_tools(
-        "rdma_cm_from_kernel_tcp_to_xdp",
-        &["--transport-a", "tcp", "--transport-b", "xdp"],
-        "tcp",
-        "xdp",
-    );
+    rdma_cm_tools("rdma_cm_from_kernel_tcp_to_xdp", &["--transport-a", "tcp", "--transport-b", "xdp"], "tcp", "xdp");
 }
 
 #[test]
 fn rdma_cm_from_packet_to_xdp() {
-    rdma_cm_tools(
-        "rdma_cm_from_packet_to_xdp",
-        &["--transport-a", "packet", "--transport-b", "xdp"],
-        "packet",
-        "xdp",
-    );
+    rdma_cm_tools("rdma_cm_from_packet_to_xdp", &["--transport-a", "packet", "--transport-b", "xdp"], "packet", "xdp");
 }
 
 /// A raw-transport peer killed in the middle of a transfer: its XDP socket and program go
@@ -356,60 +238,28 @@ fn rdma_cm_from_packet_to_xdp() {
 #[test]
 fn a_killed_raw_peer_is_detected() {
     let test = "a_killed_raw_peer_is_detected";
-    let Some((_l, tb)) = testbed(test, &["--transport", "xdp"]) else {
-        return;
-    };
-    let exe = uiw_examples::build_c_example(
-        "faults",
-        &uiw_examples::out_dir(env!("CARGO_TARGET_TMPDIR")),
-    );
+    let Some((_l, tb)) = testbed(test, &["--transport", "xdp"]) else { return };
+    let exe = uiw_examples::build_c_example("faults", &uiw_examples::out_dir(env!("CARGO_TARGET_TMPDIR")));
     let exe = exe.to_str().unwrap();
-    let mut cmd = tb.run_cmd(
-        Host::B,
-        &[
-            exe, "-r", "survivor", "-m", "stream", "-p", "7475", "-d", &tb.dev, "-T", "20", "-t",
-            "20", "-L",
-        ],
-    );
+    let mut cmd = tb.run_cmd(Host::B, &[exe, "-r", "survivor", "-m", "stream", "-p", "7475", "-d", &tb.dev, "-T", "20", "-t", "20", "-L"]);
     cmd.env("UIW_PEER_TIMEOUT", "3");
     let mut s = Running::spawn("survivor", cmd);
     tb.wait_listening_b(7475, &s);
-    let mut cmd = tb.run_cmd(
-        Host::A,
-        &[
-            exe, "-r", "peer", "-m", "sink", "-p", "7475", "-a", "kill", "-d", &tb.dev, &tb.addr_b,
-        ],
-    );
+    let mut cmd = tb.run_cmd(Host::A, &[exe, "-r", "peer", "-m", "sink", "-p", "7475", "-a", "kill", "-d", &tb.dev, &tb.addr_b]);
     cmd.env("UIW_PEER_TIMEOUT", "3");
     let mut peer = Running::spawn("peer", cmd);
-    s.wait_for_line("STREAMING", Duration::from_secs(60))
-        .unwrap_or_else(|e| panic!("{e}: {:?}", s.lines()));
+    s.wait_for_line("STREAMING", Duration::from_secs(60)).unwrap_or_else(|e| panic!("{e}: {:?}", s.lines()));
     // The xdp transport has no thread of its own: the provider's progress thread waits on
     // the AF_XDP socket itself (issue 12's polling model; an arriving frame used to wake a
     // `uiw-rawnet` thread, which then woke the progress thread).
     let threads = thread_names(s.pid());
-    assert!(
-        threads.iter().any(|t| t == "uiw-progress"),
-        "the survivor's threads: {threads:?}"
-    );
-    assert!(
-        !threads.iter().any(|t| t == "uiw-rawnet"),
-        "a transport thread between the socket and the QPs: {threads:?}"
-    );
+    assert!(threads.iter().any(|t| t == "uiw-progress"), "the survivor's threads: {threads:?}");
+    assert!(!threads.iter().any(|t| t == "uiw-rawnet"), "a transport thread between the socket and the QPs: {threads:?}");
     let killed = peer.kill();
     let s = s.finish(Instant::now() + Duration::from_secs(60));
-    let first = s
-        .lines
-        .iter()
-        .find(|l| l.text.starts_with("FIRST_ERROR"))
-        .map(|l| l.at.saturating_duration_since(killed));
+    let first = s.lines.iter().find(|l| l.text.starts_with("FIRST_ERROR")).map(|l| l.at.saturating_duration_since(killed));
     println!("survivor: first error {first:?} after the kill");
-    assert!(
-        s.status.is_some_and(|st| st.success()),
-        "survivor failed: {:?}\n{}",
-        uiw_examples::failures(&s.stdout),
-        s.stdout
-    );
+    assert!(s.status.is_some_and(|st| st.success()), "survivor failed: {:?}\n{}", uiw_examples::failures(&s.stdout), s.stdout);
     assert!(first.is_some(), "no FIRST_ERROR: {}", s.stdout);
 }
 
@@ -418,29 +268,13 @@ fn a_killed_raw_peer_is_detected() {
 #[test]
 fn integrity_between_packet_and_xdp() {
     let test = "integrity_between_packet_and_xdp";
-    let Some((_l, tb)) = testbed(test, &["--transport-a", "packet", "--transport-b", "xdp"]) else {
-        return;
-    };
-    let exe = uiw_examples::build_c_example(
-        "integrity",
-        &uiw_examples::out_dir(env!("CARGO_TARGET_TMPDIR")),
-    );
+    let Some((_l, tb)) = testbed(test, &["--transport-a", "packet", "--transport-b", "xdp"]) else { return };
+    let exe = uiw_examples::build_c_example("integrity", &uiw_examples::out_dir(env!("CARGO_TARGET_TMPDIR")));
     let exe = exe.to_str().unwrap();
-    let (s, c) = pair(
-        &tb,
-        &[exe, "-s", "-p", "7476", "-d", &tb.dev],
-        &[exe, "-c", &tb.addr_b, "-p", "7476", "-d", &tb.dev],
-        7476,
-    );
+    let (s, c) = pair(&tb, &[exe, "-s", "-p", "7476", "-d", &tb.dev], &[exe, "-c", &tb.addr_b, "-p", "7476", "-d", &tb.dev], 7476);
     for r in [&s, &c] {
-        let sum = uiw_examples::parse_summary(&r.stdout)
-            .unwrap_or_else(|| panic!("{}: no summary\n{}\n{}", r.name, r.stdout, r.stderr));
-        assert!(
-            sum.failed == 0 && sum.passed > 2000,
-            "{}: {sum:?}: {:?}",
-            r.name,
-            uiw_examples::failures(&r.stdout)
-        );
+        let sum = uiw_examples::parse_summary(&r.stdout).unwrap_or_else(|| panic!("{}: no summary\n{}\n{}", r.name, r.stdout, r.stderr));
+        assert!(sum.failed == 0 && sum.passed > 2000, "{}: {sum:?}: {:?}", r.name, uiw_examples::failures(&r.stdout));
     }
     assert_transport(&c, "packet");
     assert_transport(&s, "xdp");

@@ -159,12 +159,7 @@ fn no_failures(what: &str, out: &Output, results: &[Outcome]) {
         "{what}: rdma-core tests failed over uiw: {bad:#?}\n{}",
         show(out)
     );
-    assert!(
-        out.status.success(),
-        "{what}: {}\n{}",
-        out.status,
-        show(out)
-    );
+    assert!(out.status.success(), "{what}: {}\n{}", out.status, show(out));
 }
 
 /// Every vendored rdma-core test passes or is skipped by rdma-core, every one of
@@ -264,18 +259,10 @@ fn run_py_reports_errors_and_exits_1() {
     let results = outcomes(&stdout);
     assert_eq!(out.status.code(), Some(1), "{}", show(&out));
     assert!(
-        !results.is_empty()
-            && results
-                .iter()
-                .all(|o| o.kind == "ERROR" || o.kind == "FAIL"),
+        !results.is_empty() && results.iter().all(|o| o.kind == "ERROR" || o.kind == "FAIL"),
         "{}",
         show(&out)
     );
     let (passed, failed, _) = closing(&stdout).unwrap_or_else(|| panic!("{}", show(&out)));
-    assert_eq!(
-        (passed, failed as usize),
-        (0, results.len()),
-        "{}",
-        show(&out)
-    );
+    assert_eq!((passed, failed as usize), (0, results.len()), "{}", show(&out));
 }

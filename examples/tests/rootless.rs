@@ -19,27 +19,14 @@ fn unprivileged_user_without_dev_infiniband() {
     let test = "unprivileged_user_without_dev_infiniband";
     let a = Artifacts::locate().unwrap_or_else(|e| panic!("{test}: {e}"));
     if !is_root() {
-        skip(
-            test,
-            "creating the test user and mount namespace needs root (sudo ./ci/test.sh)",
-        );
+        skip(test, "creating the test user and mount namespace needs root (sudo ./ci/test.sh)");
         return;
     }
-    for (p, pkg) in [
-        ("setpriv", "util-linux"),
-        ("unshare", "util-linux"),
-        ("useradd", "passwd"),
-        ("ib_write_bw", "perftest"),
-        ("rping", "rdmacm-utils"),
-        ("ibv_rc_pingpong", "ibverbs-utils"),
-        ("lstopo-no-graphics", "hwloc"),
-        ("python3", "python3"),
-    ] {
+    for (p, pkg) in [("setpriv", "util-linux"), ("unshare", "util-linux"), ("useradd", "passwd"),
+        ("ib_write_bw", "perftest"), ("rping", "rdmacm-utils"), ("ibv_rc_pingpong", "ibverbs-utils"),
+        ("lstopo-no-graphics", "hwloc"), ("python3", "python3")] {
         if !have_program(p) && !std::path::Path::new("/usr/sbin").join(p).exists() {
-            skip(
-                test,
-                &format!("{p} is not installed (apt-get install {pkg})"),
-            );
+            skip(test, &format!("{p} is not installed (apt-get install {pkg})"));
             return;
         }
     }
@@ -56,13 +43,6 @@ fn unprivileged_user_without_dev_infiniband() {
         String::from_utf8_lossy(&o.stderr)
     );
     println!("{out}");
-    assert!(
-        o.status.success(),
-        "ci/rootless-test.sh failed ({}):\n{out}",
-        o.status
-    );
-    assert!(
-        String::from_utf8_lossy(&o.stdout).contains("ROOTLESS-OK"),
-        "{out}"
-    );
+    assert!(o.status.success(), "ci/rootless-test.sh failed ({}):\n{out}", o.status);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("ROOTLESS-OK"), "{out}");
 }

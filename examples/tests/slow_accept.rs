@@ -9,42 +9,18 @@
 
 use std::path::Path;
 
-use uiw_examples::{
-    compile_c, device_lock, device_test_artifacts, failures, out_dir, parse_summary, show,
-    Published,
-};
+use uiw_examples::{compile_c, device_lock, device_test_artifacts, failures, out_dir, parse_summary, show, Published};
 
 fn run(test: &str, port: &str, sleep_ms: &str, expect: &str, envs: &[(&str, &str)], checks: u32) {
-    let Some(artifacts) = device_test_artifacts(test) else {
-        return;
-    };
+    let Some(artifacts) = device_test_artifacts(test) else { return };
     let dir = out_dir(env!("CARGO_TARGET_TMPDIR"));
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("c")
-        .join("slow_accept.c");
-    let exe = compile_c(
-        &src,
-        &dir.join("slow_accept"),
-        &["-lrdmacm", "-libverbs", "-lpthread"],
-        "librdmacm-dev",
-    );
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("c").join("slow_accept.c");
+    let exe = compile_c(&src, &dir.join("slow_accept"), &["-lrdmacm", "-libverbs", "-lpthread"], "librdmacm-dev");
     let _l = device_lock();
     let dev = Published::up(&artifacts, &dir).unwrap_or_else(|e| panic!("{e}"));
-    let out = dev.run(
-        &[
-            exe.as_os_str(),
-            "-p".as_ref(),
-            port.as_ref(),
-            "-s".as_ref(),
-            sleep_ms.as_ref(),
-            "-e".as_ref(),
-            expect.as_ref(),
-        ],
-        envs,
-    );
+    let out = dev.run(&[exe.as_os_str(), "-p".as_ref(), port.as_ref(), "-s".as_ref(), sleep_ms.as_ref(), "-e".as_ref(), expect.as_ref()], envs);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let sum =
-        parse_summary(&stdout).unwrap_or_else(|| panic!("{test}: no summary\n{}", show(&out)));
+    let sum = parse_summary(&stdout).unwrap_or_else(|| panic!("{test}: no summary\n{}", show(&out)));
     assert!(
         out.status.success() && sum.failed == 0 && sum.passed == checks,
         "{test}: {sum:?}: {:?}\n{}",

@@ -17,9 +17,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use uiw_examples::pair::{free_port, uiw_run, wait_listening, Running};
-use uiw_examples::{
-    device_lock, device_test_artifacts, have_program, out_dir, show, skip, Published,
-};
+use uiw_examples::{device_lock, device_test_artifacts, have_program, out_dir, show, skip, Published};
 
 /// One line of `uiw stat`: its `key value` pairs (`link` → `uiw_lo/1`, `pid` → …), and
 /// the flags that stand alone (`destroyed`, `exited`).
@@ -47,10 +45,7 @@ impl StatLine {
         StatLine { kv, flags }
     }
     fn n(&self, k: &str) -> u64 {
-        self.kv
-            .get(k)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no counter {k} in {self:?}"))
+        self.kv.get(k).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no counter {k} in {self:?}"))
     }
     fn pid(&self) -> u32 {
         self.n("pid") as u32
@@ -58,14 +53,9 @@ impl StatLine {
 }
 
 fn uiw_stat(dev: &Published, args: &[&str]) -> Vec<StatLine> {
-    let o = dev
-        .uiw(std::iter::once("stat").chain(args.iter().copied()))
-        .expect("run uiw stat");
+    let o = dev.uiw(std::iter::once("stat").chain(args.iter().copied())).expect("run uiw stat");
     assert!(o.status.success(), "uiw stat {args:?} failed\n{}", show(&o));
-    String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .map(StatLine::parse)
-        .collect()
+    String::from_utf8_lossy(&o.stdout).lines().map(StatLine::parse).collect()
 }
 
 fn start_pair(dev: &Published, args: &[&str]) -> (Running, Running) {
@@ -84,28 +74,19 @@ fn start_pair(dev: &Published, args: &[&str]) -> (Running, Running) {
 fn finish(srv: Running, cli: Running) {
     let deadline = Instant::now() + Duration::from_secs(90);
     let (s, c) = (srv.finish(deadline), cli.finish(deadline));
-    assert!(
-        s.success() && c.success(),
-        "ib_write_bw pair failed\n{s}{c}"
-    );
+    assert!(s.success() && c.success(), "ib_write_bw pair failed\n{s}{c}");
 }
 
 #[test]
 fn uiw_stat_counts_an_ib_write_bw_run() {
     let test = "uiw_stat_counts_an_ib_write_bw_run";
-    let Some(artifacts) = device_test_artifacts(test) else {
-        return;
-    };
+    let Some(artifacts) = device_test_artifacts(test) else { return };
     if !have_program("ib_write_bw") {
-        skip(
-            test,
-            "ib_write_bw is not installed (apt-get install perftest)",
-        );
+        skip(test, "ib_write_bw is not installed (apt-get install perftest)");
         return;
     }
     let _lock = device_lock();
-    let dev = Published::up(&artifacts, &out_dir(env!("CARGO_TARGET_TMPDIR")))
-        .unwrap_or_else(|e| panic!("{test}: {e}"));
+    let dev = Published::up(&artifacts, &out_dir(env!("CARGO_TARGET_TMPDIR"))).unwrap_or_else(|e| panic!("{test}: {e}"));
 
     // 1. Live: a 3-second run, sampled from outside.
     let (srv, cli) = start_pair(&dev, &["-D", "3", "-s", "65536"]);
@@ -118,16 +99,8 @@ fn uiw_stat_counts_an_ib_write_bw_run() {
         let c = lines.iter().find(|l| l.pid() == cpid);
         let s = lines.iter().find(|l| l.pid() == spid);
         if let (Some(c), Some(s)) = (c, s) {
-            assert_eq!(
-                (c.kv["comm"].as_str(), c.flags.len()),
-                ("ib_write_bw", 0),
-                "{c:?}"
-            );
-            assert_eq!(
-                (c.n("rx_msgs"), s.n("tx_msgs")),
-                (0, 0),
-                "RDMA Writes flow one way: {c:?} {s:?}"
-            );
+            assert_eq!((c.kv["comm"].as_str(), c.flags.len()), ("ib_write_bw", 0), "{c:?}");
+            assert_eq!((c.n("rx_msgs"), s.n("tx_msgs")), (0, 0), "RDMA Writes flow one way: {c:?} {s:?}");
             seen.push((c.n("tx_bytes"), s.n("rx_bytes")));
             // Messages count with their last FPDU: at most one is part-way out.
             let (m, b) = (c.n("tx_msgs"), c.n("tx_bytes"));
@@ -136,83 +109,36 @@ fn uiw_stat_counts_an_ib_write_bw_run() {
         std::thread::sleep(Duration::from_millis(200));
     }
     let nonzero: Vec<&(u64, u64)> = seen.iter().filter(|s| s.0 > 0 && s.1 > 0).collect();
-    assert!(
-        nonzero.len() >= 3,
-        "uiw stat never showed the running pair's traffic: {seen:?}"
-    );
-    assert!(
-        nonzero.last().unwrap().0 > nonzero[0].0,
-        "counters did not grow during the run: {seen:?}"
-    );
+    assert!(nonzero.len() >= 3, "uiw stat never showed the running pair's traffic: {seen:?}");
+    assert!(nonzero.last().unwrap().0 > nonzero[0].0, "counters did not grow during the run: {seen:?}");
     finish(srv, cli);
 
     // 2. Exact: ITERS writes of SIZE bytes, read back after the processes exited.
     let o = dev.uiw(["stat", "--prune"]).unwrap();
-    assert!(
-        o.status.success()
-            && String::from_utf8_lossy(&o.stdout).contains("removed the statistics of 2 exited"),
-        "{}",
-        show(&o)
-    );
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("removed the statistics of 2 exited"), "{}", show(&o));
     assert!(uiw_stat(&dev, &["-a"]).is_empty(), "prune left files");
     let (iters, size) = (1000u64, 65536u64);
     let (srv, cli) = start_pair(&dev, &["-n", &iters.to_string(), "-s", &size.to_string()]);
     let (spid, cpid) = (srv.pid(), cli.pid());
     finish(srv, cli);
-    assert!(
-        uiw_stat(&dev, &["qp"]).is_empty(),
-        "exited processes are not shown without -a"
-    );
+    assert!(uiw_stat(&dev, &["qp"]).is_empty(), "exited processes are not shown without -a");
     let lines = uiw_stat(&dev, &["qp", "-a"]);
     assert_eq!(lines.len(), 2, "{lines:?}");
-    let c = lines
-        .iter()
-        .find(|l| l.pid() == cpid)
-        .expect("the client's QP");
-    let s = lines
-        .iter()
-        .find(|l| l.pid() == spid)
-        .expect("the server's QP");
+    let c = lines.iter().find(|l| l.pid() == cpid).expect("the client's QP");
+    let s = lines.iter().find(|l| l.pid() == spid).expect("the server's QP");
     for l in [c, s] {
-        assert_eq!(
-            l.flags,
-            vec!["exited".to_string(), "destroyed".to_string()],
-            "{l:?}"
-        );
-        assert_eq!(
-            (
-                l.n("tx_terminates"),
-                l.n("rx_terminates"),
-                l.n("conn_errors")
-            ),
-            (0, 0, 0),
-            "{l:?}"
-        );
+        assert_eq!(l.flags, vec!["exited".to_string(), "destroyed".to_string()], "{l:?}");
+        assert_eq!((l.n("tx_terminates"), l.n("rx_terminates"), l.n("conn_errors")), (0, 0, 0), "{l:?}");
         assert_eq!(l.n("conn_established"), 1, "{l:?}");
     }
-    assert_eq!(
-        (c.n("tx_msgs"), c.n("tx_bytes")),
-        (iters, iters * size),
-        "client sent: {c:?}"
-    );
-    assert_eq!(
-        (s.n("rx_msgs"), s.n("rx_bytes")),
-        (iters, iters * size),
-        "server received: {s:?}"
-    );
-    assert!(
-        c.n("tx_fpdus") >= iters && c.n("tx_fpdus") == s.n("rx_fpdus"),
-        "{c:?} {s:?}"
-    );
+    assert_eq!((c.n("tx_msgs"), c.n("tx_bytes")), (iters, iters * size), "client sent: {c:?}");
+    assert_eq!((s.n("rx_msgs"), s.n("rx_bytes")), (iters, iters * size), "server received: {s:?}");
+    assert!(c.n("tx_fpdus") >= iters && c.n("tx_fpdus") == s.n("rx_fpdus"), "{c:?} {s:?}");
     assert_eq!((c.n("rx_msgs"), s.n("tx_msgs")), (0, 0), "{c:?} {s:?}");
     // Per device: the sum of both processes.
     let d = uiw_stat(&dev, &["-a", "-d", "uiw_lo"]);
     assert_eq!(d[0].kv["processes"], "2", "{d:?}");
-    assert_eq!(
-        (d[0].n("tx_bytes"), d[0].n("rx_bytes")),
-        (iters * size, iters * size),
-        "{d:?}"
-    );
+    assert_eq!((d[0].n("tx_bytes"), d[0].n("rx_bytes")), (iters * size, iters * size), "{d:?}");
 
     // 3. A dead peer: the server is killed mid-run; the client's QP counts one failed
     //    stream (no Terminate: the peer just went away).
@@ -220,11 +146,7 @@ fn uiw_stat_counts_an_ib_write_bw_run() {
     let (mut srv, mut cli) = start_pair(&dev, &["-D", "30", "-s", "65536"]);
     let (spid, cpid) = (srv.pid(), cli.pid());
     let until = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < until
-        && !uiw_stat(&dev, &["qp"])
-            .iter()
-            .any(|l| l.pid() == spid && l.n("rx_msgs") > 0)
-    {
+    while Instant::now() < until && !uiw_stat(&dev, &["qp"]).iter().any(|l| l.pid() == spid && l.n("rx_msgs") > 0) {
         std::thread::sleep(Duration::from_millis(100));
     }
     srv.kill();
@@ -235,18 +157,7 @@ fn uiw_stat_counts_an_ib_write_bw_run() {
         cli.kill();
     }
     let lines = uiw_stat(&dev, &["qp", "-a"]);
-    let c = lines
-        .iter()
-        .find(|l| l.pid() == cpid)
-        .unwrap_or_else(|| panic!("the client's QP: {lines:?}"));
+    let c = lines.iter().find(|l| l.pid() == cpid).unwrap_or_else(|| panic!("the client's QP: {lines:?}"));
     assert!(c.n("tx_msgs") > 0, "{c:?}");
-    assert_eq!(
-        (
-            c.n("conn_errors"),
-            c.n("tx_terminates"),
-            c.n("rx_terminates")
-        ),
-        (1, 0, 0),
-        "{c:?}"
-    );
+    assert_eq!((c.n("conn_errors"), c.n("tx_terminates"), c.n("rx_terminates")), (1, 0, 0), "{c:?}");
 }

@@ -11,27 +11,20 @@
 //! wait for has not run at all when `ibv_create_qp` returns: without the wait the check
 //! fails every time, not by chance.
 
-use uiw_examples::{
-    build_c_example, device_lock, device_test_artifacts, failures, out_dir, parse_summary, show,
-    Published,
-};
+use uiw_examples::{build_c_example, device_lock, device_test_artifacts, failures, out_dir, parse_summary, show, Published};
 
 #[test]
 fn the_progress_thread_has_started_when_ibv_create_qp_returns() {
     let test = "the_progress_thread_has_started_when_ibv_create_qp_returns";
-    let Some(artifacts) = device_test_artifacts(test) else {
-        return;
-    };
+    let Some(artifacts) = device_test_artifacts(test) else { return };
     let exe = build_c_example("thread_start", &out_dir(env!("CARGO_TARGET_TMPDIR")));
     let _l = device_lock();
-    let dev = Published::up(&artifacts, &out_dir(env!("CARGO_TARGET_TMPDIR")))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let dev = Published::up(&artifacts, &out_dir(env!("CARGO_TARGET_TMPDIR"))).unwrap_or_else(|e| panic!("{e}"));
     // Fresh processes: only a process's first thread creates an arena (later ones reuse it).
     for run in 0..3 {
         let out = dev.run(&[exe.as_os_str(), "-n".as_ref(), "5".as_ref()], &[]);
         let stdout = String::from_utf8_lossy(&out.stdout);
-        let sum = parse_summary(&stdout)
-            .unwrap_or_else(|| panic!("{test}: run {run}: no summary\n{}", show(&out)));
+        let sum = parse_summary(&stdout).unwrap_or_else(|| panic!("{test}: run {run}: no summary\n{}", show(&out)));
         assert!(
             out.status.success() && sum.failed == 0 && sum.passed == 3,
             "{test}: run {run}: {sum:?}: {:?}\n{}",

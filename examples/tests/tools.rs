@@ -157,33 +157,18 @@ fn uiw_debug_explains_a_refused_create_qp() {
     let dev = Published::up(&artifacts, &out_dir(env!("CARGO_TARGET_TMPDIR")))
         .unwrap_or_else(|e| panic!("{TEST}: {e}"));
     let port = free_port().to_string();
-    let args = [
-        "ibv_rc_pingpong",
-        "-d",
-        DEV,
-        "-g",
-        GID_INDEX,
-        "-r",
-        "100000",
-        "-p",
-        &port,
-    ];
+    let args = ["ibv_rc_pingpong", "-d", DEV, "-g", GID_INDEX, "-r", "100000", "-p", &port];
     let prog: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
     let o = dev.run(&prog, &[("UIW_DEBUG", "1")]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "{TEST}: the QP was created\n{err}");
     assert!(
-        err.lines()
-            .any(|l| l
-                == "uiw: ibv_create_qp refused: max_recv_wr = 100000 exceeds max_qp_wr = 16384"),
+        err.lines().any(|l| l == "uiw: ibv_create_qp refused: max_recv_wr = 100000 exceeds max_qp_wr = 16384"),
         "{TEST}: no explanation\n{err}"
     );
     // Without UIW_DEBUG the provider is silent.
     let o = dev.run(&prog, &[]);
-    assert!(
-        !String::from_utf8_lossy(&o.stderr).contains("uiw:"),
-        "{TEST}: uiw spoke without UIW_DEBUG"
-    );
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("uiw:"), "{TEST}: uiw spoke without UIW_DEBUG");
 }
 
 /// Busy-polling RC Send/Recv; `-c` makes the receiver check the data.

@@ -9,19 +9,13 @@ use std::time::{Duration, Instant};
 
 use uiw_examples::pair::{Finished, Running};
 use uiw_examples::testbed::{Host, Testbed};
-use uiw_examples::{
-    build_c_example, device_lock, device_test_artifacts, failures, have_program, out_dir,
-    parse_summary, skip,
-};
+use uiw_examples::{build_c_example, device_lock, device_test_artifacts, failures, have_program, out_dir, parse_summary, skip};
 
 fn testbed(test: &str, opts: &[&str]) -> Option<(std::sync::MutexGuard<'static, ()>, Testbed)> {
     let artifacts = device_test_artifacts(test)?;
     for p in ["ip", "nft"] {
         if !have_program(p) && !std::path::Path::new("/usr/sbin").join(p).exists() {
-            skip(
-                test,
-                &format!("{p} is not installed (apt-get install iproute2 nftables)"),
-            );
+            skip(test, &format!("{p} is not installed (apt-get install iproute2 nftables)"));
             return None;
         }
     }
@@ -30,27 +24,17 @@ fn testbed(test: &str, opts: &[&str]) -> Option<(std::sync::MutexGuard<'static, 
     Some((lock, tb))
 }
 
+
 /// Runs a server on B and, once it listens on `port`, its client on A, both to completion
 /// within `limit` (all of their output read).
-fn pair(
-    tb: &Testbed,
-    server: &[OsString],
-    client: &[OsString],
-    port: u16,
-    limit: Duration,
-) -> (Finished, Finished) {
+fn pair(tb: &Testbed, server: &[OsString], client: &[OsString], port: u16, limit: Duration) -> (Finished, Finished) {
     let s = Running::spawn("server", tb.run_cmd(Host::B, server));
     tb.wait_listening_b(port, &s);
     let c = Running::spawn("client", tb.run_cmd(Host::A, client));
     let deadline = Instant::now() + limit;
     let c = c.finish(deadline);
     let s = s.finish(deadline);
-    assert!(
-        !c.timed_out && !s.timed_out,
-        "did not finish within {limit:?}\nserver: {}\nclient: {}",
-        s.stdout,
-        c.stdout
-    );
+    assert!(!c.timed_out && !s.timed_out, "did not finish within {limit:?}\nserver: {}\nclient: {}", s.stdout, c.stdout);
     (s, c)
 }
 
@@ -60,9 +44,7 @@ fn os(v: &[&str]) -> Vec<OsString> {
 
 #[test]
 fn integrity_across_a_lossy_veth() {
-    let Some((_l, tb)) = testbed("integrity_across_a_lossy_veth", &["--loss", "1"]) else {
-        return;
-    };
+    let Some((_l, tb)) = testbed("integrity_across_a_lossy_veth", &["--loss", "1"]) else { return };
     let exe = build_c_example("integrity", &out_dir(env!("CARGO_TARGET_TMPDIR")));
     let exe = exe.to_str().unwrap();
     let (s, c) = pair(
@@ -73,53 +55,33 @@ fn integrity_across_a_lossy_veth() {
         Duration::from_secs(300),
     );
     for (side, r) in [("server", &s), ("client", &c)] {
-        let sum = parse_summary(&r.stdout)
-            .unwrap_or_else(|| panic!("{side}: no summary\n{}\n{}", r.stdout, r.stderr));
-        assert!(
-            sum.failed == 0 && sum.passed > 2000,
-            "{side}: {sum:?}: {:?}",
-            failures(&r.stdout)
-        );
+        let sum = parse_summary(&r.stdout).unwrap_or_else(|| panic!("{side}: no summary\n{}\n{}", r.stdout, r.stderr));
+        assert!(sum.failed == 0 && sum.passed > 2000, "{side}: {sum:?}: {:?}", failures(&r.stdout));
     }
     // The loss really happened.
     let rules = tb.ctl(&["exec", "a", "nft", "list", "ruleset"]);
     let text = String::from_utf8_lossy(&rules.stdout);
-    let dropped: u64 = text
-        .split("packets ")
-        .nth(1)
-        .and_then(|t| t.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
+    let dropped: u64 = text.split("packets ").nth(1).and_then(|t| t.split_whitespace().next()).and_then(|n| n.parse().ok()).unwrap_or(0);
     assert!(dropped > 0, "no frame was dropped: {text}");
 }
 
 #[test]
 fn perftest_across_a_lossy_veth() {
-    let Some((_l, tb)) = testbed("perftest_across_a_lossy_veth", &["--loss", "1"]) else {
-        return;
-    };
+    let Some((_l, tb)) = testbed("perftest_across_a_lossy_veth", &["--loss", "1"]) else { return };
     for prog in ["ib_write_bw", "ib_read_bw", "ib_send_bw"] {
         if !have_program(prog) {
-            skip(
-                "perftest_across_a_lossy_veth",
-                &format!("{prog} is not installed (apt-get install perftest)"),
-            );
+            skip("perftest_across_a_lossy_veth", &format!("{prog} is not installed (apt-get install perftest)"));
             return;
         }
         let port = "7472";
-        let common = [
-            "-d", &tb.dev, "-x", "0", "-n", "1000", "-s", "65536", "-p", port,
-        ];
+        let common = ["-d", &tb.dev, "-x", "0", "-n", "1000", "-s", "65536", "-p", port];
         let mut sv = vec![prog];
         sv.extend(common);
         let mut cv = sv.clone();
         cv.push(&tb.addr_b);
         let (s, c) = pair(&tb, &os(&sv), &os(&cv), 7472, Duration::from_secs(120));
         assert!(
-            c.stdout
-                .lines()
-                .any(|l| l.split_whitespace().next() == Some("65536")
-                    && l.split_whitespace().nth(1) == Some("1000")),
+            c.stdout.lines().any(|l| l.split_whitespace().next() == Some("65536") && l.split_whitespace().nth(1) == Some("1000")),
             "{prog}: no result line\nclient: {}{}\nserver: {}{}",
             c.stdout,
             c.stderr,
@@ -135,46 +97,23 @@ fn perftest_across_a_lossy_veth() {
 /// gives up (and fails) if nothing goes wrong for 20 s.
 #[test]
 fn a_vanished_peer_is_detected() {
-    let Some((_l, tb)) = testbed("a_vanished_peer_is_detected", &[]) else {
-        return;
-    };
+    let Some((_l, tb)) = testbed("a_vanished_peer_is_detected", &[]) else { return };
     let exe = build_c_example("faults", &out_dir(env!("CARGO_TARGET_TMPDIR")));
     let exe = exe.to_str().unwrap();
-    let mut cmd = tb.run_cmd(
-        Host::B,
-        &[
-            exe, "-r", "survivor", "-m", "stream", "-p", "7473", "-d", &tb.dev, "-T", "20", "-t",
-            "20", "-L",
-        ],
-    );
+    let mut cmd = tb.run_cmd(Host::B, &[exe, "-r", "survivor", "-m", "stream", "-p", "7473", "-d", &tb.dev, "-T", "20", "-t", "20", "-L"]);
     cmd.env("UIW_PEER_TIMEOUT", "3");
     let mut s = Running::spawn("survivor", cmd);
     tb.wait_listening_b(7473, &s);
-    let mut cmd = tb.run_cmd(
-        Host::A,
-        &[
-            exe, "-r", "peer", "-m", "sink", "-p", "7473", "-a", "kill", "-d", &tb.dev, &tb.addr_b,
-        ],
-    );
+    let mut cmd = tb.run_cmd(Host::A, &[exe, "-r", "peer", "-m", "sink", "-p", "7473", "-a", "kill", "-d", &tb.dev, &tb.addr_b]);
     cmd.env("UIW_PEER_TIMEOUT", "3");
     let _peer = Running::spawn("peer", cmd);
-    s.wait_for_line("STREAMING", Duration::from_secs(60))
-        .unwrap_or_else(|e| panic!("{e}: {:?}", s.lines()));
+    s.wait_for_line("STREAMING", Duration::from_secs(60)).unwrap_or_else(|e| panic!("{e}: {:?}", s.lines()));
     let cut = Instant::now();
     let o = tb.ctl(&["cut", "a"]);
     assert!(o.status.success(), "cut: {}", uiw_examples::show(&o));
     let s = s.finish(Instant::now() + Duration::from_secs(60));
-    let first = s
-        .lines
-        .iter()
-        .find(|l| l.text.starts_with("FIRST_ERROR"))
-        .map(|l| l.at.saturating_duration_since(cut));
+    let first = s.lines.iter().find(|l| l.text.starts_with("FIRST_ERROR")).map(|l| l.at.saturating_duration_since(cut));
     println!("survivor: first error {first:?} after the cut");
-    assert!(
-        s.status.is_some_and(|st| st.success()),
-        "survivor failed: {:?}\n{}",
-        failures(&s.stdout),
-        s.stdout
-    );
+    assert!(s.status.is_some_and(|st| st.success()), "survivor failed: {:?}\n{}", failures(&s.stdout), s.stdout);
     assert!(first.is_some(), "no FIRST_ERROR: {}", s.stdout);
 }

@@ -9,9 +9,9 @@
 use std::ffi::OsStr;
 use std::path::PathBuf;
 
-use uiw_examples::{
+use uiw_examples::{valgrind_command, 
     build_c_example, device_lock, device_test_artifacts, failures, have_program, out_dir,
-    parse_summary, show, skip, valgrind_command, Artifacts, Published,
+    parse_summary, show, skip, Artifacts, Published,
 };
 
 /// Every check in verbs_objects.c; a run that reports fewer stopped early.
