@@ -293,6 +293,7 @@ impl Context {
             lease: Default::default(),
             polls_at_post: AtomicU64::new(u64::MAX),
             chain_bytes: AtomicU64::new(0),
+            doorbell_waits: AtomicBool::new(false),
             stats: super::stats::QpStats::new(&self.device.name, &self.device.ibdev_path, qpn),
             inner: Mutex::new(QpInner { attrs: qp_state::init_attrs_from_create(&cap), dp: DataPath::default(), parked: Vec::new(), open_at: None, cm: None }),
         });

@@ -213,6 +213,10 @@ pub trait PolledQp: Send + Sync {
     /// The application is going to sleep on the CQ's channel: the progress thread takes the
     /// QP back.
     fn hand_back(&self);
+    /// A poll of this CQ found nothing: the QPs of other CQs leased to a poller, which
+    /// `own` does not name and whose lease was renewed before `renewed_before` (the CQ's
+    /// previous poll: their poller has moved on to this CQ), are served from it too.
+    fn serve_other_leases(&self, own: &dyn Fn(u32) -> bool, renewed_before: u64);
     /// The application took a completion of this QP that [`delivered`] says the peer has: if
     /// the QP at the other end is one of this process's, it places what it was sent before
     /// the poll returns (see `Qp::local_peer`).
@@ -294,7 +298,7 @@ impl CqObj {
     pub fn polling(&self, empty: bool) {
         self.polls.fetch_add(1, Ordering::Relaxed);
         let now = super::clock::now_us();
-        self.polled_at.store(now, Ordering::Relaxed);
+        let previous = self.polled_at.swap(now, Ordering::Relaxed);
         if empty {
             // A claim takes a streak of empty polls: a thread that polls once for its own
             // send completion and then waits by other means (ib_write_lat spins on memory)
@@ -307,7 +311,7 @@ impl CqObj {
                 t => t,
             };
             let claim = now.saturating_sub(since) >= super::lease::CLAIM_AFTER_US;
-            if self.drive(if claim { Poller::Claims } else { Poller::Renews }, now) {
+            if self.drive(if claim { Poller::Claims } else { Poller::Renews }, now, previous) {
                 // Nothing to reap and no stream to write to: the poller gives its CPU to
                 // whoever waits for it (on a machine with few cores, the thread that reads what
                 // these streams carry — the progress thread of the peer — is the one thread
@@ -319,7 +323,7 @@ impl CqObj {
         }
         self.empty_since.store(0, Ordering::Relaxed);
         if self.deferred.swap(false, Ordering::AcqRel) || now >= self.renew_at.load(Ordering::Relaxed) {
-            let _ = self.drive(Poller::Renews, now);
+            let _ = self.drive(Poller::Renews, now, 0);
         }
     }
 
@@ -333,13 +337,16 @@ impl CqObj {
     ///
     /// Returns whether the poll can do nothing now: the CQ has QPs, every one's stream is full
     /// (see [`PolledQp::try_progress`]), and still nothing was completed.
-    fn drive(&self, poller: Poller, now: u64) -> bool {
+    fn drive(&self, poller: Poller, now: u64, previous: u64) -> bool {
         let poller = if self.q.lock().armed() { Poller::Sleeps } else { poller };
         self.renew_at.store(now + super::lease::LEASE_US / 2, Ordering::Relaxed);
         let qps = self.polled_qps();
         let mut full = !qps.is_empty();
-        for qp in qps {
+        for qp in &qps {
             full &= qp.try_progress(poller);
+        }
+        if let Some(qp) = qps.first() {
+            qp.serve_other_leases(&|n| qps.iter().any(|q| q.qpn() == n), previous);
         }
         full && self.q.lock().is_empty()
     }
@@ -472,6 +479,9 @@ mod tests {
     struct Fake {
         full: bool,
         driven: AtomicU32,
+        /// What the last `serve_other_leases` asked for: the poll time before which a lease
+        /// must have been renewed, and whether QP 1 (every fake's number) was named as the CQ's own.
+        aside: Mutex<Option<(u64, bool)>>,
     }
 
     impl PolledQp for Fake {
@@ -483,13 +493,16 @@ mod tests {
             self.full
         }
         fn hand_back(&self) {}
+        fn serve_other_leases(&self, own: &dyn Fn(u32) -> bool, renewed_before: u64) {
+            *self.aside.lock() = Some((renewed_before, own(1)));
+        }
         fn delivered(&self) {}
     }
 
     fn cq_with(full: &[bool]) -> (CqObj, Vec<Arc<Fake>>) {
         let (tx, rx) = std::os::unix::net::UnixStream::pair().unwrap();
         let cq = CqObj::new(8, None, Arc::new(AsyncSink::new(tx, rx, 16)));
-        let qps: Vec<Arc<Fake>> = full.iter().map(|&f| Arc::new(Fake { full: f, driven: AtomicU32::new(0) })).collect();
+        let qps: Vec<Arc<Fake>> = full.iter().map(|&f| Arc::new(Fake { full: f, driven: AtomicU32::new(0), aside: Mutex::new(None) })).collect();
         for q in &qps {
             let w: Weak<dyn PolledQp> = Arc::downgrade(&(q.clone() as Arc<dyn PolledQp>));
             cq.qps.lock().push(w);
@@ -503,13 +516,35 @@ mod tests {
     #[test]
     fn a_poll_is_idle_only_when_every_stream_is_full_and_nothing_completed() {
         let (cq, qps) = cq_with(&[true, true]);
-        assert!(cq.drive(Poller::Renews, 1), "both streams full, nothing completed");
+        assert!(cq.drive(Poller::Renews, 1, 0), "both streams full, nothing completed");
         assert!(qps.iter().all(|q| q.driven.load(Ordering::Relaxed) == 1), "every QP is driven");
         cq.push(c(1));
-        assert!(!cq.drive(Poller::Renews, 2), "a completion waits to be reaped");
+        assert!(!cq.drive(Poller::Renews, 2, 0), "a completion waits to be reaped");
         let (cq, _qps) = cq_with(&[true, false]);
-        assert!(!cq.drive(Poller::Renews, 1), "one stream can still take bytes");
+        assert!(!cq.drive(Poller::Renews, 1, 0), "one stream can still take bytes");
         let (cq, _qps) = cq_with(&[]);
-        assert!(!cq.drive(Poller::Renews, 1), "no QP: nothing says the poll is idle");
+        assert!(!cq.drive(Poller::Renews, 1, 0), "no QP: nothing says the poll is idle");
+    }
+
+    /// An empty poll serves, besides the CQ's own QPs, the leased QPs of other CQs whose lease
+    /// was last renewed before this CQ's previous poll — their poller moved on to this CQ
+    /// (perftest's client, from its data CQ to the handshake's): placement of what arrives for
+    /// them, and doorbells left waiting, do not wait for the lease to lapse.
+    #[test]
+    fn an_empty_poll_serves_the_leases_its_poller_left_behind() {
+        let (cq, qps) = cq_with(&[false]);
+        cq.polling(true);
+        let first = *qps[0].aside.lock();
+        assert_eq!(first.map(|a| a.0), Some(0), "a CQ's first poll has no previous poll: it serves no other lease");
+        let before = cq.polled_at.load(Ordering::Relaxed);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        cq.polling(true);
+        let (renewed_before, own) = qps[0].aside.lock().expect("the second empty poll served no other lease");
+        assert_eq!(renewed_before, before, "leases are judged against the CQ's previous poll");
+        assert!(own, "the CQ's own QPs are driven, not served aside");
+        cq.push(c(1));
+        *qps[0].aside.lock() = None;
+        cq.polling(false);
+        assert!(qps[0].aside.lock().map_or(true, |a| a.0 == 0), "a poll that finds completions serves no other lease");
     }
 }

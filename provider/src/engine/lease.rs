@@ -83,6 +83,11 @@ impl Lease {
         self.leased.load(Ordering::Acquire)
     }
 
+    /// When the lease was last renewed (engine µs; 0 if never).
+    pub fn renewed_at(&self) -> u64 {
+        self.until.load(Ordering::Acquire).saturating_sub(LEASE_US)
+    }
+
     /// A poll found the CQ empty at `now`: the lease is renewed. Returns whether the QP must be
     /// claimed first ([`Lease::claim`]).
     pub fn renew(&self, now: u64) -> bool {

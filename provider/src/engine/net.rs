@@ -56,6 +56,13 @@ pub trait Endpoint: Send + Sync {
     /// A QP of this process just sent on the stream to this one: serve it now, from the
     /// sender's thread (see `Qp::local_peer`).
     fn peer_sent(&self);
+    /// Serve the stream now from an application thread that is not its poller, unless
+    /// another thread is at it (see [`Net::serve_leased`]).
+    fn serve_aside(&self);
+    /// When its lease was last renewed (engine µs, see `lease`).
+    fn lease_renewed_at(&self) -> u64;
+    /// Whether a doorbell of the QP waits for its poller's next poll (`Qp::defer_doorbell`).
+    fn doorbell_waits(&self) -> bool;
     /// In a forked child: let go of the parent's stream (close this process's descriptor
     /// only — no shutdown, which would end the parent's connection) without waiting for a
     /// lock another thread of the parent held when it forked.
@@ -464,6 +471,30 @@ impl Net {
             Arming::Forget => {
                 self.raw_lease_end(qpn);
                 self.leased.lock().remove(&qpn);
+            }
+        }
+    }
+
+    /// Serves the leased QPs (see `lease`) that `skip` does not name and `due` picks, from
+    /// the calling application thread. A leased stream's arrivals wake nobody: its poller
+    /// reads them at its next poll of the QP's CQ — but a poller that moved on to another CQ
+    /// (perftest's client, from its data QPs' send CQ to the rdma_cm handshake's) reads them
+    /// only once the progress thread finds the lease lapsed, up to [`super::lease::CHECK_MAX_US`]
+    /// later; and a doorbell left waiting for that poll rings as late, after WRs the
+    /// application posted later to other QPs. A poll of another CQ and a doorbell that rings
+    /// at once serve such QPs first, so that placement and the wire keep the application's
+    /// order (an RNIC places a Write as it arrives and rings doorbells as they are written).
+    pub fn serve_leased(&self, skip: &dyn Fn(u32) -> bool, due: &dyn Fn(&dyn Endpoint) -> bool) {
+        let qpns: Vec<u32> = {
+            let leased = self.leased.lock();
+            if leased.iter().all(|&q| skip(q)) {
+                return;
+            }
+            leased.iter().copied().filter(|&q| !skip(q)).collect()
+        };
+        for qp in qpns.into_iter().filter_map(|q| self.lookup(q)) {
+            if due(&*qp) {
+                qp.serve_aside();
             }
         }
     }

@@ -100,6 +100,9 @@ pub struct Qp {
     /// Payload bytes of the posted chain whose doorbell has not rung yet (see
     /// [`DEFER_MAX_BYTES`]).
     pub(crate) chain_bytes: AtomicU64,
+    /// A doorbell waits for the poller's next poll (see [`Qp::defer_doorbell`]); cleared by
+    /// the pump that sends what it left queued.
+    pub(crate) doorbell_waits: AtomicBool,
     pub inner: Mutex<QpInner>,
 }
 
@@ -473,14 +476,33 @@ impl Qp {
             }
             _ => {}
         }
-        // A poll is not news (see `serve_held`): it asks the holder for one more pump, and
-        // serves here only when the QP is free.
+        self.serve_aside();
+        self.tx_full.load(Ordering::Relaxed)
+    }
+
+    /// Serves the stream for a thread that polls (this QP's CQ, or another's: see
+    /// `Net::serve_leased`). A poll is not news (see `serve_held`): it asks the holder for one
+    /// more pump, and serves here only when the QP is free.
+    pub fn serve_aside(&self) {
         self.polled.store(true, Ordering::SeqCst);
         std::sync::atomic::fence(Ordering::SeqCst);
         if let Some(inner) = self.inner.try_lock() {
             self.serve_held(inner, false);
         }
-        self.tx_full.load(Ordering::Relaxed)
+    }
+
+    /// A doorbell rings at once: the doorbells of other QPs that wait for their poller ring
+    /// first, so that the wire keeps the order in which the application posted (see
+    /// `Net::serve_leased`).
+    fn ring_waiting_doorbells(&self) {
+        self.net.serve_leased(&|q| q == self.qpn, &|qp| qp.doorbell_waits());
+    }
+
+    /// A poll of one of the QP's CQs that finds nothing: the leased QPs its poller polled
+    /// before, and no more, are served from it too — those renewed before `renewed_before`
+    /// (the CQ's previous poll), other than the CQ's own (`own`). See `Net::serve_leased`.
+    pub fn serve_other_leases(&self, own: &dyn Fn(u32) -> bool, renewed_before: u64) {
+        self.net.serve_leased(own, &|qp| qp.lease_renewed_at() < renewed_before);
     }
 
     /// The application is going to sleep on a completion channel: the progress thread serves
@@ -514,6 +536,8 @@ impl Qp {
         if self.writable.swap(false, Ordering::AcqRel) {
             inner.dp.writable();
         }
+        // This pump sends what waiting doorbells left queued.
+        self.doorbell_waits.store(false, Ordering::Relaxed);
         let env = self.env(inner.attrs.qp_access_flags);
         let stalled = inner.dp.link.as_ref().is_some_and(|l| l.conn.rx_stalled());
         let held = inner.dp.link.as_ref().is_some_and(|l| l.conn.tx_held());
@@ -880,10 +904,14 @@ impl Qp {
 
     /// The end of a posted chain: sends what it queued.
     pub fn doorbell(&self) {
+        let large = self.chain_bytes.swap(0, Ordering::Relaxed) > DEFER_MAX_BYTES;
+        let ring = large || !self.defer_doorbell();
+        if ring {
+            self.ring_waiting_doorbells();
+        }
         let mut inner = self.inner.lock();
         let mut rang = false;
-        let large = self.chain_bytes.swap(0, Ordering::Relaxed) > DEFER_MAX_BYTES;
-        if matches!(inner.attrs.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd) && (large || !self.defer_doorbell()) {
+        if matches!(inner.attrs.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd) && ring {
             let env = self.env(inner.attrs.qp_access_flags);
             let f = inner.dp.doorbell(&env);
             self.sync_stats(&mut inner);
@@ -966,6 +994,7 @@ impl Qp {
         }
         let defer = self.lease.held();
         if defer {
+            self.doorbell_waits.store(true, Ordering::Relaxed);
             // Whichever of its CQs the application polls sends it.
             self.send_cq.deferred.store(true, Ordering::Release);
             self.recv_cq.deferred.store(true, Ordering::Release);
@@ -984,6 +1013,14 @@ impl Qp {
             Payload::Inline(b) if b.len() > self.cap.max_inline_data as usize => return Err(PostError::InlineTooLong),
             _ => {}
         }
+        let len = wqe.payload.len();
+        let chained = !ring;
+        // Decided before the QP is taken: a doorbell that rings now rings the waiting ones of
+        // other QPs first (see `ring_waiting_doorbells`).
+        let ring = ring && (len > DEFER_MAX_BYTES || !self.defer_doorbell());
+        if ring {
+            self.ring_waiting_doorbells();
+        }
         let mut inner = self.inner.lock();
         match inner.attrs.qp_state {
             QpState::Err => {
@@ -998,11 +1035,9 @@ impl Qp {
             // RTR and posts credit Writes.
             QpState::Rtr | QpState::Rts | QpState::Sqd => {
                 let env = self.env(inner.attrs.qp_access_flags);
-                let len = wqe.payload.len();
-                if !ring {
+                if chained {
                     self.chain_bytes.fetch_add(len, Ordering::Relaxed);
                 }
-                let ring = ring && (len > DEFER_MAX_BYTES || !self.defer_doorbell());
                 let r = inner.dp.post_send(&env, wqe, self.cap.max_send_wr, ring);
                 // An idle stream sends at once, from here.
                 self.sync_stats(&mut inner);
@@ -1086,6 +1121,15 @@ impl Endpoint for Qp {
         // so the bytes go at once, from here — or from the poller, if it holds the QP (`kick`).
         self.serve(true)
     }
+    fn serve_aside(&self) {
+        Qp::serve_aside(self)
+    }
+    fn lease_renewed_at(&self) -> u64 {
+        self.lease.renewed_at()
+    }
+    fn doorbell_waits(&self) -> bool {
+        self.doorbell_waits.load(Ordering::Relaxed)
+    }
     fn lease_check(&self, now_us: u64) -> Check {
         self.lease.check(now_us, |a: Arming| self.net.apply_arming(self.qpn, a))
     }
@@ -1123,6 +1167,9 @@ impl PolledQp for Qp {
     }
     fn hand_back(&self) {
         Qp::hand_back(self)
+    }
+    fn serve_other_leases(&self, own: &dyn Fn(u32) -> bool, renewed_before: u64) {
+        Qp::serve_other_leases(self, own, renewed_before)
     }
     fn delivered(&self) {
         // The WR went out from whichever thread pumped the QP — the progress thread, or a
