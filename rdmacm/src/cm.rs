@@ -575,26 +575,26 @@ impl Id {
         }
         let sock = st.sock.clone().ok_or_else(|| err(libc::EINVAL))?;
         let backlog = if backlog <= 0 { 1024 } else { backlog };
-        let wildcard = st.dev.is_none();
-        if !matches!(&st.dev, Some(d) if d.in_engine) && !(wildcard && raw_transport_published()) {
-            // A kernel socket served by our accept loop, listening at once as before the raw
-            // transports existed (a peer told the port may connect the moment this returns).
-            sys::listen(&sock, backlog)?;
-            st.state = State::Listen;
-            drop(st);
-            let me = Arc::downgrade(self);
-            uiw_kabi::thread::spawn_started("uiw-rdmacm-listen", move || accept_loop(me, sock))
-                .map_err(|_| err(libc::ENOMEM))?;
-            return Ok(());
-        }
-        if wildcard {
-            // A wildcard listener on a host with a device whose streams go over a userspace
-            // transport: it listens on every such device through the provider as well, and
-            // before its kernel socket listens (as a bound listener, below). A peer that
-            // connects as soon as the port shows in `ss -l` (a test, a script) would otherwise
-            // reach the kernel's socket before the port is steered to the raw transport, and
-            // be refused. Best effort per device: the kernel's devices are served whatever
-            // becomes of these.
+        // A device whose streams go over a userspace transport is listened on through the
+        // provider (its peers' segments never reach a kernel socket: the XDP program
+        // redirects them, the transport's nftables guard drops the AF_PACKET copies before
+        // the kernel's TCP). For a listener bound to such a device the kernel socket listens
+        // all the same, unserved: it holds the port against other listeners, as rdma_cm's
+        // port space does, and shows in `ss -l` as a kernel rdma_cm listener would. A
+        // wildcard listener on a host with such devices listens on each of them as well
+        // (best effort: the kernel's devices are served whatever becomes of these). Either
+        // way the provider's listeners, and with them the steering of the port, come first:
+        // a peer that connects as soon as the port shows would otherwise reach the kernel's
+        // socket before the port is steered to the raw transport, and be refused. With
+        // kernel-TCP devices only, the kernel socket listens at once, as before the raw
+        // transports existed (a peer told the port may connect the moment this returns).
+        let bound_in_engine = matches!(&st.dev, Some(d) if d.in_engine);
+        if bound_in_engine {
+            let dev = st.dev.clone().ok_or_else(|| err(libc::EINVAL))?;
+            let local = sys::local_addr(&sock)?;
+            let l = self.engine_listen(&dev, SocketAddr::new(canonical(local.ip()), local.port()))?;
+            st.engine_listeners.push(l);
+        } else if st.dev.is_none() && raw_transport_published() {
             let port = sys::local_addr(&sock)?.port();
             for d in devices().iter().filter(|d| d.in_engine) {
                 for ip in d.addrs.iter().copied().filter(IpAddr::is_ipv4) {
@@ -603,38 +603,23 @@ impl Id {
                     }
                 }
             }
-            if let Err(e) = sys::listen(&sock, backlog) {
-                let ls = std::mem::take(&mut st.engine_listeners);
-                drop(st);
-                drop(ls);
-                return Err(e);
-            }
-            st.state = State::Listen;
-            drop(st);
-            let me = Arc::downgrade(self);
-            uiw_kabi::thread::spawn_started("uiw-rdmacm-listen", move || accept_loop(me, sock))
-                .map_err(|_| err(libc::ENOMEM))?;
-            return Ok(());
         }
-        // A device whose streams go over a userspace transport is listened on through the
-        // provider (its peers' segments never reach a kernel socket: the XDP program
-        // redirects them, the transport's nftables guard drops the AF_PACKET copies before
-        // the kernel's TCP). The kernel socket listens all the same, unserved: it holds the
-        // port against other listeners, as rdma_cm's port space does, and shows in `ss -l`
-        // as a kernel rdma_cm listener would — only once the provider's listener (and with
-        // it the steering of the port) is in place: a peer that connects as soon as the port
-        // shows would otherwise reach the kernel's socket, which never serves it.
-        let dev = st.dev.clone().ok_or_else(|| err(libc::EINVAL))?;
-        let local = sys::local_addr(&sock)?;
-        let l = self.engine_listen(&dev, SocketAddr::new(canonical(local.ip()), local.port()))?;
-        st.engine_listeners.push(l);
         if let Err(e) = sys::listen(&sock, backlog) {
+            // Dropped after our lock: closing waits for an incoming callback in flight,
+            // which takes it.
             let ls = std::mem::take(&mut st.engine_listeners);
             drop(st);
             drop(ls);
             return Err(e);
         }
         st.state = State::Listen;
+        drop(st);
+        if !bound_in_engine {
+            // The kernel socket serves the kernel-TCP devices: our accept loop.
+            let me = Arc::downgrade(self);
+            uiw_kabi::thread::spawn_started("uiw-rdmacm-listen", move || accept_loop(me, sock))
+                .map_err(|_| err(libc::ENOMEM))?;
+        }
         Ok(())
     }
 
