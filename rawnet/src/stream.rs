@@ -23,7 +23,9 @@ use std::io::{self, Read, Write};
 use std::os::fd::RawFd;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+use parking_lot::{Condvar, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -45,7 +47,7 @@ pub(crate) type Dyn = Host<Box<dyn FrameIo>>;
 const TX_RETRY: Duration = Duration::from_micros(200);
 
 pub(crate) struct Shared {
-    pub(crate) host: Mutex<Dyn>,
+    pub(crate) host: parking_lot::Mutex<Dyn>,
     /// Connections whose stream was dropped: removed from the stack once CLOSED (lock
     /// order: `host`, then `orphans`).
     pub(crate) orphans: Mutex<Vec<Handle>>,
@@ -79,8 +81,14 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// The stack. `parking_lot`'s lock, not std's: it hands itself to a thread that has waited
+    /// half a millisecond. An application thread that polls turns the stack in a tight loop,
+    /// taking and releasing this lock every few microseconds, and std's lock lets it take the
+    /// lock back before a woken waiter runs: the progress thread was found waiting here while
+    /// it held a QP (a pump's send), the polling thread meanwhile finding that QP taken at
+    /// every poll.
     pub(crate) fn lock(&self) -> MutexGuard<'_, Dyn> {
-        self.host.lock().unwrap_or_else(|p| p.into_inner())
+        self.host.lock()
     }
 
     /// One turn of the stack (`Host::poll`) by any thread, under the host lock; then the
@@ -186,7 +194,7 @@ impl Transport {
         let cfg = StackConfig { mac: iface.mac, ip: iface.ip, mtu: iface.mtu, tcp, seed: seed() };
         let first = seed() as u32;
         let shared = Arc::new(Shared {
-            host: Mutex::new(Host::new(cfg, io)),
+            host: parking_lot::Mutex::new(Host::new(cfg, io)),
             orphans: Mutex::new(Vec::new()),
             moved: Condvar::new(),
             waiters: AtomicUsize::new(0),
@@ -298,9 +306,10 @@ fn wait<'a>(shared: &'a Shared, host: MutexGuard<'a, Dyn>, end: Instant) -> io::
     // Counted while the host lock is held, so a turn that follows sees the waiter; one that
     // ran before it found nothing this waiter's own `poll` (before it waits) did not see.
     shared.waiters.fetch_add(1, Ordering::AcqRel);
-    let (g, _) = shared.moved.wait_timeout(host, (end - now).min(Duration::from_millis(5))).unwrap_or_else(|p| p.into_inner());
+    let mut host = host;
+    let _ = shared.moved.wait_for(&mut host, (end - now).min(Duration::from_millis(5)));
     shared.waiters.fetch_sub(1, Ordering::AcqRel);
-    Ok(g)
+    Ok(host)
 }
 
 impl Drop for Transport {
