@@ -24,11 +24,10 @@ use std::os::fd::RawFd;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-
-use parking_lot::{Condvar, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use parking_lot::{Condvar, MutexGuard};
 use uiw_kabi::sys::{Epoll, TimerFd, EPOLL_IN};
 use uiw_utcp::{Config, Handle, StackConfig, State};
 
