@@ -33,6 +33,7 @@ pub(crate) struct Watch {
 /// Signals every watched stream whose wait is over, and the listener while connections wait.
 pub(crate) fn notify(host: &mut Dyn, s: &Shared) {
     let mut watches = s.watches.lock().unwrap_or_else(|p| p.into_inner());
+    let mut fed = s.readable.lock().unwrap_or_else(|p| p.into_inner());
     for (h, w) in watches.iter_mut() {
         let (state, readable, writable) = match host.stack.tcb(*h) {
             Some(t) => {
@@ -43,12 +44,22 @@ pub(crate) fn notify(host: &mut Dyn, s: &Shared) {
         };
         let fire = state != w.state || (w.want_read && readable) || (w.want_write && writable);
         if fire {
+            if (w.want_read && readable) || state != w.state {
+                let fd = w.ev.fd();
+                if !fed.contains(&fd) {
+                    if fed.len() >= crate::stream::READABLE_KEPT {
+                        fed.remove(0);
+                    }
+                    fed.push(fd);
+                }
+            }
             w.want_read &= !readable;
             w.want_write &= !writable;
             w.state = state;
             w.ev.signal();
         }
     }
+    drop(fed);
     drop(watches);
     if host.stack.acceptable() {
         for (port, ev) in s.listen_ev.lock().unwrap_or_else(|p| p.into_inner()).iter() {

@@ -41,6 +41,10 @@ use crate::{neigh, FrameIo, Host, Iface};
 
 pub(crate) type Dyn = Host<Box<dyn FrameIo>>;
 
+/// How many readable streams [`Transport::take_readable`] keeps for a caller that never asks
+/// (beyond that, the oldest are dropped: their eventfds fired all the same).
+pub const READABLE_KEPT: usize = 256;
+
 /// How soon a turn retries a frame the driver had no room for (its TX ring or socket
 /// buffer full): the kernel frees room without telling.
 const TX_RETRY: Duration = Duration::from_micros(200);
@@ -77,6 +81,9 @@ pub(crate) struct Shared {
     pub(crate) kernel_sees_frames: bool,
     /// Ports outside `ports` steered so far (they stay steered until the transport closes).
     pub(crate) steered: Mutex<std::collections::HashSet<u16>>,
+    /// The readiness descriptors of the streams a turn found readable (or changed) since
+    /// [`Transport::take_readable`] last took them (see there).
+    pub(crate) readable: Mutex<Vec<RawFd>>,
 }
 
 impl Shared {
@@ -208,6 +215,7 @@ impl Transport {
             guard,
             kernel_sees_frames: kind == Kind::Packet,
             steered: Mutex::new(std::collections::HashSet::new()),
+            readable: Mutex::new(Vec::new()),
         });
         Ok(Transport { shared, progress: None, kind: name })
     }
@@ -229,6 +237,17 @@ impl Transport {
     /// streams.
     pub fn owns_readiness(&self, fd: RawFd) -> bool {
         crate::nonblock::owns(&self.shared, fd)
+    }
+
+    /// Moves into `out` the readiness descriptors of the streams that stack turns made
+    /// readable (or whose connection changed state) since the last call. Their eventfds fired
+    /// as well, but a thread that turned the stack itself — an application thread that polls
+    /// one stream — learns here which *other* streams its turn fed, and can serve them before
+    /// it reports what it read: what arrived first is then placed first, across streams, as
+    /// an RNIC places it (perftest's credit Write on one QP ahead of its rdma_cm handshake on
+    /// another). At most [`READABLE_KEPT`] are kept for a caller that never asks.
+    pub fn take_readable(&self, out: &mut Vec<RawFd>) {
+        out.append(&mut self.shared.readable.lock().unwrap_or_else(|p| p.into_inner()));
     }
 
     /// Frames received so far (by whichever thread turned the stack).

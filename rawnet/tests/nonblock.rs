@@ -83,6 +83,11 @@ fn passive(kind: Kind) {
         ep.add(s.fd().expect("a non-blocking stream has a readiness fd"), 2, EPOLL_SOCKET_EDGE).unwrap();
         assert_eq!(s.peer().map(|p| *p.ip()), Some(B_IP));
         let got = read_all(&mut s, &ep);
+        // The turns that fed the stream said so (`take_readable`): a thread that turns the
+        // stack can serve the streams it fed before it reports its own (the provider does).
+        let mut fed = Vec::new();
+        t.take_readable(&mut fed);
+        assert!(fed.contains(&s.fd().unwrap()), "the stream's arrivals were never reported readable: {fed:?}");
         write_all(&mut s, &ep, &got);
         s.linger(Duration::from_secs(60)).unwrap();
         got.len()

@@ -213,10 +213,11 @@ pub trait PolledQp: Send + Sync {
     /// The application is going to sleep on the CQ's channel: the progress thread takes the
     /// QP back.
     fn hand_back(&self);
-    /// A poll of this CQ found nothing: the QPs of other CQs leased to a poller, which
-    /// `own` does not name and whose lease was renewed before `renewed_before` (the CQ's
-    /// previous poll: their poller has moved on to this CQ), are served from it too.
-    fn serve_other_leases(&self, own: &dyn Fn(u32) -> bool, renewed_before: u64);
+    /// A poll of this CQ drove its QPs (`own`): other QPs are served from it too — those whose
+    /// raw streams its stack turns fed, and, when `renewed_before` is not 0 (a poll that found
+    /// nothing), the QPs of other CQs leased to a poller whose lease was renewed before
+    /// `renewed_before` (the CQ's previous poll: their poller has moved on to this CQ).
+    fn serve_others(&self, own: &dyn Fn(u32) -> bool, renewed_before: u64);
     /// The application took a completion of this QP that [`delivered`] says the peer has: if
     /// the QP at the other end is one of this process's, it places what it was sent before
     /// the poll returns (see `Qp::local_peer`).
@@ -346,7 +347,7 @@ impl CqObj {
             full &= qp.try_progress(poller);
         }
         if let Some(qp) = qps.first() {
-            qp.serve_other_leases(&|n| qps.iter().any(|q| q.qpn() == n), previous);
+            qp.serve_others(&|n| qps.iter().any(|q| q.qpn() == n), previous);
         }
         full && self.q.lock().is_empty()
     }
@@ -479,7 +480,7 @@ mod tests {
     struct Fake {
         full: bool,
         driven: AtomicU32,
-        /// What the last `serve_other_leases` asked for: the poll time before which a lease
+        /// What the last `serve_others` asked for: the poll time before which a lease
         /// must have been renewed, and whether QP 1 (every fake's number) was named as the CQ's own.
         aside: Mutex<Option<(u64, bool)>>,
     }
@@ -493,7 +494,7 @@ mod tests {
             self.full
         }
         fn hand_back(&self) {}
-        fn serve_other_leases(&self, own: &dyn Fn(u32) -> bool, renewed_before: u64) {
+        fn serve_others(&self, own: &dyn Fn(u32) -> bool, renewed_before: u64) {
             *self.aside.lock() = Some((renewed_before, own(1)));
         }
         fn delivered(&self) {}

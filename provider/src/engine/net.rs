@@ -171,6 +171,8 @@ pub struct Net {
     /// progress thread turns each (token `KIND_RAW | index` in `raw_turn`).
     raw: Mutex<HashMap<String, Arc<RawTcp>>>,
     raw_turn: RwLock<Vec<Arc<RawTcp>>>,
+    /// The QP each watched stream's readiness descriptor belongs to (see [`Net::serve_fed`]).
+    watched: Mutex<HashMap<i32, u32>>,
     /// Leased QPs whose stream is a raw transport's (QPN → index in `raw_turn`), and per
     /// transport how many: while an application thread that polls holds one, it turns the
     /// stack itself, and the transport's socket is out of the progress thread's interest
@@ -350,6 +352,7 @@ impl Net {
             kernel: Arc::new(KernelTcp),
             raw: Mutex::new(HashMap::new()),
             raw_turn: RwLock::new(Vec::new()),
+            watched: Mutex::new(HashMap::new()),
             raw_leases: Mutex::new((HashMap::new(), Vec::new())),
             stop: AtomicBool::new(false),
             waker,
@@ -434,13 +437,40 @@ impl Net {
         self.epoll
             .add(fd, KIND_QP | u64::from(qpn), EPOLL_SOCKET_EDGE)
             .or_else(|_| self.epoll.modify(fd, KIND_QP | u64::from(qpn), EPOLL_SOCKET_EDGE))?;
+        self.watched.lock().insert(fd, qpn);
         // Its MPA negotiation has a deadline the progress thread must know of.
         self.wake();
         Ok(())
     }
 
     pub fn unwatch(&self, stream: &dyn Stream) {
-        let _ = self.epoll.delete(stream.readiness());
+        let fd = stream.readiness();
+        self.watched.lock().remove(&fd);
+        let _ = self.epoll.delete(fd);
+    }
+
+    /// Serves, from an application thread whose polls turn a raw transport's stack, the QPs
+    /// (other than `skip`) whose streams the stack's turns fed since it last looked. Their
+    /// eventfds fired too, but the progress thread is only being woken, while the polling
+    /// thread may already be returning what its own QP read in the same turn: bytes that
+    /// arrived earlier on another stream (perftest's credit Write, sent before its rdma_cm
+    /// handshake) must not be placed after that. Kernel sockets need none of this: the
+    /// application thread never reads their neighbours' bytes.
+    pub fn serve_fed(&self, skip: &dyn Fn(u32) -> bool) {
+        let mut fds = Vec::new();
+        for t in self.raw_turn.read().iter() {
+            t.take_readable(&mut fds);
+        }
+        if fds.is_empty() {
+            return;
+        }
+        let qpns: Vec<u32> = {
+            let watched = self.watched.lock();
+            fds.iter().filter_map(|fd| watched.get(fd).copied()).filter(|&q| !skip(q)).collect()
+        };
+        for qp in qpns.into_iter().filter_map(|q| self.lookup(q)) {
+            qp.serve_aside();
+        }
     }
 
     /// A lease transition of QP `qpn` (called under its lease lock): its socket leaves the

@@ -498,11 +498,16 @@ impl Qp {
         self.net.serve_leased(&|q| q == self.qpn, &|qp| qp.doorbell_waits());
     }
 
-    /// A poll of one of the QP's CQs that finds nothing: the leased QPs its poller polled
-    /// before, and no more, are served from it too — those renewed before `renewed_before`
-    /// (the CQ's previous poll), other than the CQ's own (`own`). See `Net::serve_leased`.
-    pub fn serve_other_leases(&self, own: &dyn Fn(u32) -> bool, renewed_before: u64) {
-        self.net.serve_leased(own, &|qp| qp.lease_renewed_at() < renewed_before);
+    /// A poll of one of the QP's CQs drove the CQ's own QPs (`own`): the QPs whose raw
+    /// streams its stack turns fed are served from it too (`Net::serve_fed`), and, if the
+    /// poll found nothing, the leased QPs its poller polled before and no more — those
+    /// renewed before `renewed_before` (the CQ's previous poll; 0: none). See
+    /// `Net::serve_leased`.
+    pub fn serve_others(&self, own: &dyn Fn(u32) -> bool, renewed_before: u64) {
+        self.net.serve_fed(own);
+        if renewed_before > 0 {
+            self.net.serve_leased(own, &|qp| qp.lease_renewed_at() < renewed_before);
+        }
     }
 
     /// The application is going to sleep on a completion channel: the progress thread serves
@@ -1168,8 +1173,8 @@ impl PolledQp for Qp {
     fn hand_back(&self) {
         Qp::hand_back(self)
     }
-    fn serve_other_leases(&self, own: &dyn Fn(u32) -> bool, renewed_before: u64) {
-        Qp::serve_other_leases(self, own, renewed_before)
+    fn serve_others(&self, own: &dyn Fn(u32) -> bool, renewed_before: u64) {
+        Qp::serve_others(self, own, renewed_before)
     }
     fn delivered(&self) {
         // The WR went out from whichever thread pumped the QP — the progress thread, or a

@@ -102,6 +102,12 @@ impl RawTcp {
         self.transport.owns_readiness(fd)
     }
 
+    /// The readiness descriptors of the streams that stack turns fed since the last call
+    /// (see `uiw_rawnet::stream::Transport::take_readable`).
+    pub fn take_readable(&self, out: &mut Vec<RawFd>) {
+        self.transport.take_readable(out)
+    }
+
     /// Frames in, timers, frames out, and the streams' readiness signalled; whether it moved
     /// anything.
     pub fn turn(&self) -> bool {
