@@ -8,7 +8,7 @@
  *       nolistener connect to a port nobody listens on (the kernel's iWARP answer)
  *       pdata      private data both ways, IRD/ORD, a Send each way, disconnect
  *       reject     reject with private data
- *       many       64 simultaneous connects to one listener
+ *       many       64 simultaneous connects to one listener, requested in the order of the calls
  *       forward    ids on addresses no uiw device holds go to the system librdmacm
  *                  (run with UIW_SYSTEM_RDMACM=libfake_system_rdmacm.so; -a: such an
  *                  address, local and not loopback)
@@ -360,6 +360,8 @@ struct server {
 	int expect_conns;
 	int established, disconnected, requests, pd_ok, depth_ok;
 	int zero_depth; /* depth0 mode: IRD/ORD 0 offered by the client and accepted as 0 */
+	/* many mode: the client's index (the byte after cli_pd) of each request, in arrival order */
+	int order[128];
 	struct rdma_cm_id *conns[128];
 	int nconns;
 	struct ibv_mr *mr;
@@ -381,6 +383,9 @@ static void *server_thread(void *arg)
 			if (e->listen_id == s->listen && e->param.conn.private_data_len >= sizeof cli_pd &&
 			    memcmp(e->param.conn.private_data, cli_pd, sizeof cli_pd) == 0)
 				s->pd_ok++;
+			if (s->requests <= (int)(sizeof s->order / sizeof s->order[0]))
+				s->order[s->requests - 1] = e->param.conn.private_data_len > sizeof cli_pd
+					? ((const unsigned char *)e->param.conn.private_data)[sizeof cli_pd] : -1;
 			if (s->zero_depth ? e->param.conn.initiator_depth == 0 && e->param.conn.responder_resources == 0
 					  : e->param.conn.initiator_depth >= 1 && e->param.conn.responder_resources >= 1)
 				s->depth_ok++;
@@ -747,7 +752,11 @@ static void mode_many(void)
 	}
 	check(n == MANY, "%d ids resolved", n);
 	for (int i = 0; i < MANY; i++) {
-		struct rdma_conn_param cp = { .private_data = cli_pd, .private_data_len = sizeof cli_pd,
+		/* the client's private data, then the connect's index */
+		unsigned char pd[sizeof cli_pd + 1];
+		memcpy(pd, cli_pd, sizeof cli_pd);
+		pd[sizeof cli_pd] = i;
+		struct rdma_conn_param cp = { .private_data = pd, .private_data_len = sizeof pd,
 					      .responder_resources = 1, .initiator_depth = 1 };
 		if (ids[i]->qp)
 			rdma_connect(ids[i], &cp);
@@ -763,6 +772,14 @@ static void mode_many(void)
 	usleep(300 * 1000);
 	check(s.requests == MANY && s.established == MANY, "server: %d requests, %d established", s.requests,
 	      s.established);
+	/* The kernel's rdma_cm sends the connects to one destination in the order of the calls, and
+	 * programs pair QPs by it (perftest -R -q N numbers the server's QPs in request order). */
+	int first_out = -1;
+	for (int i = 0; i < MANY && i < s.requests; i++)
+		if (s.order[i] != i && first_out < 0)
+			first_out = i;
+	check(first_out < 0, "server: CONNECT_REQUESTs in the order of the rdma_connect calls (request %d is connect %d)",
+	      first_out, first_out < 0 ? -1 : s.order[first_out]);
 	for (int i = 0; i < MANY; i++)
 		rdma_disconnect(ids[i]);
 	while (disc < MANY && (e = get_event(ch, 10000))) {

@@ -20,6 +20,7 @@ use std::time::Duration;
 use crate::abi::rdma_cm_event_type as ev;
 use crate::channel::Channel;
 use crate::cid::{CChan, CId, QpInitAttr};
+use crate::order::{self, Ticket};
 use crate::sys;
 use crate::uiwcm::{self, Conn};
 use crate::verbs::{self, Ctx};
@@ -818,19 +819,22 @@ impl Id {
             (sock, st.port_picked, dst, dev, st.cancel.clone())
         };
         let me = Arc::downgrade(self);
+        // The connect leaves after the application's earlier ones to this destination (see
+        // `order`); the thread waits for its turn.
+        let turn = Ticket::take(dst);
         if dev.in_engine {
             // The provider opens the stream through the device's transport, from a port of
             // its own: the bound kernel socket has done its part (the source address).
             drop(sock);
             uiw_kabi::thread::spawn_started("uiw-rdmacm-connect", move || {
-                engine_connect_thread(me, dst, dev, qp, pdata, ird, ord)
+                engine_connect_thread(me, turn, dst, dev, qp, pdata, ird, ord)
             })
             .map_err(|_| err(libc::ENOMEM))?;
             return Ok(());
         }
         let sock = Arc::try_unwrap(sock).map_err(|_| err(libc::EBUSY))?;
         uiw_kabi::thread::spawn_started("uiw-rdmacm-connect", move || {
-            connect_thread(me, sock, port_picked, dst, dev, qp, pdata, ird, ord, cancel)
+            connect_thread(me, turn, sock, port_picked, dst, dev, qp, pdata, ird, ord, cancel)
         })
         .map_err(|_| err(libc::ENOMEM))?;
         Ok(())
@@ -1041,6 +1045,7 @@ fn rebound(local: &SocketAddr) -> io::Result<OwnedFd> {
 #[allow(clippy::too_many_arguments)]
 fn connect_thread(
     id: Weak<Id>,
+    turn: Ticket,
     sock: OwnedFd,
     port_picked: bool,
     dst: SocketAddr,
@@ -1051,6 +1056,7 @@ fn connect_thread(
     ord: u8,
     cancel: Arc<AtomicBool>,
 ) {
+    wait_turn(&id, &turn, &dst);
     let mut sock = sock;
     let mut result = connect_stream(&sock, &dst, &cancel);
     if port_picked && result.as_ref().err().and_then(io::Error::raw_os_error) == Some(libc::EADDRNOTAVAIL) {
@@ -1077,7 +1083,18 @@ fn connect_thread(
     // Where the stream really runs (the kernel reports it in the CONNECT_REPLY).
     me.c.set_src(sys::local_addr(&sock).ok());
     let local = sys::local_addr(&sock).unwrap_or(dst);
+    // The provider sends the MPA Request before this returns; then the next connect's turn.
     start_target(me, dev, local, dst, "uiw_cm_active_v1", |api, t| api.active(qp, sock, &pdata, ird as u16, ord as u16, t).map(|c| (c, None)));
+    drop(turn);
+}
+
+/// Waits until the earlier connects to `dst` started (see `order`), for the connect of `id`.
+fn wait_turn(id: &Weak<Id>, turn: &Ticket, dst: &SocketAddr) {
+    if !turn.wait_turn(order::TURN_MAX) {
+        if let Some(me) = id.upgrade() {
+            debug!("id {:#x}: connect to {dst}: the earlier connects to it still run after {:?}; going ahead", me.ptr(), order::TURN_MAX);
+        }
+    }
 }
 
 /// The provider half of an rdma_connect from `local` to `dst` on `dev`: a target for the
@@ -1128,6 +1145,7 @@ fn start_target(
 /// [`connect_thread`]'s. A thread, as there: the provider may wait for the peer's MAC.
 fn engine_connect_thread(
     id: Weak<Id>,
+    turn: Ticket,
     dst: SocketAddr,
     dev: Arc<Device>,
     qp: verbs::Qp,
@@ -1135,9 +1153,13 @@ fn engine_connect_thread(
     ird: u8,
     ord: u8,
 ) {
+    wait_turn(&id, &turn, &dst);
     let Some(me) = id.upgrade() else { return };
     let local = me.c.src().unwrap_or(dst);
+    // When this returns the provider has sent the SYN and queued the MPA Request behind it:
+    // the handshakes, and so the MPA Requests, follow in the order of the connects.
     start_target(me, dev, local, dst, "uiw_cm_connect_v2", |api, t| api.connect(qp, &dst, &pdata, ird as u16, ord as u16, t));
+    drop(turn);
 }
 
 // ---------------------------------------------------------------------------------------

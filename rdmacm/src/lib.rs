@@ -13,6 +13,7 @@ mod cid;
 mod cm;
 mod exports;
 mod fwd;
+mod order;
 mod rsock;
 mod sys;
 mod uiwcm;
