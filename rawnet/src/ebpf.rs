@@ -13,6 +13,13 @@
 //! `bpf_redirect_map(xsks, rx_queue_index, XDP_PASS)`; anything else
 //! (ARP, ND, ICMP, ssh, other TCP) → `XDP_PASS` to the kernel. A frame with IP options is
 //! passed too (uiw never sends them; the kernel then drops it under `RstGuard`).
+//!
+//! Multi-buffer: on a socket bound with `XDP_USE_SG` the program is loaded with
+//! `BPF_F_XDP_HAS_FRAGS`, and then sees only a frame's first buffer between `data` and
+//! `data_end` (a 9000-byte frame on veth: a page's worth). It reads bytes 12..38 only (the
+//! Ethernet, IPv4 and TCP-port fields), after instruction 5 checked `data + 38 <= data_end`
+//! — the verifier refuses any load it cannot prove inside that bound — so a first buffer
+//! shorter than the headers is passed to the kernel, never read beyond.
 
 use std::net::Ipv4Addr;
 

@@ -69,6 +69,26 @@ pub trait FrameIo: Send {
         let _ = (port, on);
         Err(io::Error::new(io::ErrorKind::Unsupported, "this driver steers only its port range"))
     }
+    /// The largest IP packet this driver carries, if smaller than the interface's MTU (AF_XDP
+    /// without multi-buffer support on a jumbo-frame link): the stack's MSS must fit it.
+    fn max_mtu(&self) -> Option<usize> {
+        None
+    }
+    /// Counters of frames that took several buffers (AF_XDP multi-buffer); zero elsewhere.
+    fn multi_buffer(&self) -> MultiBuffer {
+        MultiBuffer::default()
+    }
+}
+
+/// Frames a driver moved in several buffers ([`FrameIo::multi_buffer`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct MultiBuffer {
+    /// Received in several descriptors and put together.
+    pub rx_frames: u64,
+    /// Sent as several descriptors.
+    pub tx_frames: u64,
+    /// Received chains thrown away (out of bounds, longer than the largest frame).
+    pub rx_discarded: u64,
 }
 
 impl<T: FrameIo + ?Sized> FrameIo for Box<T> {
@@ -92,5 +112,11 @@ impl<T: FrameIo + ?Sized> FrameIo for Box<T> {
     }
     fn steer(&mut self, port: u16, on: bool) -> io::Result<()> {
         (**self).steer(port, on)
+    }
+    fn max_mtu(&self) -> Option<usize> {
+        (**self).max_mtu()
+    }
+    fn multi_buffer(&self) -> MultiBuffer {
+        (**self).multi_buffer()
     }
 }

@@ -197,7 +197,10 @@ impl Transport {
         };
         let name = io.kind();
         let fd = io.fd();
-        let cfg = StackConfig { mac: iface.mac, ip: iface.ip, mtu: iface.mtu, tcp, seed: seed() };
+        // A driver that carries less than the interface's MTU (AF_XDP without multi-buffer)
+        // gets a stack whose MSS fits: the peer's segments then fit too.
+        let mtu = io.max_mtu().map_or(iface.mtu, |m| m.min(iface.mtu));
+        let cfg = StackConfig { mac: iface.mac, ip: iface.ip, mtu, tcp, seed: seed() };
         let first = seed() as u32;
         let shared = Arc::new(Shared {
             host: parking_lot::Mutex::new(Host::new(cfg, io)),
@@ -253,6 +256,17 @@ impl Transport {
     /// Frames received so far (by whichever thread turned the stack).
     pub fn rx_frames(&self) -> u64 {
         self.shared.lock().stats.rx_frames
+    }
+
+    /// The MTU the stack uses: the interface's, or less if the driver carries less
+    /// ([`FrameIo::max_mtu`]). The MSS it announces is this − 40.
+    pub fn mtu(&self) -> usize {
+        self.shared.lock().stack.max_frame() - uiw_utcp::packet::ETH_HDR
+    }
+
+    /// The driver's frames in several buffers so far ([`FrameIo::multi_buffer`]).
+    pub fn multi_buffer(&self) -> crate::MultiBuffer {
+        self.shared.lock().io.multi_buffer()
     }
 
     /// The driver in use ("xdp (native, copy)", "packet").

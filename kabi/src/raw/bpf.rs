@@ -102,8 +102,15 @@ pub fn map_set(map: &OwnedFd, key: u32, fd: RawFd) -> io::Result<()> {
     bpf(BPF_MAP_UPDATE_ELEM, &mut a).map(|_| ())
 }
 
-/// Load an XDP program; on a verifier rejection the error carries the verifier's log.
-pub fn load_xdp(prog: &[Insn]) -> io::Result<OwnedFd> {
+/// `BPF_F_XDP_HAS_FRAGS` (`prog_flags`, linux/bpf.h, 5.18+): the program copes with a
+/// multi-buffer frame — it reads only the first buffer, between `data` and `data_end`.
+const BPF_F_XDP_HAS_FRAGS: u32 = 1 << 5;
+
+/// Load an XDP program (`frags`: declared multi-buffer aware, which drivers need before they
+/// take an MTU larger than a page — veth's native mode — and which hands the program frames
+/// whose `data_end` covers only the first buffer); on a verifier rejection the error carries
+/// the verifier's log.
+pub fn load_xdp(prog: &[Insn], frags: bool) -> io::Result<OwnedFd> {
     let license = b"Dual MIT/GPL\0";
     let name = b"uiw_steer\0";
     let mut log = vec![0u8; 1 << 16];
@@ -115,6 +122,9 @@ pub fn load_xdp(prog: &[Insn]) -> io::Result<OwnedFd> {
             .u64(16, license.as_ptr() as u64);
         if level > 0 {
             a.u32(24, level).u32(28, log.len() as u32).u64(32, log.as_mut_ptr() as u64);
+        }
+        if frags {
+            a.u32(44, BPF_F_XDP_HAS_FRAGS);
         }
         a.0[48..48 + name.len()].copy_from_slice(name);
         a.u32(68, BPF_XDP);

@@ -76,9 +76,11 @@ impl RawTcp {
     /// CAP_NET_ADMIN, and CAP_BPF for AF_XDP).
     pub fn open(netdev: &str, kind: Kind, ports: (u16, u16)) -> io::Result<RawTcp> {
         let iface = uiw_rawnet::Iface::lookup(netdev)?;
-        let mss = iface.mtu.saturating_sub(40).max(536);
-        let tcp = tcp_config(mss, super::peer_timeout_ms());
+        let tcp = tcp_config(iface.mtu.saturating_sub(40).max(536), super::peer_timeout_ms());
         let transport = Transport::open_driven(netdev, kind, ports, tcp)?;
+        // The stack's MTU, which the driver may hold below the interface's (xdp without
+        // AF_XDP multi-buffer on a jumbo-frame link).
+        let mss = transport.mtu().saturating_sub(40).max(536);
         let name = match kind {
             Kind::Xdp => "xdp",
             Kind::Packet => "packet",
