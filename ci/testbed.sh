@@ -15,7 +15,9 @@
 #       the veths' offloads (tx checksum, TSO, GSO, GRO) are turned off first, as uiw's
 #       userspace TCP needs (needs ethtool); programs run there as root (CAP_NET_RAW,
 #       CAP_NET_ADMIN, CAP_BPF). Note: nftables loss applies to what a host's kernel sends;
-#       raw-socket frames pass no netfilter hook.
+#       raw-socket frames pass no netfilter hook. xdp at --mtu 9000 carries each frame in
+#       several 4 KiB UMEM chunks (AF_XDP multi-buffer, kernel 6.6+; an older kernel's uiw
+#       announces an MSS that fits one chunk, 3786).
 #   ci/testbed.sh [-p PREFIX] run a|b [--] CMD [ARGS...]
 #       run CMD on host A/B under `uiw run` (exec: the PID you get is CMD's)
 #   ci/testbed.sh [-p PREFIX] exec a|b [--] CMD [ARGS...]

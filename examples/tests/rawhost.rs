@@ -4,8 +4,10 @@
 //! the namespaces with xdp on both hosts, with packet on both, and with xdp on one host and
 //! the kernel's TCP on the other; `integrity` between a packet host and an xdp host; a raw
 //! peer killed mid-stream; rdma_cm (`rping -V`, perftest `-R`) over xdp, between xdp and the
-//! kernel's TCP both ways, and from packet to xdp. Each run checks from the provider's own
-//! log that the raw transport was the one opened.
+//! kernel's TCP both ways, and from packet to xdp; at MTU 9000, the tools between xdp and the
+//! kernel's TCP (with `ibv_rc_pingpong --chk` and `integrity` checking the data) and over xdp
+//! on both hosts. Each run checks from the provider's own log that the raw transport was the
+//! one opened.
 //!
 //! As root nothing here is skipped: a missing tool (ip, nft, ethtool, rdma-core's or
 //! perftest's programs) fails the test. Without root the tests are skipped (or fail under
@@ -278,4 +280,86 @@ fn integrity_between_packet_and_xdp() {
     }
     assert_transport(&c, "packet");
     assert_transport(&s, "xdp");
+}
+
+/// MTU 9000 (issue 12): an xdp host and a kernel-TCP host over a 9000-byte link. The xdp
+/// host's TCP announces MSS 8960, so its full segments take three 4 KiB UMEM chunks each
+/// (AF_XDP multi-buffer), and so do the kernel's segments it receives. `ibv_rc_pingpong -s
+/// 16384 --chk` and `integrity` check every byte; `ib_send_bw`/`ib_write_bw` at 64 KiB move
+/// bulk. nftables counters in host B prove the frames were jumbo: the xdp host's SYNs
+/// announced MSS 8960 (not the 3786 of a stack clamped to one chunk), and B's kernel received
+/// frames larger than 4096 bytes from it (B's veth has GRO off: one count per wire frame).
+#[test]
+fn tools_between_xdp_and_kernel_tcp_at_mtu_9000() {
+    let test = "tools_between_xdp_and_kernel_tcp_at_mtu_9000";
+    let Some((_l, tb)) = testbed(test, &["--transport-a", "xdp", "--transport-b", "tcp", "--mtu", "9000"]) else { return };
+    let dev = tb.dev.clone();
+    // Only uiw's own connections (source ports in its range), not the tools' out-of-band
+    // exchanges over A's kernel TCP, which announces 8960 too.
+    let from_a = format!("ip saddr {} tcp sport 20000-24095", tb.addr_a);
+    for cmd in [
+        "add table inet uiw_mtu_probe".to_string(),
+        "add chain inet uiw_mtu_probe rx { type filter hook input priority 0 ; }".to_string(),
+        format!("add rule inet uiw_mtu_probe rx {from_a} tcp option maxseg size 8960 counter comment \"mss\""),
+        format!("add rule inet uiw_mtu_probe rx {from_a} meta length > 4096 counter comment \"jumbo\""),
+    ] {
+        let mut args = vec!["exec", "b", "nft"];
+        args.extend(cmd.split(' '));
+        let o = tb.ctl(&args);
+        assert!(o.status.success(), "nft {cmd}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    let (s, c) = pair(
+        &tb,
+        &["ibv_rc_pingpong", "-d", &dev, "-g", "0", "-n", "200", "-s", "16384", "-c"],
+        &["ibv_rc_pingpong", "-d", &dev, "-g", "0", "-n", "200", "-s", "16384", "-c", &tb.addr_b],
+        18515,
+    );
+    for r in [&s, &c] {
+        assert!(r.stdout.contains("200 iters in"), "ibv_rc_pingpong {}: no result\n{}{}", r.name, r.stdout, r.stderr);
+    }
+    assert_transport(&c, "xdp");
+    assert_transport(&s, "tcp");
+    for prog in ["ib_send_bw", "ib_write_bw"] {
+        let common = [prog, "-d", &dev, "-x", "0", "-n", "300", "-s", "65536", "-p", "7472"];
+        let mut cv = common.to_vec();
+        cv.push(&tb.addr_b);
+        let (s, c) = pair(&tb, &common, &cv, 7472);
+        assert!(
+            c.stdout.lines().any(|l| l.split_whitespace().next() == Some("65536") && l.split_whitespace().nth(1) == Some("300")),
+            "{prog}: no result line\nclient: {}{}\nserver: {}{}",
+            c.stdout,
+            c.stderr,
+            s.stdout,
+            s.stderr
+        );
+        assert_transport(&c, "xdp");
+        assert_transport(&s, "tcp");
+    }
+    let exe = uiw_examples::build_c_example("integrity", &uiw_examples::out_dir(env!("CARGO_TARGET_TMPDIR")));
+    let exe = exe.to_str().unwrap();
+    let (s, c) = pair(&tb, &[exe, "-s", "-p", "7476", "-d", &tb.dev], &[exe, "-c", &tb.addr_b, "-p", "7476", "-d", &tb.dev], 7476);
+    for r in [&s, &c] {
+        let sum = uiw_examples::parse_summary(&r.stdout).unwrap_or_else(|| panic!("{}: no summary\n{}\n{}", r.name, r.stdout, r.stderr));
+        assert!(sum.failed == 0 && sum.passed > 2000, "{}: {sum:?}: {:?}", r.name, uiw_examples::failures(&r.stdout));
+    }
+    assert_transport(&c, "xdp");
+    assert_transport(&s, "tcp");
+    let o = tb.ctl(&["exec", "b", "nft", "list", "table", "inet", "uiw_mtu_probe"]);
+    let table = String::from_utf8_lossy(&o.stdout).to_string();
+    let count = |tag: &str| -> u64 {
+        let line = table.lines().find(|l| l.contains(&format!("comment \"{tag}\""))).unwrap_or_else(|| panic!("no {tag} rule: {table}"));
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let at = w.iter().position(|&x| x == "packets").unwrap_or_else(|| panic!("no counter: {line}"));
+        w[at + 1].parse().unwrap()
+    };
+    println!("host B's counters: {table}");
+    assert!(count("mss") > 0, "the xdp host's connections did not announce MSS 8960: {table}");
+    assert!(count("jumbo") > 1000, "few frames over 4096 bytes from the xdp host: {table}");
+}
+
+/// MTU 9000 with the userspace TCP at both ends: each host's multi-buffer chains are the
+/// other's received frames.
+#[test]
+fn tools_over_xdp_on_both_hosts_at_mtu_9000() {
+    tools("tools_over_xdp_on_both_hosts_at_mtu_9000", &["--transport", "xdp", "--mtu", "9000"], "xdp", "xdp");
 }
