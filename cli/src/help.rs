@@ -155,9 +155,14 @@ OPTIONS
                     transport on the netdev when it creates its first QP (one
                     such process per netdev at a time). QP numbers, MPA and RTR
                     connects are as over tcp, and a tcp peer interoperates.
-                    rdma_cm is not supported on them yet (EOPNOTSUPP, with a
-                    message). The devices named take the transport given
-                    (tcp if none); `uiw show` prints each device's transport.
+                    rdma_cm (uiw's librdmacm) works over them for IPv4; an
+                    active connection's source port is one of the
+                    transport's, whatever port the application bound. xdp
+                    carries a jumbo MTU (9000) as AF_XDP multi-buffer (kernel
+                    6.6+; an older kernel's devices announce an MSS that fits
+                    one 4 KiB frame). The devices named take the transport
+                    given (tcp if none); `uiw show` prints each device's
+                    transport.
     --config FILE   Also the network devices FILE names (white-space separated,
                     `#` starts a comment; a file naming none is an error). The
                     Debian package's uiw.service runs
