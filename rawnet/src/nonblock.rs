@@ -219,17 +219,28 @@ impl RawStream {
     /// Reads what has arrived (after one turn of the stack), or `WouldBlock`; 0 at the end
     /// of the stream.
     pub fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut at = 0;
+        self.try_read_with(buf.len(), &mut |s| {
+            buf[at..at + s.len()].copy_from_slice(s);
+            at += s.len();
+        })
+    }
+
+    /// As [`RawStream::try_read`] for up to `max` bytes, lent to `f` where they lie in the
+    /// stack's receive buffer (in order, in at most two slices) rather than copied into a
+    /// buffer first: a reader that places them elsewhere copies each byte once.
+    pub fn try_read_with(&mut self, max: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
         let s = self.shared.clone();
         let mut host = s.lock();
         s.poll(&mut host, 64)?;
         let t = host.stack.tcb(self.h).ok_or_else(gone)?;
-        let n = t.recv(buf);
+        let n = t.recv_with(max, f);
         let (eof, closed) = (t.at_eof(), t.state() == State::Closed);
         if n > 0 {
             // A window update may be due.
             s.poll(&mut host, 64)?;
         }
-        let r = if n == 0 && !buf.is_empty() {
+        let r = if n == 0 && max > 0 {
             if eof {
                 Ok(0)
             } else if closed {
@@ -239,7 +250,7 @@ impl RawStream {
                 Err(would_block())
             }
         } else {
-            if n < buf.len() {
+            if n < max {
                 if eof || closed {
                     // The caller reads again only on news: this is news already.
                     if let Some(ev) = &self.ev {

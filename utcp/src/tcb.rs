@@ -366,12 +366,26 @@ impl Tcb {
 
     /// Take received in-order bytes.
     pub fn recv(&mut self, buf: &mut [u8]) -> usize {
-        let n = buf.len().min(self.rx.len());
-        // Two slice copies (the ring's two halves), not a byte at a time.
+        let mut at = 0;
+        self.recv_with(buf.len(), &mut |s| {
+            buf[at..at + s.len()].copy_from_slice(s);
+            at += s.len();
+        })
+    }
+
+    /// Take up to `max` received in-order bytes where they lie: `f` sees them in order, in at
+    /// most two slices (the receive ring's two halves), so a reader that places them — uiw's
+    /// provider, into registered memory — copies each byte once. Returns how many were taken.
+    pub fn recv_with(&mut self, max: usize, f: &mut dyn FnMut(&[u8])) -> usize {
+        let n = max.min(self.rx.len());
         let (front, back) = self.rx.as_slices();
         let k = n.min(front.len());
-        buf[..k].copy_from_slice(&front[..k]);
-        buf[k..n].copy_from_slice(&back[..n - k]);
+        if k > 0 {
+            f(&front[..k]);
+        }
+        if n > k {
+            f(&back[..n - k]);
+        }
         self.rx.drain(..n);
         self.readable_signalled = false;
         if n > 0 && self.state != State::Closed {

@@ -377,6 +377,50 @@ fn zero_window_then_reopen() {
     assert_eq!(got, data);
 }
 
+/// `recv_with` hands the bytes out where they lie — at most two slices (the ring's halves),
+/// in order, no more than asked — and reopens the window as `recv` does.
+#[test]
+fn recv_with_lends_the_bytes_in_place() {
+    let cfg = Config { recv_buf: 8192, ..Config::default() };
+    let mut net = Net::new(1500, cfg, Impair::default(), 23);
+    net.b.listen(20_001);
+    let ha = net.a.connect(40_000, SocketAddrV4::new(B_IP, 20_001));
+    for _ in 0..10 {
+        net.step();
+    }
+    let hb = net.b.accept().unwrap();
+    let data: Vec<u8> = (0..100_000).map(pattern).collect();
+    let mut sent = 0;
+    let mut got = Vec::new();
+    let mut wrapped = false;
+    let mut steps = 0;
+    while got.len() < data.len() {
+        steps += 1;
+        assert!(steps < 1_000_000, "no progress: got {}", got.len());
+        if sent < data.len() {
+            sent += net.a.tcb(ha).unwrap().send(&data[sent..]).unwrap();
+        }
+        // An odd read size, and reads that leave bytes behind (the ring then wraps).
+        let tb = net.b.tcb(hb).unwrap();
+        if tb.recv_available() < 5000 && sent - got.len() >= 5000 {
+            assert!(net.step(), "nothing moves with {} bytes unread", sent - got.len());
+            continue;
+        }
+        let (mut slices, before) = (0, got.len());
+        let n = tb.recv_with(3001, &mut |s| {
+            assert!(!s.is_empty(), "an empty slice was lent");
+            slices += 1;
+            got.extend_from_slice(s);
+        });
+        assert!(n <= 3001 && got.len() - before == n, "{n} taken, {} lent", got.len() - before);
+        assert!(slices <= 2, "{slices} slices for one read");
+        wrapped |= slices == 2;
+        assert!(net.step() || n > 0 || sent < data.len());
+    }
+    assert_eq!(got, data);
+    assert!(wrapped, "the receive ring never wrapped: the two-slice case went untested");
+}
+
 #[test]
 fn rst_for_closed_port_and_refused_connect() {
     let mut net = Net::new(1500, Config::default(), Impair::default(), 22);

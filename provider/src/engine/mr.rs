@@ -112,6 +112,15 @@ impl Pinned {
     pub fn is_empty(&self) -> bool {
         self.span.len == 0
     }
+
+    /// `[offset, offset+len)` of this range, pinned in turn (the region stays registered
+    /// while either is held); `None` unless entirely inside it.
+    pub fn sub(&self, offset: usize, len: usize) -> Option<Pinned> {
+        let span = self.span.sub(offset as u64, len as u64)?;
+        // This range's own pin keeps the region from going meanwhile: the count only rises.
+        span.mr.pins.fetch_add(1, Ordering::AcqRel);
+        Some(Pinned { span })
+    }
 }
 
 impl Drop for Pinned {

@@ -12,6 +12,8 @@
 //! progress thread waits on like a socket (see `uiw_rawnet::nonblock`). Payload is
 //! copied between application memory and the stack's buffers (`UserMemory::read`/`write`):
 //! the stack owns its buffers, as AF_XDP copy mode and AF_PACKET copy every frame anyway.
+//! Received payload is placed straight from the stack's receive buffer (once per byte);
+//! payload to send goes through a staging buffer into the stack's send buffer.
 
 use std::io;
 use std::net::{SocketAddr, SocketAddrV4};
@@ -149,11 +151,27 @@ impl Listener for RawListenerIo {
     }
 }
 
+/// The next `bytes` of a read of `[placed bytes of application memory, then a tail]`, `*at`
+/// bytes into it: the part for the memory goes to `place(offset, bytes)`, the rest to `tail`.
+fn scatter(mut bytes: &[u8], at: &mut usize, placed: usize, place: &mut dyn FnMut(usize, &[u8]), tail: &mut [u8]) {
+    if *at < placed {
+        let k = bytes.len().min(placed - *at);
+        place(*at, &bytes[..k]);
+        bytes = &bytes[k..];
+        *at += k;
+    }
+    if !bytes.is_empty() {
+        let t = *at - placed;
+        tail[t..t + bytes.len()].copy_from_slice(bytes);
+        *at += bytes.len();
+    }
+}
+
 /// One raw-transport stream.
 struct RawStreamIo {
     s: RawStream,
     mss: usize,
-    /// Bytes copied between application memory and the stack (kept between calls).
+    /// Payload to send, read from application memory for the stack (kept between calls).
     buf: Vec<u8>,
 }
 
@@ -182,12 +200,15 @@ impl Stream for RawStreamIo {
     }
 
     fn recv_placed(&mut self, mem: &dyn UserMemory, dst: &Pinned, tail: &mut [u8]) -> io::Result<usize> {
-        self.buf.resize(dst.len() + tail.len(), 0);
-        let n = self.s.try_read(&mut self.buf)?;
-        let k = n.min(dst.len());
-        mem.write(dst, &self.buf[..k]);
-        tail[..n - k].copy_from_slice(&self.buf[k..n]);
-        Ok(n)
+        // Straight from the stack's receive buffer into registered memory (then `tail`): each
+        // byte is copied once, as the kernel's `readv` does for the kernel-TCP transport.
+        let mut at = 0;
+        let mut place = |off: usize, bytes: &[u8]| {
+            if let Some(part) = dst.sub(off, bytes.len()) {
+                mem.write(&part, bytes);
+            }
+        };
+        self.s.try_read_with(dst.len() + tail.len(), &mut |bytes| scatter(bytes, &mut at, dst.len(), &mut place, tail))
     }
 
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
@@ -256,6 +277,23 @@ mod tests {
             rto = (rto * 2).min(c.rto_max.as_millis() as u64);
         }
         t
+    }
+
+    /// A read lent in slices that end anywhere — inside the memory part, exactly at its end,
+    /// across it, inside the tail — lands in order, each byte in its place.
+    #[test]
+    fn scatter_puts_each_byte_in_memory_then_the_tail() {
+        let data: Vec<u8> = (0..20).collect();
+        for cuts in [vec![3, 4, 3, 10], vec![5, 15], vec![7, 13], vec![20], vec![1; 20], vec![2, 3, 15]] {
+            let (mut mem, mut tail, mut at, mut from) = (vec![0u8; 5], vec![0u8; 15], 0, 0);
+            for c in cuts.iter().copied() {
+                let mut place = |off: usize, b: &[u8]| mem[off..off + b.len()].copy_from_slice(b);
+                scatter(&data[from..from + c], &mut at, 5, &mut place, &mut tail);
+                from += c;
+            }
+            assert_eq!(at, 20, "cuts {cuts:?}");
+            assert_eq!((&mem[..], &tail[..]), (&data[..5], &data[5..]), "cuts {cuts:?}");
+        }
     }
 
     #[test]
