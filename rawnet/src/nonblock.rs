@@ -32,6 +32,13 @@ pub(crate) struct Watch {
 
 /// Signals every watched stream whose wait is over, and the listener while connections wait.
 pub(crate) fn notify(host: &mut Dyn, s: &Shared) {
+    notify_quiet(host, s, &|_| false, &mut Vec::new())
+}
+
+/// [`notify`], except that the streams `quiet` names are not signalled: their readiness
+/// descriptors go to `served` instead, for a caller that serves them itself right away (see
+/// [`crate::stream::Transport::turn_serving`]).
+pub(crate) fn notify_quiet(host: &mut Dyn, s: &Shared, quiet: &dyn Fn(RawFd) -> bool, served: &mut Vec<RawFd>) {
     let mut watches = s.watches.lock().unwrap_or_else(|p| p.into_inner());
     let mut fed = s.readable.lock().unwrap_or_else(|p| p.into_inner());
     for (h, w) in watches.iter_mut() {
@@ -56,7 +63,11 @@ pub(crate) fn notify(host: &mut Dyn, s: &Shared) {
             w.want_read &= !readable;
             w.want_write &= !writable;
             w.state = state;
-            w.ev.signal();
+            if quiet(w.ev.fd()) {
+                served.push(w.ev.fd());
+            } else {
+                w.ev.signal();
+            }
         }
     }
     drop(fed);

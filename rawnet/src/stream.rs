@@ -126,6 +126,12 @@ impl Shared {
     /// dropped meanwhile removed once closed, waiters woken. Returns whether it moved
     /// anything (more may be waiting).
     fn turn(&self) -> bool {
+        self.turn_with(&|_| false, &mut Vec::new())
+    }
+
+    /// [`Shared::turn`], with the streams `quiet` names not signalled but put in `served`
+    /// (see [`Transport::turn_serving`]).
+    fn turn_with(&self, quiet: &dyn Fn(RawFd) -> bool, served: &mut Vec<RawFd>) -> bool {
         let moved = {
             let mut host = self.lock();
             {
@@ -148,7 +154,7 @@ impl Shared {
                 _ => true,
             });
             drop(orphans);
-            crate::nonblock::notify(&mut host, self);
+            crate::nonblock::notify_quiet(&mut host, self, quiet, served);
             moved
         };
         if self.waiters.load(Ordering::Acquire) > 0 {
@@ -234,6 +240,16 @@ impl Transport {
     /// moved anything.
     pub fn turn(&self) -> bool {
         self.shared.turn()
+    }
+
+    /// [`Transport::turn`] for a caller that serves streams itself: a stream whose readiness
+    /// descriptor `quiet` names is not signalled when the turn has news for it (arrivals,
+    /// room to write, a changed connection state); its descriptor goes to `served`, and the
+    /// caller must serve it (read and write until `WouldBlock`) as if the descriptor had
+    /// fired. The provider's progress thread, which waits on the descriptors, saves the
+    /// eventfd write and the second `epoll_wait` per arrival this way.
+    pub fn turn_serving(&self, quiet: &dyn Fn(RawFd) -> bool, served: &mut Vec<RawFd>) -> bool {
+        self.shared.turn_with(quiet, served)
     }
 
     /// Whether `fd` is the readiness descriptor of one of this transport's non-blocking

@@ -137,3 +137,68 @@ fn nonblocking_packet_stream_accepts_from_kernel() {
 fn nonblocking_xdp_stream_connects_to_kernel() {
     bed::run_privileged("nonblocking_xdp_stream_connects_to_kernel", || active(Kind::Xdp));
 }
+
+/// A turn by a thread that serves a stream itself (`turn_serving`: the provider's progress
+/// thread) hands the stream's news over instead of signalling its eventfd — no eventfd write,
+/// and no second wake-up to find it — and the exchange still completes.
+fn served_by_the_turner(kind: Kind) {
+    let bed = Bed::new(1500);
+    let server = bed::kernel_echo_server(&bed.b, SocketAddrV4::new(B_IP, 7302));
+    netns::enter(&bed.a).unwrap();
+    let t = Transport::open_driven(IF, kind, DEFAULT_PORTS, Config::default()).unwrap();
+    let mut s = t.connect_start(SocketAddrV4::new(B_IP, 7302), Duration::from_secs(5)).unwrap();
+    let sfd = s.fd().unwrap();
+    let ev = Epoll::new().unwrap();
+    ev.add(sfd, 1, EPOLL_SOCKET_EDGE).unwrap();
+    let turns = Epoll::new().unwrap();
+    for fd in t.fds() {
+        turns.add(fd, 2, EPOLL_IN).unwrap();
+    }
+    let d: Vec<u8> = data()[..100_000].to_vec();
+    let (mut sent, mut back, mut handed) = (0, Vec::new(), 0);
+    let mut buf = vec![0u8; 9000];
+    let mut evs = Vec::with_capacity(4);
+    let end = std::time::Instant::now() + Duration::from_secs(60);
+    while back.len() < d.len() {
+        assert!(std::time::Instant::now() < end, "{}: stalled: {sent} sent, {} back", t.kind(), back.len());
+        if sent < d.len() {
+            match s.try_write(&d[sent..]) {
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => panic!("try_write: {e}"),
+            }
+            if sent == d.len() {
+                // The echo server answers once it has read to the end.
+                s.shutdown_write();
+            }
+        }
+        loop {
+            match s.try_read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => back.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("try_read: {e}"),
+            }
+        }
+        // The calls above turn the stack themselves and signal as ever: forget their edges.
+        evs.clear();
+        ev.wait(&mut evs, 0).unwrap();
+        // Then wait for frames or a deadline and turn the stack as the progress thread does.
+        evs.clear();
+        turns.wait(&mut evs, 100).unwrap();
+        let mut served = Vec::new();
+        t.turn_serving(&|fd| fd == sfd, &mut served);
+        evs.clear();
+        ev.wait(&mut evs, 0).unwrap();
+        assert!(evs.is_empty(), "{}: a turn that serves the stream itself signalled its eventfd", t.kind());
+        handed += served.iter().filter(|&&f| f == sfd).count();
+    }
+    assert!(back == d, "echo differs ({} bytes back)", back.len());
+    assert!(handed > 0, "{}: no turn handed the stream's news over", t.kind());
+    assert_eq!(server.join().unwrap(), d.len());
+}
+
+#[test]
+fn a_turn_that_serves_the_stream_signals_nothing_xdp() {
+    bed::run_privileged("a_turn_that_serves_the_stream_signals_nothing_xdp", || served_by_the_turner(Kind::Xdp));
+}

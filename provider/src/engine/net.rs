@@ -643,7 +643,7 @@ impl Net {
                         // Level-triggered: what this turn leaves in the ring reports again.
                         let t = self.raw_turn.read().get((tok & !KIND_MASK) as usize).cloned();
                         if let Some(t) = t {
-                            t.turn();
+                            self.turn_and_serve(&t, &mut ready);
                         }
                         false
                     }
@@ -678,6 +678,29 @@ impl Net {
             let now = now_us();
             if self.lease_news.swap(false, Ordering::AcqRel) || next_lease.is_some_and(|t| t <= now) {
                 next_lease = self.check_leases(now, &mut ready);
+            }
+        }
+    }
+
+    /// The progress thread's turn of raw transport `t`: the QP streams the turn has news for
+    /// are served right here, not signalled through their eventfds to be found by the next
+    /// `epoll_wait` — an arrival for a passive target costs one wake-up and no eventfd write.
+    /// A QP whose budget ran out goes back on `ready`. Streams that are not QPs' (pending MPA
+    /// negotiations, closing streams) are signalled as ever.
+    fn turn_and_serve(&self, t: &RawTcp, ready: &mut VecDeque<(u64, u32)>) {
+        let mut served = Vec::new();
+        let qpns: Vec<u32> = {
+            let watched = self.watched.lock();
+            t.turn_serving(&|fd| watched.contains_key(&fd), &mut served);
+            served.iter().filter_map(|fd| watched.get(fd).copied()).collect()
+        };
+        for qpn in qpns {
+            // As if its descriptor had fired: arrivals, or room after a send found none.
+            if self.lookup(qpn).is_some_and(|qp| qp.progress(false, true) == Progress::More) {
+                let tok = KIND_QP | u64::from(qpn);
+                if !ready.iter().any(|r| r.0 == tok) {
+                    ready.push_back((tok, 0));
+                }
             }
         }
     }

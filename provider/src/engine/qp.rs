@@ -513,7 +513,12 @@ impl Qp {
     /// The application is going to sleep on a completion channel: the progress thread serves
     /// the stream again.
     pub fn hand_back(&self) {
-        self.lease.hand_back(|a| self.net.apply_arming(self.qpn, a));
+        if self.lease.hand_back(|a| self.net.apply_arming(self.qpn, a)) {
+            // Arrivals the progress thread's stack turns took for the QP while it was leased
+            // were left to the poller, and a raw transport's turns signal nothing for a QP
+            // they serve themselves (`Net::turn_and_serve`): serve the stream once now.
+            self.net.requeue(self.qpn);
+        }
     }
 
     /// The progress thread serves the stream's socket from now on (it is armed: not leased).

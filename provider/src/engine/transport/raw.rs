@@ -112,10 +112,11 @@ impl RawTcp {
         self.transport.take_readable(out)
     }
 
-    /// Frames in, timers, frames out, and the streams' readiness signalled; whether it moved
-    /// anything.
-    pub fn turn(&self) -> bool {
-        self.transport.turn()
+    /// Frames in, timers, frames out, and the streams' readiness signalled — except those
+    /// `quiet` names, which go to `served` for the caller to serve (see
+    /// `uiw_rawnet::stream::Transport::turn_serving`); whether it moved anything.
+    pub fn turn_serving(&self, quiet: &dyn Fn(RawFd) -> bool, served: &mut Vec<RawFd>) -> bool {
+        self.transport.turn_serving(quiet, served)
     }
 }
 
