@@ -9,13 +9,13 @@
 #       addresses A.B.C.1/24 on host A and A.B.C.2/24 on host B (default 198.51.100, the
 #       RFC 5737 TEST-NET-2 range: it exists only inside these two namespaces), bring
 #       everything up and run `uiw up --netdev NAME` in each with UIW_STATE_DIR=STATE/{a,b}.
-#       The uiw device is uiw_NAME on both hosts. --loss as for `loss both PCT`.
+#       The uiw device is uiw_NAME on both hosts. --loss as for `loss both PCT` (refused,
+#       before anything is created, when both hosts are raw: see `loss`).
 #       --transport is passed to `uiw up` on both hosts (default tcp); --transport-a/-b set
 #       one host's (a mixed pair: xdp on A, tcp on B). When either host uses packet or xdp
 #       the veths' offloads (tx checksum, TSO, GSO, GRO) are turned off first, as uiw's
 #       userspace TCP needs (needs ethtool); programs run there as root (CAP_NET_RAW,
-#       CAP_NET_ADMIN, CAP_BPF). Note: nftables loss applies to what a host's kernel sends;
-#       raw-socket frames pass no netfilter hook. xdp at --mtu 9000 carries each frame in
+#       CAP_NET_ADMIN, CAP_BPF). xdp at --mtu 9000 carries each frame in
 #       several 4 KiB UMEM chunks (AF_XDP multi-buffer, kernel 6.6+; an older kernel's uiw
 #       announces an MSS that fits one chunk, 3786).
 #   ci/testbed.sh [-p PREFIX] run a|b [--] CMD [ARGS...]
@@ -25,13 +25,29 @@
 #   ci/testbed.sh [-p PREFIX] loss a|b|both PCT
 #       drop PCT percent (0-100, fractions like 0.1 allowed; 0 removes the rule) of the
 #       IPv4/IPv6 frames host A/B sends on the veth, chosen at random by nftables `numgen
-#       random` (this kernel has no netem)
+#       random` (this kernel has no netem). Where the frames are dropped depends on the
+#       sender's transport, so that each frame meets exactly one drop rule:
+#         tcp sender: at its own `output` hook (table inet uiw_testbed, chain egress), i.e.
+#           what its kernel sends;
+#         raw sender (packet, xdp), kernel-TCP peer: at the PEER's `ingress` hook on its
+#           veth (table netdev uiw_testbed, chain ingress), which sees every frame before
+#           the peer's IP stack. Frames a raw host sends from userspace pass no netfilter
+#           hook of its own; this rule takes everything the raw host sends, its kernel's
+#           frames (the tools' out-of-band exchange) included, and the raw host has no
+#           output rule;
+#         raw sender, raw peer: refused. No netfilter hook sees these frames: the peer's XDP
+#           program (xdp) or packet socket (packet) takes them before `ingress`. Loss
+#           between two raw hosts is tested inside the process, where the stack meets the
+#           driver (rawnet/tests/iwarp.rs, rawnet/tests/kernel_interop.rs).
+#       Each rule counts what it dropped and carries the comment "loss a->b" or "loss b->a":
+#       `ci/testbed.sh exec a|b nft list ruleset` in both namespaces shows them all.
 #   ci/testbed.sh [-p PREFIX] cut a|b        remove the host's address (it "disappears":
 #                                            its peer's segments are silently dropped)
 #   ci/testbed.sh [-p PREFIX] restore a|b    put it back
 #   ci/testbed.sh [-p PREFIX] env            print shell assignments: TB_PREFIX TB_NS_A TB_NS_B
 #                                            TB_IF TB_DEV TB_ADDR_A TB_ADDR_B TB_STATE_A
-#                                            TB_STATE_B TB_MTU TB_UIW (eval "$(... env)")
+#                                            TB_STATE_B TB_MTU TB_UIW TB_TRANSPORT_A
+#                                            TB_TRANSPORT_B (eval "$(... env)")
 #   ci/testbed.sh [-p PREFIX] down           kill what runs in the namespaces, `uiw down`,
 #                                            delete the namespaces and the state
 #
@@ -74,6 +90,14 @@ load() {
 	. "$conf"
 }
 
+transport_of() {
+	case $1 in
+	a|A) echo "${TB_TRANSPORT_A:-tcp}" ;;
+	b|B) echo "${TB_TRANSPORT_B:-tcp}" ;;
+	*) die "host '$1': say a or b" ;;
+	esac
+}
+
 ns_of() {
 	case $1 in
 	a|A) echo "$TB_NS_A" ;;
@@ -82,21 +106,43 @@ ns_of() {
 	esac
 }
 
-# loss_rule NS PCT: (re)write the namespace's drop rule.
+# set_loss HOST PCT: (re)write the rule that drops PCT% of what host a/b sends (see the
+# header for where it goes).
 set_loss() {
-	local ns=$1 pct=$2 per10k
+	local h=${1,,} pct=$2 per10k peer self_tr peer_tr ns
 	per10k=$(awk -v p="$pct" 'BEGIN { if (p !~ /^[0-9]*\.?[0-9]+$/ || p > 100) exit 1; printf "%d", p * 100 + 0.5 }') ||
 		die "loss '$pct': give a percentage 0-100"
-	ip netns exec "$ns" nft delete table inet uiw_testbed 2>/dev/null || true
-	[[ $per10k -gt 0 ]] || return 0
-	ip netns exec "$ns" nft -f - <<EOF
+	peer=$([[ $h == a ]] && echo b || echo a)
+	self_tr=$(transport_of "$h")
+	peer_tr=$(transport_of "$peer")
+	if [[ $self_tr == tcp ]]; then
+		ns=$(ns_of "$h")
+		ip netns exec "$ns" nft delete table inet uiw_testbed 2>/dev/null || true
+		[[ $per10k -gt 0 ]] || return 0
+		ip netns exec "$ns" nft -f - <<EOF
 table inet uiw_testbed {
 	chain egress {
 		type filter hook output priority 0; policy accept;
-		oifname "$TB_IF" numgen random mod 10000 < $per10k counter drop
+		oifname "$TB_IF" numgen random mod 10000 < $per10k counter drop comment "loss $h->$peer"
 	}
 }
 EOF
+	elif [[ $peer_tr == tcp ]]; then
+		ns=$(ns_of "$peer")
+		ip netns exec "$ns" nft delete table netdev uiw_testbed 2>/dev/null || true
+		[[ $per10k -gt 0 ]] || return 0
+		ip netns exec "$ns" nft -f - <<EOF
+table netdev uiw_testbed {
+	chain ingress {
+		type filter hook ingress device "$TB_IF" priority 0; policy accept;
+		meta protocol { ip, ip6 } numgen random mod 10000 < $per10k counter drop comment "loss $h->$peer"
+	}
+}
+EOF
+	else
+		[[ $per10k -eq 0 ]] && return 0
+		die "loss: host $h ($self_tr) and host $peer ($peer_tr) both use raw frames: no netfilter hook sees them (host $peer's ${peer_tr} socket takes them before ingress), so no loss can be applied; loss between raw hosts is tested in-process (rawnet/tests/iwarp.rs, rawnet/tests/kernel_interop.rs)"
+	fi
 }
 
 teardown() {
@@ -148,6 +194,10 @@ up)
 		[[ $transport == tcp ]] || command -v ethtool >/dev/null || die "--transport $transport needs ethtool (apt-get install ethtool)"
 	done
 	command -v nft >/dev/null || die "nftables is not installed (apt-get install nftables)"
+	awk -v p="$loss" 'BEGIN { exit !(p ~ /^[0-9]*\.?[0-9]+$/ && p <= 100) }' || die "--loss $loss: give a percentage 0-100"
+	if [[ $transport_a != tcp && $transport_b != tcp ]] && awk -v p="$loss" 'BEGIN { exit !(p > 0) }'; then
+		die "--loss $loss with $transport_a on host a and $transport_b on host b: no netfilter hook sees the frames between two raw hosts (the receiver's XDP program or packet socket takes them before ingress), so this testbed cannot drop them. Put --transport-a/-b tcp on one host, or see rawnet's in-process loss tests (rawnet/tests/iwarp.rs, rawnet/tests/kernel_interop.rs)"
+	fi
 	if [[ -z $uiw ]]; then
 		for p in "$repo/target/${CARGO_PROFILE:-debug}/uiw" "$repo/target/debug/uiw" "$repo/target/release/uiw"; do
 			[[ -x $p ]] && { uiw=$p; break; }
@@ -170,6 +220,8 @@ TB_STATE_A=$dir/a
 TB_STATE_B=$dir/b
 TB_MTU=$mtu
 TB_UIW=$uiw
+TB_TRANSPORT_A=$transport_a
+TB_TRANSPORT_B=$transport_b
 EOF
 	. "$conf"
 	trap 'echo "testbed: up failed; tearing down" >&2; teardown' ERR
@@ -201,9 +253,18 @@ EOF
 		transport=$([[ $h == a ]] && echo "$transport_a" || echo "$transport_b")
 		ip netns exec "$(ns_of $h)" env UIW_STATE_DIR="$st" "$uiw" up --netdev "$ifname" --transport "$transport" >/dev/null
 	done
-	[[ $loss == 0 ]] || { set_loss "$ns_a" "$loss"; set_loss "$ns_b" "$loss"; }
+	[[ $loss == 0 ]] || { set_loss a "$loss"; set_loss b "$loss"; }
 	trap - ERR
-	echo "testbed $prefix: host a $ns_a $TB_ADDR_A ($transport_a), host b $ns_b $TB_ADDR_B ($transport_b), device $TB_DEV, mtu $mtu, loss ${loss}%"
+	where=""
+	if [[ $loss != 0 && ($transport_a != tcp || $transport_b != tcp) ]]; then
+		# Say where each direction's frames are dropped: it is not the same for a raw sender.
+		for h in a b; do
+			p=$([[ $h == a ]] && echo b || echo a)
+			if [[ $(transport_of $h) == tcp ]]; then where+=", $h->$p at $h's output"; else where+=", $h->$p at $p's ingress"; fi
+		done
+		where=" (${where#, })"
+	fi
+	echo "testbed $prefix: host a $ns_a $TB_ADDR_A ($transport_a), host b $ns_b $TB_ADDR_B ($transport_b), device $TB_DEV, mtu $mtu, loss ${loss}%$where"
 	;;
 run|exec)
 	load
@@ -221,8 +282,9 @@ loss)
 	load
 	[[ $# -eq 2 ]] || die "loss: give a|b|both and a percentage"
 	case $1 in
-	both) set_loss "$TB_NS_A" "$2"; set_loss "$TB_NS_B" "$2" ;;
-	*) set_loss "$(ns_of "$1")" "$2" ;;
+	both) set_loss a "$2"; set_loss b "$2" ;;
+	a|A|b|B) set_loss "$1" "$2" ;;
+	*) die "loss: host '$1': say a, b or both" ;;
 	esac
 	;;
 cut|restore)
