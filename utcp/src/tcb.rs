@@ -650,16 +650,22 @@ impl Tcb {
             self.ack_now = true; // acks something not yet sent
             return false;
         }
+        let sacked_before = self.sacked_bytes();
         if self.sack_ok && h.sack_len > 0 {
             self.take_sack(h.sack_blocks());
         }
+        // RFC 6675 §2: with SACK, an ACK that SACKs bytes not SACKed before is a duplicate
+        // whatever its window says. Linux grows the window it offers on every out-of-order
+        // segment it queues, so its duplicate ACKs never pass RFC 5681's "same window" test:
+        // without this each segment lost toward a kernel peer waited for the RTO.
+        let sacks_new = self.sacked_bytes() > sacked_before;
         let old_wnd = self.snd_wnd;
         if seq::gt(h.ack, self.snd_una) {
             self.ack_advance(h.ack, now);
         } else if h.ack == self.snd_una
             && payload_len == 0
             && !h.has(flags::FIN)
-            && u32::from(h.window) << self.snd_shift == old_wnd
+            && (sacks_new || u32::from(h.window) << self.snd_shift == old_wnd)
             && self.snd_max != self.snd_una
         {
             self.on_dupack();
@@ -793,6 +799,11 @@ impl Tcb {
             }
         }
         None
+    }
+
+    /// How many bytes above snd_una the peer has SACKed.
+    fn sacked_bytes(&self) -> usize {
+        self.sacked.iter().map(|&(l, r)| seq::dist(l, r)).sum()
     }
 
     fn take_sack(&mut self, blocks: &[(u32, u32)]) {
