@@ -764,7 +764,10 @@ impl Tcb {
     fn on_dupack(&mut self) {
         self.dupacks += 1;
         match self.recover {
-            None if self.dupacks >= 3 => {
+            // RFC 6675 §4 IsLost(snd_una): also when more than 2 MSS above the hole are
+            // SACKed. Linux compresses its duplicate ACKs (one SACK update for up to 44
+            // segments), so three of them may never come before the flight ends.
+            None if self.dupacks >= 3 || self.sacked_bytes() > 2 * self.snd_mss => {
                 // Fast retransmit (RFC 5681 §3.2), entering NewReno recovery (RFC 6582).
                 let flight = seq::dist(self.snd_una, self.snd_max);
                 self.ssthresh = (flight / 2).max(2 * self.snd_mss);

@@ -402,6 +402,46 @@ fn fast_retransmit_when_the_dupacks_grow_the_window() {
     assert!(net.now - start < rto_min, "repaired by fast retransmit, not by the RTO");
 }
 
+/// Against a receiver that compresses its duplicate ACKs, as Linux does (one SACK update for
+/// many out-of-order segments): a single duplicate ACK SACKing more than 2 MSS above the hole
+/// marks it lost (RFC 6675 IsLost), without waiting for three.
+#[test]
+fn fast_retransmit_on_one_compressed_sack() {
+    let mut net = Net::new(1500, Config::default(), Impair::default(), 23);
+    net.b.listen(20_001);
+    let ha = net.a.connect(40_000, SocketAddrV4::new(B_IP, 20_001));
+    for _ in 0..10 {
+        net.step();
+    }
+    let hb = net.b.accept().unwrap();
+    let data: Vec<u8> = (0..20_000).map(pattern).collect();
+    assert_eq!(net.a.tcb(ha).unwrap().send(&data), Ok(20_000));
+    net.flush();
+    let to_b: Vec<usize> = (0..net.wire.len()).filter(|&i| net.wire[i].1).collect();
+    assert!(to_b.len() >= 5, "a flight of several segments");
+    // Lose the first segment, and deliver the rest of the flight at once behind it.
+    net.wire.remove(to_b[0]);
+    let start = net.now;
+    // B takes the flight in one go and answers with one duplicate ACK SACKing all of it
+    // (keep only the last, should it send more).
+    net.step();
+    let dup: Vec<usize> = (0..net.wire.len()).filter(|&i| !net.wire[i].1).collect();
+    assert!(!dup.is_empty(), "B sent no duplicate ACK");
+    for &i in dup[..dup.len() - 1].iter().rev() {
+        net.wire.remove(i);
+    }
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 65536];
+    while got.len() < data.len() {
+        assert!(net.step());
+        let n = net.b.tcb(hb).unwrap().recv(&mut buf);
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert_eq!(got, data);
+    let rto_min = Config::default().rto_min;
+    assert!(net.now - start < rto_min, "repaired by fast retransmit, not by the RTO");
+}
+
 #[test]
 fn zero_window_then_reopen() {
     let cfg = Config { recv_buf: 8192, ..Config::default() };
