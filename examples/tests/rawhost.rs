@@ -6,7 +6,9 @@
 //! peer killed mid-stream; rdma_cm (`rping -V`, perftest `-R`) over xdp, between xdp and the
 //! kernel's TCP both ways, and from packet to xdp; at MTU 9000, the tools between xdp and the
 //! kernel's TCP (with `ibv_rc_pingpong --chk` and `integrity` checking the data) and over xdp
-//! on both hosts. Each run checks from the provider's own log that the raw transport was the
+//! on both hosts; under 1% and 5% random frame loss in both directions (`--loss`), integrity
+//! and perftest between xdp and the kernel's TCP both ways round and from packet to the
+//! kernel's TCP. Each run checks from the provider's own log that the raw transport was the
 //! one opened.
 //!
 //! As root nothing here is skipped: a missing tool (ip, nft, ethtool, rdma-core's or
@@ -362,4 +364,144 @@ fn tools_between_xdp_and_kernel_tcp_at_mtu_9000() {
 #[test]
 fn tools_over_xdp_on_both_hosts_at_mtu_9000() {
     tools("tools_over_xdp_on_both_hosts_at_mtu_9000", &["--transport", "xdp", "--mtu", "9000"], "xdp", "xdp");
+}
+
+/// The packets counted by the testbed's loss rule for `dir` ("a->b" or "b->a"), wherever it
+/// sits (`ci/testbed.sh loss`: a kernel-TCP sender's own output hook, or a raw sender's
+/// kernel-TCP peer's ingress hook).
+fn dropped(tb: &Testbed, dir: &str) -> u64 {
+    let mut found = Vec::new();
+    for host in ["a", "b"] {
+        let o = tb.ctl(&["exec", host, "nft", "list", "ruleset"]);
+        let text = String::from_utf8_lossy(&o.stdout).to_string();
+        for line in text.lines().filter(|l| l.contains(&format!("comment \"loss {dir}\""))) {
+            let w: Vec<&str> = line.split_whitespace().collect();
+            let at = w.iter().position(|&x| x == "packets").unwrap_or_else(|| panic!("no counter: {line}"));
+            found.push(w[at + 1].parse::<u64>().unwrap());
+        }
+    }
+    assert_eq!(found.len(), 1, "one loss rule for {dir}, not {found:?}");
+    found[0]
+}
+
+/// A counter of the kernel's TCP (`nstat`) in `host`'s namespace.
+fn nstat(tb: &Testbed, host: &str, name: &str) -> u64 {
+    let o = tb.ctl(&["exec", host, "nstat", "-az", "--json", name]);
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    let at = text.find(&format!("\"{name}\":")).unwrap_or_else(|| panic!("nstat {name}: {text}"));
+    text[at + name.len() + 3..].trim_start().split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+}
+
+/// Issue 12, loss: a raw host (`raw`, on A or B as `raw_on`) and a kernel-TCP host with
+/// `loss` percent of the frames each sends dropped at random (`ci/testbed.sh --loss`: the
+/// kernel host's output hook for its own frames, its ingress hook for the raw host's, whose
+/// userspace frames pass no netfilter hook on the way out). `integrity` (every operation at
+/// every size, checked on both sides) when `with_integrity`, then perftest's Send, Write and
+/// Read at 64 KiB over two QPs, A the client. Every transfer must complete; the loss rules'
+/// counters must show frames dropped in both directions; the kernel host must have
+/// retransmitted (TcpRetransSegs: what it lost toward the raw host) and queued segments out
+/// of order (TcpExtTCPOFOQueue: holes in what the raw host sent, which only the userspace
+/// TCP's retransmissions can have filled, since every byte arrived).
+fn under_loss(test: &str, raw: &str, raw_on: Host, loss: &str, with_integrity: bool) {
+    let (ta, tb_) = if raw_on == Host::A { (raw, "tcp") } else { ("tcp", raw) };
+    let started = Instant::now();
+    let Some((_l, tb)) = testbed(test, &["--transport-a", ta, "--transport-b", tb_, "--loss", loss]) else { return };
+    let kernel_host = if raw_on == Host::A { "b" } else { "a" };
+    let dev = tb.dev.clone();
+    if with_integrity {
+        let exe = uiw_examples::build_c_example("integrity", &uiw_examples::out_dir(env!("CARGO_TARGET_TMPDIR")));
+        let exe = exe.to_str().unwrap();
+        let t = Instant::now();
+        let (s, c) = pair(&tb, &[exe, "-s", "-p", "7476", "-d", &dev], &[exe, "-c", &tb.addr_b, "-p", "7476", "-d", &dev], 7476);
+        for r in [&s, &c] {
+            let sum = uiw_examples::parse_summary(&r.stdout).unwrap_or_else(|| panic!("{}: no summary\n{}\n{}", r.name, r.stdout, r.stderr));
+            assert!(sum.failed == 0 && sum.passed > 2000, "{}: {sum:?}: {:?}", r.name, uiw_examples::failures(&r.stdout));
+        }
+        assert_transport(&c, ta);
+        assert_transport(&s, tb_);
+        println!("{test}: integrity in {:?}", t.elapsed());
+    }
+    for prog in ["ib_send_bw", "ib_write_bw", "ib_read_bw"] {
+        let common = [prog, "-d", &dev, "-x", "0", "-q", "2", "-n", "100", "-s", "65536", "-p", "7472"];
+        let mut cv = common.to_vec();
+        cv.push(&tb.addr_b);
+        let t = Instant::now();
+        let (s, c) = pair(&tb, &common, &cv, 7472);
+        assert!(
+            c.stdout.lines().any(|l| l.split_whitespace().next() == Some("65536") && l.split_whitespace().nth(1) == Some("200")),
+            "{prog}: no result line\nclient: {}{}\nserver: {}{}",
+            c.stdout,
+            c.stderr,
+            s.stdout,
+            s.stderr
+        );
+        assert_transport(&c, ta);
+        assert_transport(&s, tb_);
+        println!("{test}: {prog} in {:?}", t.elapsed());
+    }
+    let (ab, ba) = (dropped(&tb, "a->b"), dropped(&tb, "b->a"));
+    let retrans = nstat(&tb, kernel_host, "TcpRetransSegs");
+    let ofo = nstat(&tb, kernel_host, "TcpExtTCPOFOQueue");
+    println!("{test}: dropped a->b {ab}, b->a {ba}; host {kernel_host} (kernel TCP): TcpRetransSegs {retrans}, TcpExtTCPOFOQueue {ofo}; {:?} in all", started.elapsed());
+    assert!(ab > 0 && ba > 0, "frames must be lost both ways: a->b {ab}, b->a {ba}");
+    assert!(retrans > 0, "the kernel host retransmitted nothing toward the {raw} host");
+    assert!(ofo > 0, "the kernel host saw no hole in what the {raw} host sent");
+}
+
+#[test]
+fn loss_1pct_from_xdp_to_kernel_tcp() {
+    under_loss("loss_1pct_from_xdp_to_kernel_tcp", "xdp", Host::A, "1", true);
+}
+
+#[test]
+fn loss_1pct_from_kernel_tcp_to_xdp() {
+    under_loss("loss_1pct_from_kernel_tcp_to_xdp", "xdp", Host::B, "1", true);
+}
+
+#[test]
+fn loss_5pct_from_xdp_to_kernel_tcp() {
+    under_loss("loss_5pct_from_xdp_to_kernel_tcp", "xdp", Host::A, "5", false);
+}
+
+#[test]
+fn loss_5pct_from_kernel_tcp_to_xdp() {
+    under_loss("loss_5pct_from_kernel_tcp_to_xdp", "xdp", Host::B, "5", false);
+}
+
+#[test]
+fn loss_5pct_from_packet_to_kernel_tcp() {
+    under_loss("loss_5pct_from_packet_to_kernel_tcp", "packet", Host::A, "5", false);
+}
+
+/// `integrity` at 5% loss passes but takes about 6 minutes here (8 s without loss, 70 s at
+/// 1%): every tail loss — the last segments of a message, or the one cumulative ACK the
+/// kernel sends for them — costs the userspace TCP a 200 ms RTO, as it has no tail loss
+/// probe (RFC 8985), and the kernel's own out-of-band exchange pays the same. Run it with
+/// `--ignored`.
+#[test]
+#[ignore = "about 6 minutes: the userspace TCP has no tail loss probe, each tail loss waits for the RTO"]
+fn loss_5pct_integrity_from_xdp_to_kernel_tcp() {
+    under_loss("loss_5pct_integrity_from_xdp_to_kernel_tcp", "xdp", Host::A, "5", true);
+}
+
+/// Between two raw hosts no netfilter hook sees the frames: the testbed refuses `--loss`
+/// rather than apply none.
+#[test]
+fn loss_between_raw_hosts_is_refused() {
+    let test = "loss_between_raw_hosts_is_refused";
+    if !is_root() {
+        skip(test, "the testbed needs root");
+        return;
+    }
+    let Some(artifacts) = device_test_artifacts(test) else { return };
+    let out = std::process::Command::new(uiw_examples::workspace_root().join("ci/testbed.sh"))
+        .args(["-p", &format!("lsr{}", std::process::id()), "up", "--uiw"])
+        .arg(&artifacts.uiw)
+        .args(["--transport-a", "xdp", "--transport-b", "packet", "--loss", "1"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("no netfilter hook") && err.contains("rawnet/tests/iwarp.rs"), "{err}");
 }
