@@ -13,6 +13,8 @@
 //! - retransmission timeout (RFC 6298, Karn's rule), slow start and congestion avoidance
 //!   (RFC 5681), fast retransmit after three duplicate ACKs with NewReno recovery
 //!   (RFC 6582), and retransmission that skips what the peer SACKed (a simple RFC 6675);
+//! - a tail loss probe (RFC 8985 §7, without RACK): a flight whose tail or whose last ACK
+//!   was lost is probed after about two RTTs instead of waiting for the RTO;
 //! - flow control with zero-window probes (RFC 9293 §3.8.6.1);
 //! - FIN in both directions, TIME-WAIT (short, configurable), RST on abort;
 //! - no Nagle; delayed ACK only if configured (`Config::ack_delay`, RFC 9293 §3.8.6.3,
@@ -31,6 +33,13 @@ use crate::packet::{flags, TcpHeader};
 use crate::reasm::Reassembly;
 use crate::rtt::Rtt;
 use crate::seq;
+
+/// RFC 8985 §7.2 WCDelAckT: the worst-case delayed-ACK timer of the peer, added to the PTO
+/// when one segment is in flight (a lone segment may be acknowledged that late).
+const WC_DEL_ACK: Duration = Duration::from_millis(200);
+
+/// RFC 8985 §7.2: the PTO before any RTT sample.
+const PTO_INITIAL: Duration = Duration::from_secs(1);
 
 /// Per-connection tunables.
 #[derive(Debug, Clone)]
@@ -182,6 +191,13 @@ pub struct Tcb {
     sack_ok: bool,
     /// Window probe due (zero window, persist timer fired).
     probe: bool,
+    /// Tail loss probe (RFC 8985 §7): when the probe timeout (PTO) fires.
+    tlp_at: Option<Instant>,
+    /// The PTO fired: `poll_transmit` sends the probe next.
+    tlp_due: bool,
+    /// The outstanding probe's sequence range (RFC 8985 TLP.end_seq, and where it starts):
+    /// no further probe until it is cumulatively acknowledged or the RTO fires.
+    tlp_seg: Option<(u32, u32)>,
 
     ack_now: bool,
     /// In-order data waits for its ACK until then (delayed ACK, `Config::ack_delay`).
@@ -250,6 +266,9 @@ impl Tcb {
             ws_ok: false,
             sack_ok: false,
             probe: false,
+            tlp_at: None,
+            tlp_due: false,
+            tlp_seg: None,
             ack_now: false,
             ack_due: None,
             unacked: 0,
@@ -436,7 +455,7 @@ impl Tcb {
 
     /// The next instant `on_timeout` must be called at.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        [self.rto_at, self.tw_until, self.ack_due].into_iter().flatten().min()
+        [self.rto_at, self.tlp_at, self.tw_until, self.ack_due].into_iter().flatten().min()
     }
 
     /// Drive timers.
@@ -446,11 +465,23 @@ impl Tcb {
             self.set_closed();
             return;
         }
+        let rto_due = matches!(self.rto_at, Some(t) if now >= t);
+        if matches!(self.tlp_at, Some(t) if now >= t) {
+            self.tlp_at = None;
+            if !rto_due {
+                self.tlp_fire(now);
+                return;
+            }
+        }
         let Some(at) = self.rto_at else { return };
         if now < at {
             return;
         }
         self.rto_at = None;
+        // An RTO ends the flight's probing: the next flight may be probed again.
+        self.tlp_at = None;
+        self.tlp_due = false;
+        self.tlp_seg = None;
         let in_flight = self.snd_max != self.snd_una;
         if !in_flight && self.snd_wnd == 0 && self.unsent() > 0 {
             // Persist timer: probe the zero window, backing off like the RTO.
@@ -488,12 +519,117 @@ impl Tcb {
         }
     }
 
+    /// Arm the probe timeout (RFC 8985 §7.2), or disarm it if no probe is due: called after
+    /// new data (not itself a probe) is sent and when an ACK acknowledges new data.
+    ///
+    /// A probe is scheduled only with data outstanding, outside recovery (fast recovery,
+    /// or the go-back-N after an RTO), with an open window (a zero window is the persist
+    /// timer's), and when no probe of this flight is outstanding. PTO = 2·SRTT, plus
+    /// WCDelAckT when one segment is in flight; 1 s before any RTT sample. RFC 8985 clamps
+    /// the PTO to the RTO's expiry and sends the probe then; here a PTO that would not
+    /// fire before the RTO is simply not armed and the RTO does the work.
+    fn arm_tlp(&mut self, now: Instant) {
+        self.tlp_at = None;
+        let open = matches!(self.state, State::Established | State::CloseWait | State::FinWait1 | State::Closing | State::LastAck);
+        if !open
+            || self.snd_una == self.snd_max
+            || self.snd_nxt != self.snd_max
+            || self.recover.is_some()
+            || self.tlp_seg.is_some()
+            || self.tlp_due
+            || self.snd_wnd == 0
+        {
+            return;
+        }
+        let pto = match self.rtt.srtt() {
+            Some(s) if seq::dist(self.snd_una, self.snd_max) <= self.snd_mss => 2 * s + WC_DEL_ACK,
+            Some(s) => 2 * s,
+            None => PTO_INITIAL,
+        };
+        let at = now + pto;
+        if self.rto_at.map_or(true, |r| at < r) {
+            self.tlp_at = Some(at);
+        }
+    }
+
+    /// The PTO fired (RFC 8985 §7.3): one probe goes out — `poll_transmit` picks new data or
+    /// the last segment — and the RTO is re-armed from now.
+    fn tlp_fire(&mut self, now: Instant) {
+        if self.snd_una == self.snd_max || self.snd_nxt != self.snd_max || self.recover.is_some() || self.tlp_seg.is_some() {
+            return;
+        }
+        self.rto_at = Some(now + self.rtt.rto());
+        if self.next_hole(self.snd_una).is_some() {
+            // Data sent after snd_una is SACKed, and two RTTs went by without a further
+            // ACK: the hole at snd_una is lost by the rule a probe's SACK applies (see
+            // `tlp_check`; RACK, RFC 8985 §6, would have said so after one RTT). Probing
+            // the tail would only repeat what the peer told us: recover now, and let the
+            // retransmission of snd_una be this flight's probe.
+            self.tlp_seg = Some((self.snd_una, self.snd_max));
+            self.enter_recovery();
+            return;
+        }
+        self.tlp_due = true;
+    }
+
+    /// The probe (RFC 8985 §7.3): a new segment if the send queue and the peer's window
+    /// allow (congestion window or not), else the last segment sent again — the highest
+    /// MSS-sized piece ending at snd_max, with the FIN if it carried one.
+    fn tlp_segment(&mut self, now: Instant, payload: &mut Vec<u8>) -> Option<TcpHeader> {
+        if self.snd_una == self.snd_max || self.snd_nxt != self.snd_max || self.recover.is_some() {
+            return None;
+        }
+        let wnd_edge = self.snd_una.wrapping_add(self.snd_wnd);
+        let wnd_room = if seq::lt(self.snd_max, wnd_edge) { seq::dist(self.snd_max, wnd_edge) } else { 0 };
+        if self.fin_seq.is_none() && self.unsent() > 0 && wnd_room > 0 {
+            let at = self.snd_max;
+            let (len, fin) = self.segment_at(at, wnd_room);
+            if len > 0 {
+                self.tlp_seg = Some((at, at)); // no PTO for the probe itself
+                let h = self.data_segment(at, len, fin, payload, now);
+                self.tlp_seg = Some((at, self.snd_max));
+                return Some(h);
+            }
+        }
+        let data_end = self.fin_seq.unwrap_or(self.snd_max);
+        let room = self.snd_mss - self.sack_option_len();
+        let outstanding = seq::dist(self.snd_una, data_end);
+        let at = if outstanding > room { data_end.wrapping_sub(room as u32) } else { self.snd_una };
+        let (len, fin) = if at == data_end { (0, true) } else { self.segment_at(at, seq::dist(at, data_end)) };
+        let fin = fin && self.fin_seq == Some(at.wrapping_add(len as u32));
+        if len == 0 && !fin {
+            return None;
+        }
+        // A retransmission: `data_segment` stops any RTT timing (Karn).
+        let h = self.data_segment(at, len, fin, payload, now);
+        self.tlp_seg = Some((at, self.snd_max));
+        Some(h)
+    }
+
+    /// Loss detection by the probe's answer, a simplified RFC 8985 §7.4 with the RACK rule
+    /// behind it (§6): an ACK that SACKs bytes of the outstanding probe while a hole
+    /// remains at snd_una says a segment sent later was delivered, so the earlier ones still
+    /// missing are lost — fast recovery starts at once, not after three duplicate ACKs that
+    /// a short tail never produces. An ACK up to snd_max needs nothing more (whether the
+    /// probe repaired a loss is not told apart without D-SACK, so cwnd is kept).
+    fn tlp_check(&mut self) {
+        let Some((l, r)) = self.tlp_seg else { return };
+        if self.recover.is_some() || self.snd_una == self.snd_max {
+            return;
+        }
+        if self.sacked.iter().any(|&(a, b)| seq::lt(a, r) && seq::gt(b, l)) && self.next_hole(self.snd_una).is_some() {
+            self.enter_recovery();
+        }
+    }
+
     fn set_closed(&mut self) {
         if self.state != State::Closed {
             self.state = State::Closed;
             self.events.push_back(Event::Closed);
         }
         self.rto_at = None;
+        self.tlp_at = None;
+        self.tlp_due = false;
         self.tw_until = None;
         self.ack_due = None;
     }
@@ -670,6 +806,7 @@ impl Tcb {
         {
             self.on_dupack();
         }
+        self.tlp_check();
         // Window update (RFC 9293 §3.10.7.4, SND.WL1/WL2 rule).
         if seq::lt(self.snd_wl1, h.seq)
             || (self.snd_wl1 == h.seq && seq::le(self.snd_wl2, h.ack))
@@ -738,6 +875,9 @@ impl Tcb {
         });
         self.retries = 0;
         self.rto_at = if self.snd_una == self.snd_max { None } else { Some(now + self.rtt.rto()) };
+        if self.tlp_seg.is_some_and(|(_, end)| seq::ge(ack, end)) {
+            self.tlp_seg = None;
+        }
         // Congestion control (RFC 5681 §3.1, RFC 6582 §3.2).
         match self.recover {
             Some(r) if seq::lt(ack, r) => {
@@ -759,6 +899,8 @@ impl Tcb {
                 }
             }
         }
+        // RFC 8985 §7.2: an ACK of new data restarts the PTO.
+        self.arm_tlp(now);
     }
 
     fn on_dupack(&mut self) {
@@ -767,15 +909,7 @@ impl Tcb {
             // RFC 6675 §4 IsLost(snd_una): also when more than 2 MSS above the hole are
             // SACKed. Linux compresses its duplicate ACKs (one SACK update for up to 44
             // segments), so three of them may never come before the flight ends.
-            None if self.dupacks >= 3 || self.sacked_bytes() > 2 * self.snd_mss => {
-                // Fast retransmit (RFC 5681 §3.2), entering NewReno recovery (RFC 6582).
-                let flight = seq::dist(self.snd_una, self.snd_max);
-                self.ssthresh = (flight / 2).max(2 * self.snd_mss);
-                self.cwnd = self.ssthresh + 3 * self.snd_mss;
-                self.recover = Some(self.snd_max);
-                self.rexmit = Some(self.snd_una);
-                self.timing = None;
-            }
+            None if self.dupacks >= 3 || self.sacked_bytes() > 2 * self.snd_mss => self.enter_recovery(),
             None => {}
             Some(_) => {
                 self.cwnd += self.snd_mss;
@@ -787,6 +921,18 @@ impl Tcb {
                 }
             }
         }
+    }
+
+    /// Fast retransmit (RFC 5681 §3.2), entering NewReno recovery (RFC 6582).
+    fn enter_recovery(&mut self) {
+        let flight = seq::dist(self.snd_una, self.snd_max);
+        self.ssthresh = (flight / 2).max(2 * self.snd_mss);
+        self.cwnd = self.ssthresh + 3 * self.snd_mss;
+        self.recover = Some(self.snd_max);
+        self.rexmit = Some(self.snd_una);
+        self.timing = None;
+        self.tlp_at = None;
+        self.tlp_due = false;
     }
 
     /// The start of the first un-SACKed range at or after `from` below the highest SACKed
@@ -900,6 +1046,7 @@ impl Tcb {
     fn enter_time_wait(&mut self, now: Instant) {
         self.state = State::TimeWait;
         self.rto_at = None;
+        self.tlp_at = None;
         self.tw_until = Some(now + self.cfg.time_wait);
     }
 
@@ -985,7 +1132,14 @@ impl Tcb {
                 }
             }
         }
-        // 2. New data, or go-back-N retransmission after an RTO (snd_nxt < snd_max).
+        // 2. The tail loss probe, once the PTO fired.
+        if self.tlp_due {
+            self.tlp_due = false;
+            if let Some(h) = self.tlp_segment(now, payload) {
+                return Some(h);
+            }
+        }
+        // 3. New data, or go-back-N retransmission after an RTO (snd_nxt < snd_max).
         loop {
             let flight = seq::dist(self.snd_una, self.snd_nxt);
             let sacked: usize = self.sacked.iter().map(|&(l, r)| seq::dist(l, r)).sum();
@@ -1110,6 +1264,10 @@ impl Tcb {
         }
         if self.rto_at.is_none() {
             self.rto_at = Some(now + self.rtt.rto());
+        }
+        if !retransmission {
+            // RFC 8985 §7.2: new data (not a probe) restarts the PTO.
+            self.arm_tlp(now);
         }
         self.acked();
         h

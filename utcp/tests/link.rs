@@ -799,3 +799,185 @@ fn delayed_ack_rides_on_the_answer() {
     let acks = net.log.iter().filter(|(to_b, _)| !to_b).count();
     assert!(acks >= 1, "no ACK for four full-sized segments");
 }
+
+/// A connected pair (A active, B passive) on a clean link, handshake done.
+fn connected(cfg: Config, seed: u64) -> (Net, Handle, Handle) {
+    let mut net = Net::new(1500, cfg, Impair::default(), seed);
+    net.b.listen(20_001);
+    let ha = net.a.connect(40_000, SocketAddrV4::new(B_IP, 20_001));
+    for _ in 0..10 {
+        net.step();
+    }
+    let hb = net.b.accept().unwrap();
+    (net, ha, hb)
+}
+
+/// (sequence number, payload length, flags) of a frame.
+fn seg_of(f: &[u8]) -> (u32, usize, u8) {
+    let (_, p) = packet::parse_frame(f).unwrap();
+    (p.tcp.seq, p.payload.len(), p.tcp.flags)
+}
+
+/// Run until B has read `want` bytes; returns them.
+fn read_all(net: &mut Net, hb: Handle, want: usize) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 65536];
+    while got.len() < want {
+        assert!(net.step(), "stalled with {} of {want} bytes", got.len());
+        let n = net.b.tcb(hb).unwrap().recv(&mut buf);
+        got.extend_from_slice(&buf[..n]);
+    }
+    got
+}
+
+/// The tail of a flight is lost, and nothing follows it to draw duplicate ACKs: the tail loss
+/// probe (RFC 8985 §7) repairs it after about two RTTs, not after the RTO. Two segments lost:
+/// probed at 2·SRTT (200 µs here). One lost: the one segment left in flight is probed only
+/// after the peer's worst-case delayed ACK (WCDelAckT, 200 ms) — as Linux does, so with the
+/// default 200 ms RTO floor that is the RTO's job; with a 1 s RTO the probe comes first.
+#[test]
+fn tail_loss_probe_repairs_a_lost_tail() {
+    let slow_rto = Config { rto_min: Duration::from_secs(1), ..Config::default() };
+    let ms = Duration::from_millis;
+    for (seed, lost, cfg, within) in [(40, 2, Config::default(), ms(0)..ms(5)), (41, 1, slow_rto, ms(200)..ms(500))] {
+        let (mut net, ha, hb) = connected(cfg, seed);
+        let srtt = net.a.tcb(ha).unwrap().srtt().expect("an RTT sample from the handshake");
+        // Ten segments: the whole initial window, nothing queued behind it.
+        let data: Vec<u8> = (0..14_000).map(pattern).collect();
+        assert_eq!(net.a.tcb(ha).unwrap().send(&data), Ok(14_000));
+        net.flush();
+        let to_b: Vec<usize> = (0..net.wire.len()).filter(|&i| net.wire[i].1).collect();
+        assert_eq!(to_b.len(), 10);
+        let end = {
+            let (s, len, _) = seg_of(&net.wire[to_b[9]].2);
+            s.wrapping_add(len as u32)
+        };
+        for &i in to_b[10 - lost..].iter().rev() {
+            net.wire.remove(i);
+        }
+        let start = net.now;
+        net.keep_log = true;
+        let mut probed = None;
+        let mut got = Vec::new();
+        let mut buf = vec![0u8; 65536];
+        while got.len() < data.len() {
+            assert!(net.step());
+            let n = net.b.tcb(hb).unwrap().recv(&mut buf);
+            got.extend_from_slice(&buf[..n]);
+            if probed.is_none() {
+                if let Some((_, f)) = net.log.iter().find(|l| l.0) {
+                    probed = Some((net.now - start, seg_of(f)));
+                }
+            }
+        }
+        assert_eq!(got, data);
+        let (at, (s, len, _)) = probed.unwrap();
+        assert!(within.contains(&at), "{lost} lost at the tail: first resent after {at:?} (SRTT {srtt:?})");
+        assert_eq!(s.wrapping_add(len as u32), end, "the probe is the last segment again");
+        let took = net.now - start;
+        assert!(took < within.end, "{lost} lost at the tail: repaired after {took:?}");
+    }
+}
+
+/// Every segment arrived but B's one cumulative ACK for them was lost: one probe draws the
+/// ACK again, and nothing else is retransmitted.
+#[test]
+fn tail_loss_probe_recovers_a_lost_ack() {
+    let (mut net, ha, hb) = connected(Config::default(), 42);
+    let data: Vec<u8> = (0..14_000).map(pattern).collect();
+    assert_eq!(net.a.tcb(ha).unwrap().send(&data), Ok(14_000));
+    net.flush();
+    // Deliver the flight; drop whatever B answers.
+    net.step();
+    let from_b = net.wire.iter().filter(|w| !w.1).count();
+    assert!(from_b >= 1, "B acknowledged the flight");
+    net.wire.retain(|w| w.1);
+    let start = net.now;
+    net.keep_log = true;
+    assert_eq!(read_all(&mut net, hb, data.len()), data);
+    while net.a.tcb(ha).unwrap().send_queued() > 0 {
+        assert!(net.step());
+        assert!(net.now - start < Duration::from_secs(1), "never acknowledged");
+    }
+    let took = net.now - start;
+    assert!(took < Duration::from_millis(5), "acknowledged after {took:?}");
+    let sent: Vec<_> = net.log.iter().filter(|l| l.0).map(|l| seg_of(&l.1)).collect();
+    assert_eq!(sent.len(), 1, "one probe, no retransmission storm: {sent:?}");
+    assert!(sent[0].1 > 0 && sent[0].1 <= 1460);
+}
+
+/// The last three segments are lost. The probe (the last segment again, or new data when
+/// more is queued) is SACKed with a hole at snd_una: the segments before it were lost, and
+/// fast recovery starts at once (a short tail never draws three duplicate ACKs).
+#[test]
+fn tail_loss_probe_sack_starts_fast_recovery() {
+    for (seed, total) in [(43, 14_000), (44, 100_000)] {
+        let (mut net, ha, hb) = connected(Config::default(), seed);
+        let data: Vec<u8> = (0..total).map(pattern).collect();
+        assert_eq!(net.a.tcb(ha).unwrap().send(&data), Ok(total));
+        net.flush();
+        let to_b: Vec<usize> = (0..net.wire.len()).filter(|&i| net.wire[i].1).collect();
+        assert!(to_b.len() >= 10, "the initial window");
+        let first_lost = seg_of(&net.wire[to_b[7]].2).0;
+        for &i in to_b[7..].iter().rev() {
+            net.wire.remove(i);
+        }
+        let start = net.now;
+        net.keep_log = true;
+        // Until the probe's SACK is back, then one more step for A to answer it.
+        loop {
+            assert!(net.step());
+            assert!(net.now - start < Duration::from_millis(100), "no probe");
+            if net.log.iter().any(|l| !l.0 && packet::parse_frame(&l.1).unwrap().1.tcp.sack_len > 0) {
+                break;
+            }
+        }
+        let sacked_at = net.now;
+        net.step();
+        let sent: Vec<_> = net.log.iter().filter(|l| l.0).map(|l| seg_of(&l.1)).collect();
+        assert!(sent.len() >= 2, "{sent:?}");
+        assert_ne!(sent[0].0, first_lost, "the first frame is the probe, past the hole");
+        assert!(sent[1..].iter().any(|s| s.0 == first_lost), "the hole at snd_una retransmitted at once: {sent:?}");
+        assert!(net.now - sacked_at < Duration::from_millis(1));
+        assert_eq!(read_all(&mut net, hb, data.len()), data);
+        let took = net.now - start;
+        assert!(took < Duration::from_millis(50), "repaired after {took:?}");
+    }
+}
+
+/// One segment in flight: the PTO waits out the peer's worst-case delayed ACK (RFC 8985
+/// §7.2, WCDelAckT = 200 ms) — a delayed ACK draws no spurious probe — and a lost lone
+/// segment is still probed before the RTO.
+#[test]
+fn tail_loss_probe_waits_for_a_delayed_ack() {
+    // An RTO of at least 1 s leaves room for the probe below it.
+    let cfg = Config { rto_min: Duration::from_secs(1), ack_delay: Duration::from_millis(100), ..Config::default() };
+    let (mut net, ha, hb) = connected(cfg, 45);
+    net.keep_log = true;
+    assert_eq!(net.a.tcb(ha).unwrap().send(b"request"), Ok(7));
+    let start = net.now;
+    assert_eq!(read_all(&mut net, hb, 7), b"request");
+    while net.a.tcb(ha).unwrap().send_queued() > 0 {
+        assert!(net.step());
+    }
+    let took = net.now - start;
+    assert!(took >= Duration::from_millis(100), "acknowledged after the delay, {took:?}");
+    assert_eq!(net.log.iter().filter(|l| l.0).count(), 1, "no probe while the ACK was delayed");
+
+    // The lone segment is lost: probed after 2·SRTT + 200 ms, before the 1 s RTO.
+    net.log.clear();
+    assert_eq!(net.a.tcb(ha).unwrap().send(b"again"), Ok(5));
+    net.flush();
+    net.wire.retain(|w| !w.1);
+    let start = net.now;
+    let mut first_resend = None;
+    while net.a.tcb(ha).unwrap().send_queued() > 0 {
+        assert!(net.step());
+        if first_resend.is_none() && net.log.iter().filter(|l| l.0).count() >= 2 {
+            first_resend = Some(net.now - start);
+        }
+    }
+    let t = first_resend.expect("retransmitted");
+    assert!(t >= Duration::from_millis(200), "probed before the delayed-ACK allowance: {t:?}");
+    assert!(t < Duration::from_millis(500), "probed at {t:?}, not before the RTO");
+}
