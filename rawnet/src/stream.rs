@@ -363,10 +363,19 @@ fn wait<'a>(shared: &'a Shared, host: MutexGuard<'a, Dyn>, end: Instant) -> io::
 impl Drop for Transport {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Relaxed);
-        // The thread sleeps without a timeout: the timer wakes it to see `stop`.
-        let _ = self.shared.timer.arm(Duration::ZERO);
+        // The thread sleeps without a timeout: the timer wakes it to see `stop`. A turn running
+        // meanwhile disarms the timer if the deadline it was armed for has come, which may
+        // undo this arming after the thread looked at `stop`: arm it again until the thread
+        // is gone (a transport whose deadlines were a tail loss probe's, hundreds of
+        // microseconds apart, hung here about once in 15 closes).
         if let Some(p) = self.progress.take() {
+            while !p.is_finished() {
+                let _ = self.shared.timer.arm(Duration::ZERO);
+                std::thread::sleep(Duration::from_millis(1));
+            }
             let _ = p.join();
+        } else {
+            let _ = self.shared.timer.arm(Duration::ZERO);
         }
     }
 }
