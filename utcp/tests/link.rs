@@ -320,13 +320,7 @@ fn sequence_numbers_wrap() {
 /// before the RTO would fire.
 #[test]
 fn fast_retransmit_beats_the_rto() {
-    let mut net = Net::new(1500, Config::default(), Impair::default(), 20);
-    net.b.listen(20_001);
-    let ha = net.a.connect(40_000, SocketAddrV4::new(B_IP, 20_001));
-    for _ in 0..10 {
-        net.step();
-    }
-    let hb = net.b.accept().unwrap();
+    let (mut net, ha, hb) = connected(Config::default(), 20);
     let data: Vec<u8> = (0..100_000).map(pattern).collect();
     assert_eq!(net.a.tcb(ha).unwrap().send(&data), Ok(100_000));
     // Send the first flight, then drop its third data frame.
@@ -354,13 +348,7 @@ fn fast_retransmit_beats_the_rto() {
 /// lost segment cost 200 ms against a kernel peer).
 #[test]
 fn fast_retransmit_when_the_dupacks_grow_the_window() {
-    let mut net = Net::new(1500, Config::default(), Impair::default(), 22);
-    net.b.listen(20_001);
-    let ha = net.a.connect(40_000, SocketAddrV4::new(B_IP, 20_001));
-    for _ in 0..10 {
-        net.step();
-    }
-    let hb = net.b.accept().unwrap();
+    let (mut net, ha, hb) = connected(Config::default(), 22);
     assert!(net.a.tcb(ha).unwrap().sack_enabled());
     let data: Vec<u8> = (0..100_000).map(pattern).collect();
     assert_eq!(net.a.tcb(ha).unwrap().send(&data), Ok(100_000));
@@ -407,13 +395,7 @@ fn fast_retransmit_when_the_dupacks_grow_the_window() {
 /// marks it lost (RFC 6675 IsLost), without waiting for three.
 #[test]
 fn fast_retransmit_on_one_compressed_sack() {
-    let mut net = Net::new(1500, Config::default(), Impair::default(), 23);
-    net.b.listen(20_001);
-    let ha = net.a.connect(40_000, SocketAddrV4::new(B_IP, 20_001));
-    for _ in 0..10 {
-        net.step();
-    }
-    let hb = net.b.accept().unwrap();
+    let (mut net, ha, hb) = connected(Config::default(), 23);
     let data: Vec<u8> = (0..20_000).map(pattern).collect();
     assert_eq!(net.a.tcb(ha).unwrap().send(&data), Ok(20_000));
     net.flush();
@@ -445,13 +427,7 @@ fn fast_retransmit_on_one_compressed_sack() {
 #[test]
 fn zero_window_then_reopen() {
     let cfg = Config { recv_buf: 8192, ..Config::default() };
-    let mut net = Net::new(1500, cfg, Impair::default(), 21);
-    net.b.listen(20_001);
-    let ha = net.a.connect(40_000, SocketAddrV4::new(B_IP, 20_001));
-    for _ in 0..10 {
-        net.step();
-    }
-    let hb = net.b.accept().unwrap();
+    let (mut net, ha, hb) = connected(cfg, 21);
     let data: Vec<u8> = (0..50_000).map(pattern).collect();
     let n = net.a.tcb(ha).unwrap().send(&data).unwrap();
     assert_eq!(n, 50_000);
@@ -483,13 +459,7 @@ fn zero_window_then_reopen() {
 #[test]
 fn recv_with_lends_the_bytes_in_place() {
     let cfg = Config { recv_buf: 8192, ..Config::default() };
-    let mut net = Net::new(1500, cfg, Impair::default(), 23);
-    net.b.listen(20_001);
-    let ha = net.a.connect(40_000, SocketAddrV4::new(B_IP, 20_001));
-    for _ in 0..10 {
-        net.step();
-    }
-    let hb = net.b.accept().unwrap();
+    let (mut net, ha, hb) = connected(cfg, 23);
     let data: Vec<u8> = (0..100_000).map(pattern).collect();
     let mut sent = 0;
     let mut got = Vec::new();
@@ -536,13 +506,7 @@ fn rst_for_closed_port_and_refused_connect() {
 
 #[test]
 fn abort_resets_the_peer() {
-    let mut net = Net::new(1500, Config::default(), Impair::default(), 23);
-    net.b.listen(20_001);
-    let ha = net.a.connect(40_000, SocketAddrV4::new(B_IP, 20_001));
-    for _ in 0..10 {
-        net.step();
-    }
-    let hb = net.b.accept().unwrap();
+    let (mut net, ha, hb) = connected(Config::default(), 23);
     drain_events(&mut net.b, hb);
     net.a.tcb(ha).unwrap().abort();
     for _ in 0..10 {
