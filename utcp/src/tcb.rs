@@ -41,6 +41,12 @@ const WC_DEL_ACK: Duration = Duration::from_millis(200);
 /// RFC 8985 §7.2: the PTO before any RTT sample.
 const PTO_INITIAL: Duration = Duration::from_secs(1);
 
+/// Added to 2·SRTT when more than one segment is in flight: room for the peer's ACK to be
+/// late by a scheduling delay rather than lost. Linux adds two jiffies (`TCP_TIMEOUT_MIN`,
+/// 2 ms at HZ=1000); on a veth an SRTT is tens of microseconds, and a PTO of twice that
+/// would probe every time the peer's thread is preempted.
+const PTO_SLACK: Duration = Duration::from_millis(2);
+
 /// Per-connection tunables.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -525,7 +531,8 @@ impl Tcb {
     /// A probe is scheduled only with data outstanding, outside recovery (fast recovery,
     /// or the go-back-N after an RTO), with an open window (a zero window is the persist
     /// timer's), and when no probe of this flight is outstanding. PTO = 2·SRTT, plus
-    /// WCDelAckT when one segment is in flight; 1 s before any RTT sample. RFC 8985 clamps
+    /// WCDelAckT when one segment is in flight, else [`PTO_SLACK`]; 1 s before any RTT
+    /// sample. RFC 8985 clamps
     /// the PTO to the RTO's expiry and sends the probe then; here a PTO that would not
     /// fire before the RTO is simply not armed and the RTO does the work.
     fn arm_tlp(&mut self, now: Instant) {
@@ -543,7 +550,7 @@ impl Tcb {
         }
         let pto = match self.rtt.srtt() {
             Some(s) if seq::dist(self.snd_una, self.snd_max) <= self.snd_mss => 2 * s + WC_DEL_ACK,
-            Some(s) => 2 * s,
+            Some(s) => 2 * s + PTO_SLACK,
             None => PTO_INITIAL,
         };
         let at = now + pto;

@@ -870,6 +870,33 @@ fn tail_loss_probe_recovers_a_lost_ack() {
     assert!(sent[0].1 > 0 && sent[0].1 <= 1460);
 }
 
+/// An ACK that is only late — by 1 ms here, ten times the SRTT, as when the peer's thread is
+/// preempted — draws no probe: the PTO has Linux's slack (2 ms) on top of 2·SRTT.
+#[test]
+fn tail_loss_probe_leaves_a_late_ack_alone() {
+    let (mut net, ha, hb) = connected(Config::default(), 45);
+    let srtt = net.a.tcb(ha).unwrap().srtt().expect("an RTT sample from the handshake");
+    assert!(srtt * 10 <= Duration::from_millis(1), "SRTT {srtt:?}: the link is too slow for this test");
+    let data: Vec<u8> = (0..14_000).map(pattern).collect();
+    assert_eq!(net.a.tcb(ha).unwrap().send(&data), Ok(14_000));
+    net.flush();
+    net.keep_log = true;
+    // Deliver the flight; hold back whatever B answers by 1 ms.
+    net.step();
+    assert!(net.wire.iter().any(|w| !w.1), "B acknowledged the flight");
+    for w in net.wire.iter_mut().filter(|w| !w.1) {
+        w.0 += Duration::from_millis(1);
+    }
+    assert_eq!(read_all(&mut net, hb, data.len()), data);
+    let start = net.now;
+    while net.a.tcb(ha).unwrap().send_queued() > 0 {
+        assert!(net.step());
+        assert!(net.now - start < Duration::from_secs(1), "never acknowledged");
+    }
+    let resent: Vec<_> = net.log.iter().filter(|l| l.0).map(|l| seg_of(&l.1)).filter(|s| s.1 > 0).collect();
+    assert!(resent.is_empty(), "a late ACK drew a probe: {resent:?}");
+}
+
 /// The last three segments are lost. The probe (the last segment again, or new data when
 /// more is queued) is SACKed with a hole at snd_una: the segments before it were lost, and
 /// fast recovery starts at once (a short tail never draws three duplicate ACKs).
