@@ -321,11 +321,8 @@ fn sequence_numbers_wrap() {
 #[test]
 fn fast_retransmit_beats_the_rto() {
     let (mut net, ha, hb) = connected(Config::default(), 20);
-    let data: Vec<u8> = (0..100_000).map(pattern).collect();
-    assert_eq!(net.a.tcb(ha).unwrap().send(&data), Ok(100_000));
     // Send the first flight, then drop its third data frame.
-    net.flush();
-    let to_b: Vec<usize> = (0..net.wire.len()).filter(|&i| net.wire[i].1).collect();
+    let (data, to_b) = send_flight(&mut net, ha, 100_000);
     assert!(to_b.len() >= 5, "a flight of several segments");
     net.wire.remove(to_b[2]);
     let start = net.now;
@@ -350,10 +347,7 @@ fn fast_retransmit_beats_the_rto() {
 fn fast_retransmit_when_the_dupacks_grow_the_window() {
     let (mut net, ha, hb) = connected(Config::default(), 22);
     assert!(net.a.tcb(ha).unwrap().sack_enabled());
-    let data: Vec<u8> = (0..100_000).map(pattern).collect();
-    assert_eq!(net.a.tcb(ha).unwrap().send(&data), Ok(100_000));
-    net.flush();
-    let to_b: Vec<usize> = (0..net.wire.len()).filter(|&i| net.wire[i].1).collect();
+    let (data, to_b) = send_flight(&mut net, ha, 100_000);
     assert!(to_b.len() >= 5, "a flight of several segments");
     net.wire.remove(to_b[2]);
     let start = net.now;
@@ -396,10 +390,7 @@ fn fast_retransmit_when_the_dupacks_grow_the_window() {
 #[test]
 fn fast_retransmit_on_one_compressed_sack() {
     let (mut net, ha, hb) = connected(Config::default(), 23);
-    let data: Vec<u8> = (0..20_000).map(pattern).collect();
-    assert_eq!(net.a.tcb(ha).unwrap().send(&data), Ok(20_000));
-    net.flush();
-    let to_b: Vec<usize> = (0..net.wire.len()).filter(|&i| net.wire[i].1).collect();
+    let (data, to_b) = send_flight(&mut net, ha, 20_000);
     assert!(to_b.len() >= 5, "a flight of several segments");
     // Lose the first segment, and deliver the rest of the flight at once behind it.
     net.wire.remove(to_b[0]);
@@ -764,6 +755,16 @@ fn delayed_ack_rides_on_the_answer() {
     assert!(acks >= 1, "no ACK for four full-sized segments");
 }
 
+/// A queues `len` bytes of the pattern (taken whole) and its first flight goes on the wire:
+/// the data, and where in `net.wire` the frames to B are.
+fn send_flight(net: &mut Net, ha: Handle, len: usize) -> (Vec<u8>, Vec<usize>) {
+    let data: Vec<u8> = (0..len).map(pattern).collect();
+    assert_eq!(net.a.tcb(ha).unwrap().send(&data), Ok(len));
+    net.flush();
+    let to_b = (0..net.wire.len()).filter(|&i| net.wire[i].1).collect();
+    (data, to_b)
+}
+
 /// A connected pair (A active, B passive) on a clean link, handshake done.
 fn connected(cfg: Config, seed: u64) -> (Net, Handle, Handle) {
     let mut net = Net::new(1500, cfg, Impair::default(), seed);
@@ -807,10 +808,7 @@ fn tail_loss_probe_repairs_a_lost_tail() {
         let (mut net, ha, hb) = connected(cfg, seed);
         let srtt = net.a.tcb(ha).unwrap().srtt().expect("an RTT sample from the handshake");
         // Ten segments: the whole initial window, nothing queued behind it.
-        let data: Vec<u8> = (0..14_000).map(pattern).collect();
-        assert_eq!(net.a.tcb(ha).unwrap().send(&data), Ok(14_000));
-        net.flush();
-        let to_b: Vec<usize> = (0..net.wire.len()).filter(|&i| net.wire[i].1).collect();
+        let (data, to_b) = send_flight(&mut net, ha, 14_000);
         assert_eq!(to_b.len(), 10);
         let end = {
             let (s, len, _) = seg_of(&net.wire[to_b[9]].2);
@@ -848,9 +846,7 @@ fn tail_loss_probe_repairs_a_lost_tail() {
 #[test]
 fn tail_loss_probe_recovers_a_lost_ack() {
     let (mut net, ha, hb) = connected(Config::default(), 42);
-    let data: Vec<u8> = (0..14_000).map(pattern).collect();
-    assert_eq!(net.a.tcb(ha).unwrap().send(&data), Ok(14_000));
-    net.flush();
+    let (data, _) = send_flight(&mut net, ha, 14_000);
     // Deliver the flight; drop whatever B answers.
     net.step();
     let from_b = net.wire.iter().filter(|w| !w.1).count();
@@ -877,9 +873,7 @@ fn tail_loss_probe_leaves_a_late_ack_alone() {
     let (mut net, ha, hb) = connected(Config::default(), 45);
     let srtt = net.a.tcb(ha).unwrap().srtt().expect("an RTT sample from the handshake");
     assert!(srtt * 10 <= Duration::from_millis(1), "SRTT {srtt:?}: the link is too slow for this test");
-    let data: Vec<u8> = (0..14_000).map(pattern).collect();
-    assert_eq!(net.a.tcb(ha).unwrap().send(&data), Ok(14_000));
-    net.flush();
+    let (data, _) = send_flight(&mut net, ha, 14_000);
     net.keep_log = true;
     // Deliver the flight; hold back whatever B answers by 1 ms.
     net.step();
@@ -904,10 +898,7 @@ fn tail_loss_probe_leaves_a_late_ack_alone() {
 fn tail_loss_probe_sack_starts_fast_recovery() {
     for (seed, total) in [(43, 14_000), (44, 100_000)] {
         let (mut net, ha, hb) = connected(Config::default(), seed);
-        let data: Vec<u8> = (0..total).map(pattern).collect();
-        assert_eq!(net.a.tcb(ha).unwrap().send(&data), Ok(total));
-        net.flush();
-        let to_b: Vec<usize> = (0..net.wire.len()).filter(|&i| net.wire[i].1).collect();
+        let (data, to_b) = send_flight(&mut net, ha, total);
         assert!(to_b.len() >= 10, "the initial window");
         let first_lost = seg_of(&net.wire[to_b[7]].2).0;
         for &i in to_b[7..].iter().rev() {
