@@ -793,15 +793,15 @@ impl Tcb {
             self.ack_now = true; // acks something not yet sent
             return false;
         }
-        let sacked_before = self.sacked_bytes();
-        if self.sack_ok && h.sack_len > 0 {
-            self.take_sack(h.sack_blocks());
-        }
         // RFC 6675 §2: with SACK, an ACK that SACKs bytes not SACKed before is a duplicate
         // whatever its window says. Linux grows the window it offers on every out-of-order
         // segment it queues, so its duplicate ACKs never pass RFC 5681's "same window" test:
         // without this each segment lost toward a kernel peer waited for the RTO.
-        let sacks_new = self.sacked_bytes() > sacked_before;
+        let sacks_new = self.sack_ok && h.sack_len > 0 && {
+            let before = self.sacked_bytes();
+            self.take_sack(h.sack_blocks());
+            self.sacked_bytes() > before
+        };
         let old_wnd = self.snd_wnd;
         if seq::gt(h.ack, self.snd_una) {
             self.ack_advance(h.ack, now);
