@@ -1,46 +1,40 @@
 #!/usr/bin/env bash
-# ci/testbed.sh — two "hosts" for uiw on one machine: two network namespaces joined by a
-# veth pair, a uiw device published in each (own UIW_STATE_DIR), optional random frame loss.
+# ci/testbed.sh — two "hosts" for uiw on one machine: two network namespaces, each with a
+# veth to a bridge in a third (the "wire"), a uiw device published in each host (own
+# UIW_STATE_DIR), optional random frame loss on the wire.
 #
 #   ci/testbed.sh [-p PREFIX] up [--mtu 1500|9000] [--loss PCT] [--net A.B.C] [--ifname NAME]
 #                                [--uiw PATH] [--transport tcp|packet|xdp]
 #                                [--transport-a T] [--transport-b T]
-#       create namespaces PREFIX-a and PREFIX-b, a veth pair (NAME in each, default veth0),
-#       addresses A.B.C.1/24 on host A and A.B.C.2/24 on host B (default 198.51.100, the
-#       RFC 5737 TEST-NET-2 range: it exists only inside these two namespaces), bring
-#       everything up and run `uiw up --netdev NAME` in each with UIW_STATE_DIR=STATE/{a,b}.
-#       The uiw device is uiw_NAME on both hosts. --loss as for `loss both PCT` (refused,
-#       before anything is created, when both hosts are raw: see `loss`).
+#       create namespaces PREFIX-a and PREFIX-b (the hosts) and PREFIX-w (the wire: a
+#       bridge, br0, with ports to-a and to-b), a veth from each host (NAME, default veth0)
+#       to its port, addresses A.B.C.1/24 on host A and A.B.C.2/24 on host B (default
+#       198.51.100, the RFC 5737 TEST-NET-2 range: it exists only inside these namespaces),
+#       bring everything up and run `uiw up --netdev NAME` in each host with
+#       UIW_STATE_DIR=STATE/{a,b}. The uiw device is uiw_NAME on both hosts. --loss as for
+#       `loss both PCT`.
 #       --transport is passed to `uiw up` on both hosts (default tcp); --transport-a/-b set
 #       one host's (a mixed pair: xdp on A, tcp on B). When either host uses packet or xdp
-#       the veths' offloads (tx checksum, TSO, GSO, GRO) are turned off first, as uiw's
+#       the veths' offloads (tx checksum, TSO, GSO, GRO; all four ends) are turned off first, as uiw's
 #       userspace TCP needs (needs ethtool); programs run there as root (CAP_NET_RAW,
 #       CAP_NET_ADMIN, CAP_BPF). xdp at --mtu 9000 carries each frame in
 #       several 4 KiB UMEM chunks (AF_XDP multi-buffer, kernel 6.6+; an older kernel's uiw
 #       announces an MSS that fits one chunk, 3786).
 #   ci/testbed.sh [-p PREFIX] run a|b [--] CMD [ARGS...]
 #       run CMD on host A/B under `uiw run` (exec: the PID you get is CMD's)
-#   ci/testbed.sh [-p PREFIX] exec a|b [--] CMD [ARGS...]
-#       run CMD on host A/B without uiw's environment (ip, nft, ss, tcpdump, ...)
+#   ci/testbed.sh [-p PREFIX] exec a|b|w [--] CMD [ARGS...]
+#       run CMD on host A/B, or on the wire (w), without uiw's environment (ip, nft, ss,
+#       tcpdump, ...)
 #   ci/testbed.sh [-p PREFIX] loss a|b|both PCT
 #       drop PCT percent (0-100, fractions like 0.1 allowed; 0 removes the rule) of the
-#       IPv4/IPv6 frames host A/B sends on the veth, chosen at random by nftables `numgen
-#       random` (this kernel has no netem). Where the frames are dropped depends on the
-#       sender's transport, so that each frame meets exactly one drop rule:
-#         tcp sender: at its own `output` hook (table inet uiw_testbed, chain egress), i.e.
-#           what its kernel sends;
-#         raw sender (packet, xdp), kernel-TCP peer: at the PEER's `ingress` hook on its
-#           veth (table netdev uiw_testbed, chain ingress), which sees every frame before
-#           the peer's IP stack. Frames a raw host sends from userspace pass no netfilter
-#           hook of its own; this rule takes everything the raw host sends, its kernel's
-#           frames (the tools' out-of-band exchange) included, and the raw host has no
-#           output rule;
-#         raw sender, raw peer: refused. No netfilter hook sees these frames: the peer's XDP
-#           program (xdp) or packet socket (packet) takes them before `ingress`. Loss
-#           between two raw hosts is tested inside the process, where the stack meets the
-#           driver (rawnet/tests/iwarp.rs, rawnet/tests/kernel_interop.rs).
-#       Each rule counts what it dropped and carries the comment "loss a->b" or "loss b->a":
-#       `ci/testbed.sh exec a|b nft list ruleset` in both namespaces shows them all.
+#       IPv4/IPv6 frames host A/B sends, chosen at random by nftables `numgen random` (this
+#       kernel has no netem), on the wire: the bridge's `forward` hook in PREFIX-w (table
+#       bridge uiw_testbed_a or _b), after the sender took each frame as sent. So a loss is
+#       a loss whatever the hosts' transports: a kernel TCP must detect and repair it (a drop
+#       at its own `output` or `egress` hook would be reported back to it, NET_XMIT_DROP,
+#       and the segment simply sent later), and a raw host's frames, which pass no netfilter
+#       hook of their own, are dropped as well. Each rule counts what it dropped and carries
+#       the comment "loss a->b" or "loss b->a": `ci/testbed.sh exec w nft list ruleset`.
 #   ci/testbed.sh [-p PREFIX] cut a|b        remove the host's address (it "disappears":
 #                                            its peer's segments are silently dropped)
 #   ci/testbed.sh [-p PREFIX] restore a|b    put it back
@@ -83,6 +77,7 @@ dir=/tmp/$prefix-testbed
 conf=$dir/env
 ns_a=$prefix-a
 ns_b=$prefix-b
+ns_w=$prefix-w
 
 load() {
 	[[ -f $conf ]] || die "no testbed '$prefix' (run: $0 -p $prefix up)"
@@ -90,70 +85,43 @@ load() {
 	. "$conf"
 }
 
-transport_of() {
-	case $1 in
-	a|A) echo "${TB_TRANSPORT_A:-tcp}" ;;
-	b|B) echo "${TB_TRANSPORT_B:-tcp}" ;;
-	*) die "host '$1': say a or b" ;;
-	esac
-}
-
 ns_of() {
 	case $1 in
 	a|A) echo "$TB_NS_A" ;;
 	b|B) echo "$TB_NS_B" ;;
-	*) die "host '$1': say a or b" ;;
+	w|W) echo "$ns_w" ;;
+	*) die "host '$1': say a or b (or w, the wire, for exec)" ;;
 	esac
 }
 
-# set_loss HOST PCT: (re)write the rule that drops PCT% of what host a/b sends (see the
-# header for where it goes).
+# set_loss HOST PCT: (re)write the rule that drops PCT% of what host a/b sends (on the
+# wire; see the header).
 set_loss() {
-	local h=${1,,} pct=$2 per10k peer self_tr peer_tr ns
+	local h=${1,,} pct=$2 per10k peer
 	per10k=$(awk -v p="$pct" 'BEGIN { if (p !~ /^[0-9]*\.?[0-9]+$/ || p > 100) exit 1; printf "%d", p * 100 + 0.5 }') ||
 		die "loss '$pct': give a percentage 0-100"
 	peer=$([[ $h == a ]] && echo b || echo a)
-	self_tr=$(transport_of "$h")
-	peer_tr=$(transport_of "$peer")
-	if [[ $self_tr == tcp ]]; then
-		ns=$(ns_of "$h")
-		ip netns exec "$ns" nft delete table inet uiw_testbed 2>/dev/null || true
-		[[ $per10k -gt 0 ]] || return 0
-		ip netns exec "$ns" nft -f - <<EOF
-table inet uiw_testbed {
-	chain egress {
-		type filter hook output priority 0; policy accept;
-		oifname "$TB_IF" numgen random mod 10000 < $per10k counter drop comment "loss $h->$peer"
+	ip netns exec "$ns_w" nft delete table bridge "uiw_testbed_$h" 2>/dev/null || true
+	[[ $per10k -gt 0 ]] || return 0
+	ip netns exec "$ns_w" nft -f - <<EOF
+table bridge uiw_testbed_$h {
+	chain forward {
+		type filter hook forward priority 0; policy accept;
+		iifname "to-$h" meta protocol { ip, ip6 } numgen random mod 10000 < $per10k counter drop comment "loss $h->$peer"
 	}
 }
 EOF
-	elif [[ $peer_tr == tcp ]]; then
-		ns=$(ns_of "$peer")
-		ip netns exec "$ns" nft delete table netdev uiw_testbed 2>/dev/null || true
-		[[ $per10k -gt 0 ]] || return 0
-		ip netns exec "$ns" nft -f - <<EOF
-table netdev uiw_testbed {
-	chain ingress {
-		type filter hook ingress device "$TB_IF" priority 0; policy accept;
-		meta protocol { ip, ip6 } numgen random mod 10000 < $per10k counter drop comment "loss $h->$peer"
-	}
-}
-EOF
-	else
-		[[ $per10k -eq 0 ]] && return 0
-		die "loss: host $h ($self_tr) and host $peer ($peer_tr) both use raw frames: no netfilter hook sees them (host $peer's ${peer_tr} socket takes them before ingress), so no loss can be applied; loss between raw hosts is tested in-process (rawnet/tests/iwarp.rs, rawnet/tests/kernel_interop.rs)"
-	fi
 }
 
 teardown() {
 	local ns st
-	for ns in "$ns_a" "$ns_b"; do
+	for ns in "$ns_a" "$ns_b" "$ns_w"; do
 		ip netns list | awk '{print $1}' | grep -qx "$ns" || continue
 		# Only processes inside our own namespaces: things this testbed's users started.
 		for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -TERM "$pid" 2>/dev/null || true; done
 	done
 	sleep 0.2
-	for ns in "$ns_a" "$ns_b"; do
+	for ns in "$ns_a" "$ns_b" "$ns_w"; do
 		ip netns list | awk '{print $1}' | grep -qx "$ns" || continue
 		for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
 	done
@@ -164,7 +132,7 @@ teardown() {
 			[[ -d $st ]] && UIW_STATE_DIR=$st "$TB_UIW" down >/dev/null 2>&1 || true
 		done
 	fi
-	for ns in "$ns_a" "$ns_b"; do ip netns del "$ns" 2>/dev/null || true; done
+	for ns in "$ns_a" "$ns_b" "$ns_w"; do ip netns del "$ns" 2>/dev/null || true; done
 	rm -rf "$dir"
 }
 
@@ -195,9 +163,6 @@ up)
 	done
 	command -v nft >/dev/null || die "nftables is not installed (apt-get install nftables)"
 	awk -v p="$loss" 'BEGIN { exit !(p ~ /^[0-9]*\.?[0-9]+$/ && p <= 100) }' || die "--loss $loss: give a percentage 0-100"
-	if [[ $transport_a != tcp && $transport_b != tcp ]] && awk -v p="$loss" 'BEGIN { exit !(p > 0) }'; then
-		die "--loss $loss with $transport_a on host a and $transport_b on host b: no netfilter hook sees the frames between two raw hosts (the receiver's XDP program or packet socket takes them before ingress), so this testbed cannot drop them. Put --transport-a/-b tcp on one host, or see rawnet's in-process loss tests (rawnet/tests/iwarp.rs, rawnet/tests/kernel_interop.rs)"
-	fi
 	if [[ -z $uiw ]]; then
 		for p in "$repo/target/${CARGO_PROFILE:-debug}/uiw" "$repo/target/debug/uiw" "$repo/target/release/uiw"; do
 			[[ -x $p ]] && { uiw=$p; break; }
@@ -227,8 +192,17 @@ EOF
 	trap 'echo "testbed: up failed; tearing down" >&2; teardown' ERR
 	ip netns add "$ns_a"
 	ip netns add "$ns_b"
-	# Both ends are created directly inside the namespaces: no name in the host's namespace.
-	ip link add name "$ifname" mtu "$mtu" netns "$ns_a" type veth peer name "$ifname" mtu "$mtu" netns "$ns_b"
+	ip netns add "$ns_w"
+	# The wire: a bridge without STP (a port forwards as soon as it is up) and no IPv6 of
+	# its own (no solicitations from the ports). Every veth end is created directly inside
+	# its namespace: no name in the machine's own.
+	ip netns exec "$ns_w" sh -c 'echo 1 >/proc/sys/net/ipv6/conf/all/disable_ipv6; echo 1 >/proc/sys/net/ipv6/conf/default/disable_ipv6'
+	ip -n "$ns_w" link add br0 mtu "$mtu" type bridge stp_state 0
+	for h in a b; do
+		ip link add name "$ifname" mtu "$mtu" netns "$(ns_of $h)" type veth peer name "to-$h" mtu "$mtu" netns "$ns_w"
+		ip -n "$ns_w" link set "to-$h" master br0 up
+	done
+	ip -n "$ns_w" link set br0 up
 	for h in a b; do
 		ns=$(ns_of $h)
 		addr=$([[ $h == a ]] && echo "$TB_ADDR_A" || echo "$TB_ADDR_B")
@@ -246,6 +220,7 @@ EOF
 		# uiw's userspace TCP computes every checksum and needs frames no larger than the MTU.
 		for h in a b; do
 			ip netns exec "$(ns_of $h)" ethtool -K "$ifname" tx off tso off gso off gro off >/dev/null
+			ip netns exec "$ns_w" ethtool -K "to-$h" tx off tso off gso off gro off >/dev/null
 		done
 	fi
 	for h in a b; do
@@ -255,16 +230,7 @@ EOF
 	done
 	[[ $loss == 0 ]] || { set_loss a "$loss"; set_loss b "$loss"; }
 	trap - ERR
-	where=""
-	if [[ $loss != 0 && ($transport_a != tcp || $transport_b != tcp) ]]; then
-		# Say where each direction's frames are dropped: it is not the same for a raw sender.
-		for h in a b; do
-			p=$([[ $h == a ]] && echo b || echo a)
-			if [[ $(transport_of $h) == tcp ]]; then where+=", $h->$p at $h's output"; else where+=", $h->$p at $p's ingress"; fi
-		done
-		where=" (${where#, })"
-	fi
-	echo "testbed $prefix: host a $ns_a $TB_ADDR_A ($transport_a), host b $ns_b $TB_ADDR_B ($transport_b), device $TB_DEV, mtu $mtu, loss ${loss}%$where"
+	echo "testbed $prefix: host a $ns_a $TB_ADDR_A ($transport_a), host b $ns_b $TB_ADDR_B ($transport_b), wire $ns_w, device $TB_DEV, mtu $mtu, loss ${loss}% each way"
 	;;
 run|exec)
 	load
@@ -272,6 +238,10 @@ run|exec)
 	ns=$(ns_of "$1"); h=${1,,}; shift
 	[[ ${1:-} == -- ]] && shift
 	[[ $# -gt 0 ]] || die "$cmd: no command"
+	if [[ $h == w ]]; then
+		[[ $cmd == exec ]] || die "run: the wire has no uiw device (say a or b; exec w runs a command there)"
+		exec ip netns exec "$ns" "$@"
+	fi
 	st=$([[ $h == a ]] && echo "$TB_STATE_A" || echo "$TB_STATE_B")
 	if [[ $cmd == run ]]; then
 		exec ip netns exec "$ns" env UIW_STATE_DIR="$st" "$TB_UIW" run -- "$@"
@@ -289,7 +259,7 @@ loss)
 	;;
 cut|restore)
 	load
-	[[ $# -eq 1 ]] || die "$cmd: give a or b"
+	[[ $# -eq 1 && $1 =~ ^[aAbB]$ ]] || die "$cmd: give a or b"
 	ns=$(ns_of "$1")
 	addr=$([[ ${1,,} == a ]] && echo "$TB_ADDR_A" || echo "$TB_ADDR_B")
 	if [[ $cmd == cut ]]; then

@@ -1,4 +1,5 @@
-//! Two hosts for a test: `ci/testbed.sh` (two network namespaces over a veth pair, a uiw
+//! Two hosts for a test: `ci/testbed.sh` (two network namespaces, each with a veth to a
+//! bridge in a third, the wire, a uiw
 //! device `uiw_veth0` published in each), torn down on drop. Needs root, iproute2 and
 //! nftables.
 

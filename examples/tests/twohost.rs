@@ -1,5 +1,5 @@
-//! Two hosts over a veth pair (`ci/testbed.sh`: two network namespaces, a uiw device in
-//! each, nftables dropping 1% of the frames each host sends): the integrity program and
+//! Two hosts over veths and a bridge (`ci/testbed.sh`: two network namespaces, a uiw device
+//! in each, nftables on the wire dropping 1% of the frames each host sends): the integrity program and
 //! perftest across a real (non-loopback) netdev with loss, and a peer whose address
 //! disappears in the middle of a transfer — the survivor's QP must fail, every WR flushed,
 //! within the dead-peer timeout instead of hanging.

@@ -48,8 +48,8 @@ DESCRIPTION
     (`--only veth`, or some of their names) and the MPI rows (`--only mpi_lat_8,...`).
     --list marks them `(opt-in)`.
 
-    The veth rows (issue 12) set up, once per run, two network namespaces joined by a
-    veth pair (ci/testbed.sh, embedded: MTU 1500, the veths' offloads off, as uiw's
+    The veth rows (issue 12) set up, once per run, two network namespaces joined by
+    veths and a bridge (ci/testbed.sh, embedded: MTU 1500, the veths' offloads off, as uiw's
     userspace TCP needs) and publish uiw_veth0 in each twice: with `--transport xdp`
     (AF_XDP, uiw's userspace TCP) and with `--transport tcp` (the kernel's TCP), each in
     its own state dir. Each repetition then runs, client in one namespace, server in the

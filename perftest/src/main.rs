@@ -136,8 +136,8 @@ fn run() -> Result<(), Fail> {
         let bed = setup::veth_up(&uiw, &bin, &logs);
         match &bed {
             Ok(b) => notes.push(format!(
-                "veth rows: test bed `{}` (ci/testbed.sh): namespaces {} ({}) and {} ({}) over a veth \
-                 pair, MTU {}, veth offloads: {}; device {} published in each namespace twice, \
+                "veth rows: test bed `{}` (ci/testbed.sh): namespaces {} ({}) and {} ({}), each with a \
+                 veth to a bridge, MTU {}, veth offloads: {}; device {} published in each namespace twice, \
                  with `--transport xdp` and with `--transport tcp` (own UIW_STATE_DIR each); \
                  client on A, server on B. The xdp transport's streams are uiw's userspace TCP \
                  (NewReno, RFC 5681/6582): the congestion control above applies to the kernel \

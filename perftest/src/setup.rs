@@ -15,7 +15,7 @@ const CC_CHECK_C: &str = include_str!("../c/cc_check.c");
 /// The placement-lag probe: one of the example programs (its behaviour is tested there, by
 /// examples/tests/placement_lag.rs), built here against the installed libibverbs.
 const PLACEMENT_LAG_C: &str = include_str!("../../examples/c/placement_lag.c");
-/// The two-host test bed of the veth rows (two network namespaces over a veth pair): the
+/// The two-host test bed of the veth rows (two network namespaces, veths to a bridge): the
 /// repository's own script, written out beside the helpers so the binary needs no checkout.
 const TESTBED_SH: &str = include_str!("../../ci/testbed.sh");
 /// The MPI rows' program (ping-pong, streaming, allreduce, every byte checked); CI runs its
@@ -613,7 +613,7 @@ pub enum Host {
 }
 
 /// The veth rows' test bed: `ci/testbed.sh up --transport xdp` (namespaces PREFIX-a and
-/// PREFIX-b over a veth pair, MTU 1500, the veths' offloads off, a uiw device published with
+/// PREFIX-b, each with a veth to a bridge in PREFIX-w, MTU 1500, the veths' offloads off, a uiw device published with
 /// the xdp transport in each), plus in each namespace a second state dir publishing the same
 /// netdev with the kernel-TCP transport. Torn down on drop.
 #[derive(Debug)]

@@ -1,9 +1,11 @@
-//! A two-namespace test bed for the raw-frame drivers' tests and benchmark (needs root,
-//! iproute2, nftables, ethtool): namespaces `xdp<id>a` and `xdp<id>b` joined by
-//! a veth pair with offloads off, addresses 198.51.100.1 (a: the userspace TCP) and .2 (b:
-//! the kernel's TCP), optional random loss in both directions applied in b (nftables: the
-//! `output` hook for what b's kernel sends, the netdev `ingress` hook for what a's raw
-//! socket sends, which passes no netfilter hook in a).
+//! A test bed for the raw-frame drivers' tests and benchmark (needs root, iproute2,
+//! nftables, ethtool): namespaces `xdp<id>a` and `xdp<id>b`, addresses 198.51.100.1 (a: the
+//! userspace TCP) and .2 (b: the kernel's TCP), each with a veth (offloads off) to a bridge
+//! in a third namespace, `xdp<id>w`: the wire. Optional random loss in both directions is
+//! applied there (nftables, `bridge` family, `forward` hook), after the sender's stack took
+//! the frame as sent — a real loss either way. A drop in the sender's own namespace is not:
+//! the kernel's TCP hears of an `output` or `egress` drop (NET_XMIT_DROP) and sends the
+//! segment again later without counting a loss, and a raw socket's frames pass no hook there.
 
 use std::net::Ipv4Addr;
 use std::process::Command;
@@ -13,10 +15,12 @@ pub const A_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
 pub const B_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 2);
 pub const IF: &str = "veth0";
 
-/// The two namespaces; deleted on drop.
+/// The three namespaces; deleted on drop.
 pub struct Bed {
     pub a: String,
     pub b: String,
+    /// The wire between them: a bridge with one port toward each host (`to-a`, `to-b`).
+    pub w: String,
 }
 
 fn run(args: &[&str]) -> Result<(), String> {
@@ -134,11 +138,21 @@ impl Bed {
     /// Create the namespaces and the veth pair at `mtu`. Panics on failure (a test bed).
     pub fn new(mtu: u32) -> Bed {
         let id = format!("{}-{}", std::process::id() % 100000, SEQ.fetch_add(1, Ordering::Relaxed));
-        let bed = Bed { a: format!("xdp{id}a"), b: format!("xdp{id}b") };
+        let bed = Bed { a: format!("xdp{id}a"), b: format!("xdp{id}b"), w: format!("xdp{id}w") };
         let mtu = mtu.to_string();
-        run(&["ip", "netns", "add", &bed.a]).unwrap();
-        run(&["ip", "netns", "add", &bed.b]).unwrap();
-        run(&["ip", "link", "add", "name", IF, "mtu", &mtu, "netns", &bed.a, "type", "veth", "peer", "name", IF, "mtu", &mtu, "netns", &bed.b]).unwrap();
+        for ns in [&bed.a, &bed.b, &bed.w] {
+            run(&["ip", "netns", "add", ns]).unwrap();
+        }
+        // The wire: no IPv6 of its own (no router or neighbour solicitations of its own on
+        // the ports), a bridge without STP (forwarding as soon as a port is up).
+        run(&["ip", "netns", "exec", &bed.w, "sh", "-c", "echo 1 >/proc/sys/net/ipv6/conf/all/disable_ipv6; echo 1 >/proc/sys/net/ipv6/conf/default/disable_ipv6"]).unwrap();
+        run(&["ip", "-n", &bed.w, "link", "add", "br0", "mtu", &mtu, "type", "bridge", "stp_state", "0"]).unwrap();
+        for (ns, port) in [(&bed.a, "to-a"), (&bed.b, "to-b")] {
+            run(&["ip", "link", "add", "name", IF, "mtu", &mtu, "netns", ns, "type", "veth", "peer", "name", port, "mtu", &mtu, "netns", &bed.w]).unwrap();
+            run(&["ip", "netns", "exec", &bed.w, "ethtool", "-K", port, "tx", "off", "tso", "off", "gso", "off", "gro", "off"]).unwrap();
+            run(&["ip", "-n", &bed.w, "link", "set", port, "master", "br0", "up"]).unwrap();
+        }
+        run(&["ip", "-n", &bed.w, "link", "set", "br0", "up"]).unwrap();
         for (ns, ip) in [(&bed.a, A_IP), (&bed.b, B_IP)] {
             run(&["ip", "-n", ns, "link", "set", "lo", "up"]).unwrap();
             run(&["ip", "-n", ns, "addr", "add", &format!("{ip}/24"), "dev", IF]).unwrap();
@@ -158,42 +172,43 @@ impl Bed {
             }
             run(&["ip", "-n", ns, "link", "set", IF, "up"]).unwrap();
         }
-        for _ in 0..100 {
-            let out = Command::new("ip").args(["-n", &bed.a, "-o", "link", "show", IF]).output().unwrap();
-            if String::from_utf8_lossy(&out.stdout).contains("state UP") {
-                break;
+        for ns in [&bed.a, &bed.b] {
+            for _ in 0..100 {
+                let out = Command::new("ip").args(["-n", ns, "-o", "link", "show", IF]).output().unwrap();
+                if String::from_utf8_lossy(&out.stdout).contains("state UP") {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
             }
-            std::thread::sleep(std::time::Duration::from_millis(20));
         }
         bed
     }
 
-    /// Drop `pct` percent of the frames in each direction at random (0 removes the rules).
+    /// Drop `pct` percent of the TCP frames in each direction at random (0 removes the
+    /// rules), on the wire (see the module's comment).
     pub fn loss(&self, pct: f64) {
         let per10k = (pct * 100.0).round() as u32;
-        let _ = run(&["ip", "netns", "exec", &self.b, "nft", "delete", "table", "inet", "xdp_loss"]);
-        let _ = run(&["ip", "netns", "exec", &self.b, "nft", "delete", "table", "netdev", "xdp_loss"]);
+        let _ = run(&["ip", "netns", "exec", &self.w, "nft", "delete", "table", "bridge", "xdp_loss"]);
         if per10k == 0 {
             return;
         }
-        nft_in(&self.b, &format!(
-            "table inet xdp_loss {{\n\tchain out {{\n\t\ttype filter hook output priority 0; policy accept;\n\
-             \t\toifname \"{IF}\" meta l4proto tcp numgen random mod 10000 < {per10k} counter drop\n\t}}\n}}\n\
-             table netdev xdp_loss {{\n\tchain in {{\n\t\ttype filter hook ingress device \"{IF}\" priority 0; policy accept;\n\
-             \t\tip protocol tcp numgen random mod 10000 < {per10k} counter drop\n\t}}\n}}\n"
+        let rule = |port: &str| format!("iifname \"{port}\" ip protocol tcp numgen random mod 10000 < {per10k} counter drop");
+        nft_in(&self.w, &format!(
+            "table bridge xdp_loss {{\n\tchain forward {{\n\t\ttype filter hook forward priority 0; policy accept;\n\
+             \t\t{}\n\t\t{}\n\t}}\n}}\n",
+            rule("to-a"),
+            rule("to-b")
         ))
         .unwrap();
     }
 
     /// Frames the loss rules dropped so far (both directions).
     pub fn dropped(&self) -> u64 {
+        let out = Command::new("ip").args(["netns", "exec", &self.w, "nft", "list", "table", "bridge", "xdp_loss"]).output().unwrap();
+        let s = String::from_utf8_lossy(&out.stdout);
         let mut n = 0;
-        for fam in ["inet", "netdev"] {
-            let out = Command::new("ip").args(["netns", "exec", &self.b, "nft", "list", "table", fam, "xdp_loss"]).output().unwrap();
-            let s = String::from_utf8_lossy(&out.stdout);
-            if let Some(i) = s.find("packets ") {
-                n += s[i + 8..].split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-            }
+        for part in s.split("packets ").skip(1) {
+            n += part.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
         }
         n
     }
@@ -201,8 +216,9 @@ impl Bed {
 
 impl Drop for Bed {
     fn drop(&mut self) {
-        let _ = run(&["ip", "netns", "del", &self.a]);
-        let _ = run(&["ip", "netns", "del", &self.b]);
+        for ns in [&self.a, &self.b, &self.w] {
+            let _ = run(&["ip", "netns", "del", ns]);
+        }
     }
 }
 

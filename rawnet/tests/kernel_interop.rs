@@ -371,7 +371,8 @@ fn userspace_to_kernel_captured(driver: Driver, mtu: u32, loss: f64, len: usize,
         assert_eq!(bad_sum, 0, "tshark found bad checksums in {pcap}");
         assert_eq!(rst, 0, "a spurious RST in {pcap}");
         // No retransmission storm: a handful per frame the bed dropped (a drop of a
-        // retransmission costs another; the capture is in b, after b's egress drops).
+        // retransmission costs another; the capture is in b: every frame b sends, and those
+        // of a's that the wire let through).
         assert!(rexmit <= 4 * dropped as usize + 10, "{rexmit} retransmissions for {dropped} drops");
         let _ = std::fs::remove_file(&pcap);
     }
