@@ -209,11 +209,20 @@ fn rdma_cm_tools(test: &str, opts: &[&str], transport_a: &str, transport_b: &str
         assert_transport(&s, transport_b);
     }
     // Every program exited normally: no nftables guard of a raw transport is left behind to
-    // keep the kernel's TCP off the ports (perftest's own exchange uses 18515 too).
+    // keep the kernel's TCP off the ports (perftest's own exchange uses 18515 too). A program
+    // starts the guard's removal as it exits and does not wait for it (rawnet's guard): give
+    // that `nft` a few seconds on a loaded machine.
     for host in ["a", "b"] {
-        let o = tb.ctl(&["exec", host, "nft", "list", "tables"]);
-        let tables = String::from_utf8_lossy(&o.stdout);
-        assert!(!tables.contains("uiw_rawnet"), "host {host}: a raw transport's guard outlived its program: {tables}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let o = tb.ctl(&["exec", host, "nft", "list", "tables"]);
+            let tables = String::from_utf8_lossy(&o.stdout).to_string();
+            if !tables.contains("uiw_rawnet") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "host {host}: a raw transport's guard outlived its program by 10 s: {tables}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 }
 
