@@ -162,6 +162,10 @@ pub struct Net {
     leased: Mutex<HashSet<u32>>,
     /// A lease was claimed: the progress thread must take its deadline.
     lease_news: AtomicBool,
+    /// A pump sent a message (a Read Response, an answer) since the progress thread last
+    /// looked: the traffic is request and answer, whose next request the progress thread may
+    /// wait for by polling (see `spin`).
+    answered: AtomicBool,
     /// QPs to be served again (a pump outside the progress thread used up its receive
     /// budget, see [`Net::requeue`]).
     requeued: Mutex<Vec<u32>>,
@@ -348,6 +352,7 @@ impl Net {
             user_mem,
             leased: Mutex::new(HashSet::new()),
             lease_news: AtomicBool::new(false),
+            answered: AtomicBool::new(false),
             requeued: Mutex::new(Vec::new()),
             kernel: Arc::new(KernelTcp),
             raw: Mutex::new(HashMap::new()),
@@ -592,9 +597,9 @@ impl Net {
         let mut next_due: Option<u64> = None;
         // When the next application lease is due (engine µs; see `lease`).
         let mut next_lease: Option<u64> = None;
-        // Polls without sleeping for a few µs after traffic (see `spin`).
+        // Polls without sleeping for a few µs after answered traffic (see `spin`).
         let mut spin = Spin::from_env();
-        // Opened only when polling was asked for: by default the thread holds no extra fd.
+        // Read before each poll of a window (see `spin::crowded`); none with the window off.
         let mut loadavg = if spin.enabled() { std::fs::File::open("/proc/loadavg").ok() } else { None };
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         while !self.stop.load(Ordering::Acquire) {
@@ -613,9 +618,7 @@ impl Net {
             if self.epoll.wait_for(&mut evs, timeout).is_err() {
                 std::thread::sleep(Duration::from_millis(10));
             }
-            if spin.enabled() && evs.iter().any(|&(tok, _)| tok & KIND_MASK == KIND_QP) {
-                spin.traffic(now_us(), polled);
-            }
+            let qp_traffic = !evs.is_empty();
             for &(tok, flags) in &evs {
                 match ready.iter_mut().find(|r| r.0 == tok) {
                     Some(r) => r.1 |= flags,
@@ -666,6 +669,11 @@ impl Net {
                 if more {
                     ready.push_back((tok, 0));
                 }
+            }
+            // Only a turn that answered something opens a window (see `spin`).
+            let answered = self.answered.swap(false, Ordering::Relaxed);
+            if qp_traffic && spin.enabled() {
+                spin.turn(now_us(), polled, answered);
             }
             let now = now_ms();
             if next_due.is_some_and(|t| t <= now) {
@@ -726,6 +734,11 @@ impl Net {
     /// Wakes the progress thread so that it looks at the streams' deadlines again.
     pub fn wake(&self) {
         self.waker.wake();
+    }
+
+    /// A pump sent a message on a QP's stream (see `answered`).
+    pub fn note_answered(&self) {
+        self.answered.store(true, Ordering::Relaxed);
     }
 
     /// The child's side of [`fork_child`]: closes this process's copies of every descriptor

@@ -551,7 +551,14 @@ impl Qp {
         let env = self.env(inner.attrs.qp_access_flags);
         let stalled = inner.dp.link.as_ref().is_some_and(|l| l.conn.rx_stalled());
         let held = inner.dp.link.as_ref().is_some_and(|l| l.conn.tx_held());
+        let msgs = |inner: &QpInner| inner.dp.link.as_ref().map_or((0, 0), |l| (l.conn.counters().rx_msgs, l.conn.counters().tx_msgs));
+        let before = msgs(inner);
         let r = inner.dp.pump(&env);
+        let after = msgs(inner);
+        if after.0 != before.0 && after.1 != before.1 {
+            // Took a message in and sent one out (a Read Response to its Request): an answer.
+            self.net.note_answered();
+        }
         self.tx_full.store(inner.dp.tx_blocked(), Ordering::Relaxed);
         self.sync_stats(inner);
         self.after(inner);

@@ -8,18 +8,21 @@
 //! (`finish_task_switch`), against 1–2 µs of actual work — which is most of a message's
 //! round trip on loopback.
 //!
-//! So after a message, the thread may poll its `epoll` set without sleeping (timeout 0) for a
-//! window (`UIW_PROGRESS_SPIN_US`; [`SUGGESTED_WINDOW_US`] is what was measured): the next
-//! message of a ping-pong, a Read after a Read, usually comes within it and is served with no
-//! wake-up. The window is renewed by traffic and ends that long after the last message: a
-//! process whose streams go quiet sleeps again within microseconds, and an idle process takes
-//! no periodic wake-ups.
+//! So after a message that the thread *answered* — a turn whose pumps took a message in and
+//! sent one out on the same stream, as a Read Request draws its Read Response — the thread may
+//! poll its `epoll` set without sleeping (timeout 0) for a window (`UIW_PROGRESS_SPIN_US`,
+//! default [`SUGGESTED_WINDOW_US`]; 0 turns it off): the next request of a ping-pong, a Read
+//! after a Read, usually comes within it and is served with no wake-up. The window is renewed
+//! by answered traffic and ends that long after the last answer: a process whose streams go
+//! quiet sleeps again within microseconds, and an idle process takes no periodic wake-ups.
 //!
-//! It is off unless asked for. Measured on the 2-vCPU development machine in alternating
-//! pairs: `ib_read_lat -s 8` 25–26 µs without, 12.4–12.7 µs with a 50 µs window (the machine
-//! otherwise idle); but `ib_write_bw -s 65536`, whose passive target is served by the progress
-//! thread too, lost 10–40 % in three pairs out of three (1.3–1.7 against 1.5–2.5 GB/s), and
-//! issue 9 keeps nothing that costs another row.
+//! Only answers open a window. A one-way stream's target (`ib_write_bw`'s, a Send sink) never
+//! waits for its next message by polling: there the window took CPU the senders needed —
+//! measured on the 2-vCPU development machine, `ib_write_bw -s 65536` lost 10–40 % in three
+//! pairs out of three with a window after every message, which is why the window was once
+//! opt-in. Answered traffic only: `ib_read_lat -s 8` 12.4–15.7 µs typical against 25.6–31.0
+//! without a window, with 64 KiB `ib_write_bw`/`ib_send_bw`/`ib_read_bw` and 64 B
+//! `ib_write_bw` unchanged (alternating pairs, `-D 2`).
 //!
 //! Spinning pays only on a CPU nobody else wants. Before each poll the thread looks at how
 //! many threads are runnable on the machine (`/proc/loadavg`'s running count, itself
@@ -59,11 +62,10 @@ impl Spin {
         Spin { window_us, until: 0, skip: 0, backoff: 0 }
     }
 
-    /// The window from the environment: `UIW_PROGRESS_SPIN_US` (µs, e.g.
-    /// [`SUGGESTED_WINDOW_US`]); unset or 0: never spin (see the module's measurements).
+    /// The window from the environment: `UIW_PROGRESS_SPIN_US` (µs; 0: never spin), unset
+    /// [`SUGGESTED_WINDOW_US`].
     pub fn from_env() -> Spin {
-        let w = std::env::var("UIW_PROGRESS_SPIN_US").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(0);
-        Spin::new(w)
+        Spin::new(window_from(std::env::var("UIW_PROGRESS_SPIN_US").ok().as_deref()))
     }
 
     /// Whether this policy ever polls (a window was asked for).
@@ -71,9 +73,18 @@ impl Spin {
         self.window_us > 0
     }
 
+    /// A turn of the progress thread served messages at `now` (`polled`: found by a poll of
+    /// the window, not by a wake-up); `answered`: its pumps sent an answer (see the module).
+    /// Only an answer opens or renews the window.
+    pub fn turn(&mut self, now: u64, polled: bool, answered: bool) {
+        if answered {
+            self.traffic(now, polled);
+        }
+    }
+
     /// A message was served at `now` (`polled`: found by a poll of the window, not by a
     /// wake-up): the window runs on from here, unless it is being skipped.
-    pub fn traffic(&mut self, now: u64, polled: bool) {
+    fn traffic(&mut self, now: u64, polled: bool) {
         if self.window_us == 0 {
             return;
         }
@@ -102,6 +113,11 @@ impl Spin {
         }
         true
     }
+}
+
+/// The window `UIW_PROGRESS_SPIN_US` asks for (µs): unset or unreadable, the default.
+fn window_from(v: Option<&str>) -> u64 {
+    v.and_then(|v| v.trim().parse().ok()).unwrap_or(SUGGESTED_WINDOW_US)
 }
 
 /// Whether more threads are runnable on the machine than this thread has CPUs: the
@@ -142,6 +158,27 @@ mod tests {
         s.traffic(120, true);
         assert!(s.poll(169, || false));
         assert!(!s.poll(170, || false));
+    }
+
+    #[test]
+    fn only_an_answer_opens_the_window() {
+        let mut s = Spin::new(SUGGESTED_WINDOW_US);
+        // A one-way stream's target: served, nothing sent back.
+        s.turn(100, false, false);
+        assert!(!s.poll(100, || false), "a turn that answered nothing must not poll");
+        s.turn(200, false, true);
+        assert!(s.poll(200, || false));
+        // A turn without an answer inside a window leaves it to end on time.
+        s.turn(240, true, false);
+        assert!(!s.poll(250, || false));
+    }
+
+    #[test]
+    fn the_window_is_on_unless_turned_off() {
+        assert_eq!(window_from(None), SUGGESTED_WINDOW_US);
+        assert_eq!(window_from(Some("0")), 0);
+        assert_eq!(window_from(Some(" 20 ")), 20);
+        assert_eq!(window_from(Some("x")), SUGGESTED_WINDOW_US);
     }
 
     #[test]
