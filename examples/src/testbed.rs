@@ -71,6 +71,25 @@ impl Testbed {
         c
     }
 
+    /// The frames the testbed's loss rule for `dir` ("a->b" or "b->a") dropped so far, on the
+    /// wire (`ci/testbed.sh loss`: the bridge's forward hook in the third namespace). Panics
+    /// unless exactly one such rule exists.
+    pub fn dropped(&self, dir: &str) -> u64 {
+        let o = self.ctl(&["exec", "w", "nft", "list", "ruleset"]);
+        let text = String::from_utf8_lossy(&o.stdout).to_string();
+        let found: Vec<u64> = text
+            .lines()
+            .filter(|l| l.contains(&format!("comment \"loss {dir}\"")))
+            .map(|line| {
+                let w: Vec<&str> = line.split_whitespace().collect();
+                let at = w.iter().position(|&x| x == "packets").unwrap_or_else(|| panic!("no counter: {line}"));
+                w[at + 1].parse::<u64>().unwrap()
+            })
+            .collect();
+        assert_eq!(found.len(), 1, "one loss rule for {dir}, not {found:?}\n{text}");
+        found[0]
+    }
+
     /// `ci/testbed.sh SUBCOMMAND ARGS...` (`loss`, `cut`, `restore`, `exec`), to completion.
     pub fn ctl(&self, args: &[&str]) -> Output {
         Command::new(&self.script)

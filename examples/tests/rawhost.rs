@@ -381,24 +381,6 @@ fn tools_over_xdp_on_both_hosts_at_mtu_9000() {
     tools("tools_over_xdp_on_both_hosts_at_mtu_9000", &["--transport", "xdp", "--mtu", "9000"], "xdp", "xdp");
 }
 
-/// The packets counted by the testbed's loss rule for `dir` ("a->b" or "b->a"), on the wire
-/// (`ci/testbed.sh loss`: the bridge's forward hook in the third namespace).
-fn dropped(tb: &Testbed, dir: &str) -> u64 {
-    let o = tb.ctl(&["exec", "w", "nft", "list", "ruleset"]);
-    let text = String::from_utf8_lossy(&o.stdout).to_string();
-    let found: Vec<u64> = text
-        .lines()
-        .filter(|l| l.contains(&format!("comment \"loss {dir}\"")))
-        .map(|line| {
-            let w: Vec<&str> = line.split_whitespace().collect();
-            let at = w.iter().position(|&x| x == "packets").unwrap_or_else(|| panic!("no counter: {line}"));
-            w[at + 1].parse::<u64>().unwrap()
-        })
-        .collect();
-    assert_eq!(found.len(), 1, "one loss rule for {dir}, not {found:?}");
-    found[0]
-}
-
 /// A counter of the kernel's TCP (`nstat`) in `host`'s namespace.
 fn nstat(tb: &Testbed, host: &str, name: &str) -> u64 {
     let o = tb.ctl(&["exec", host, "nstat", "-az", "--json", name]);
@@ -456,7 +438,7 @@ fn under_loss(test: &str, ta: &str, tb_: &str, loss: &str, with_integrity: bool)
         assert_transport(&s, tb_);
         println!("{test}: {prog} in {:?}", t.elapsed());
     }
-    let (ab, ba) = (dropped(&tb, "a->b"), dropped(&tb, "b->a"));
+    let (ab, ba) = (tb.dropped("a->b"), tb.dropped("b->a"));
     println!("{test}: dropped a->b {ab}, b->a {ba}; {:?} in all", started.elapsed());
     assert!(ab > 0 && ba > 0, "frames must be lost both ways: a->b {ab}, b->a {ba}");
     let (kernel_host, raw) = match (ta, tb_) {
