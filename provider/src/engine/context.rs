@@ -295,7 +295,7 @@ impl Context {
             chain_bytes: AtomicU64::new(0),
             doorbell_waits: AtomicBool::new(false),
             stats: super::stats::QpStats::new(&self.device.name, &self.device.ibdev_path, qpn),
-            inner: Mutex::new(QpInner { attrs: qp_state::init_attrs_from_create(&cap), dp: DataPath::default(), parked: Vec::new(), open_at: None, cm: None }),
+            inner: Mutex::new(QpInner { attrs: qp_state::init_attrs_from_create(&cap), dp: DataPath::default(), parked: Vec::new(), open_at: None, provisional: false, cm: None }),
         });
         let polled: Arc<dyn PolledQp> = qp.clone();
         qp.send_cq.qps.lock().push(Arc::downgrade(&polled));

@@ -44,8 +44,13 @@ pub struct QpInner {
     /// when the opener gave only its `rq_psn`): at most [`MAX_PARKED`], the oldest dropped.
     pub(crate) parked: Vec<(Pending, QpHello)>,
     /// This QP opens the stream, once in RTS (when it knows its `sq_psn`, the stronger proof)
-    /// or at this time (engine clock) if it is left in RTR.
+    /// or at this time (engine clock) if it is left in RTR — unless its peer opens first (see
+    /// [`Qp::open_early`]).
     pub(crate) open_at: Option<u64>,
+    /// The stream was opened by this QP though its peer is the opener ([`Qp::open_early`]):
+    /// until MPA completes on it, a stream from the peer that proves itself replaces it, and
+    /// its failure (the peer refused it, having opened its own) only drops it.
+    pub(crate) provisional: bool,
     /// rdma_cm connection this QP belongs to (the librdmacm drop-in).
     pub(crate) cm: Option<Arc<CmConn>>,
 }
@@ -278,6 +283,7 @@ impl Qp {
                 self.tx_full.store(false, Ordering::Relaxed);
                 self.drop_parked(&mut inner);
                 inner.open_at = None;
+                inner.provisional = false;
                 inner.attrs = qp_state::init_attrs_from_create(&self.cap);
             }
             _ => {}
@@ -291,6 +297,7 @@ impl Qp {
                 self.open_locked(&mut inner)
             } else {
                 self.settle_parked(&mut inner);
+                self.open_early(&mut inner);
                 None
             }
         } else {
@@ -323,8 +330,14 @@ impl Qp {
             self.settle_parked(inner);
             return None;
         }
-        // Strangers that connected to an opener are refused: its peer never connects to it.
+        // The peer may have opened first, at its RTS, while this QP was in INIT (see
+        // `open_early`): its stream, parked, is taken if it proves itself. Other streams are
+        // strangers'.
+        self.settle_parked(inner);
         self.drop_parked(inner);
+        if inner.dp.link.is_some() {
+            return None;
+        }
         if matches!(a.qp_state, QpState::Rts | QpState::Sqd) {
             return self.open_locked(inner);
         }
@@ -360,6 +373,43 @@ impl Qp {
         }
         inner.dp.link = Some(link);
         None
+    }
+
+    /// RTR→RTS of the QP that is not the opener, with no stream yet: it opens one itself,
+    /// offering both PSNs (its `sq_psn` is the peer's `rq_psn`, which the peer knows from its
+    /// RTR on). An opener left in RTR — perftest's bandwidth servers stay there — would
+    /// otherwise wait [`OPEN_WAIT_MS`] for an RTS that never comes before it opens, and the
+    /// application's first WRs with it. The opener takes this stream if it has not opened its
+    /// own yet (`offer`); if it has, it refuses this one, and the opener's stream replaces it
+    /// here: whichever way the race goes, one stream remains. `provisional` marks it until MPA
+    /// completes.
+    fn open_early(&self, inner: &mut QpInner) {
+        if inner.dp.link.is_some() || inner.cm.is_some() {
+            return;
+        }
+        let a = inner.attrs;
+        let Some(remote) = qp_state::gid_to_ipv4(&a.ah.dgid).map(std::net::Ipv4Addr::from) else { return };
+        let local = self.device.gids.get(a.ah.sgid_index as usize).and_then(gid_ipv4).unwrap_or(std::net::Ipv4Addr::LOCALHOST);
+        if is_initiator(local, self.qpn, remote, a.dest_qp_num) {
+            return;
+        }
+        // Early is optional: a stream that cannot be opened leaves the QP waiting for the
+        // opener's, as before.
+        if let Some(f) = self.open_locked(inner) {
+            crate::engine::debug::why(format_args!("QP 0x{:06x}: no early stream to QP 0x{:06x} ({f:?}); waiting for its", self.qpn, a.dest_qp_num));
+        }
+        inner.provisional = inner.dp.link.is_some();
+    }
+
+    /// Drops a provisional stream that lost the race (see [`Qp::open_early`]): nothing was
+    /// handed to it (WRs go to a stream once MPA completes), so closing it loses nothing.
+    fn drop_provisional(&self, inner: &mut QpInner) {
+        inner.provisional = false;
+        if let Some(l) = inner.dp.link.take() {
+            self.unwatch_link(&*l.stream);
+        }
+        inner.dp.notices.clear();
+        self.tx_full.store(false, Ordering::Relaxed);
     }
 
     /// Refuses a stream (MPA Reply with R=1, then FIN), without blocking.
@@ -417,7 +467,11 @@ impl Qp {
     #[allow(clippy::result_large_err)] // the stream goes back to the caller, to be rejected
     fn offer_unsettled(&self, _net: &Net, hello: QpHello, p: Pending) -> std::result::Result<(), Pending> {
         let mut inner = self.inner.lock();
-        if self.destroyed.load(Ordering::Acquire) || inner.dp.link.is_some() || inner.open_at.is_some() {
+        // A provisional stream gives way to the peer's, and an opener waiting in RTR takes the
+        // stream its peer opened first (see `open_early`); neither parks what it cannot decide.
+        let replaces = inner.provisional && !inner.dp.established();
+        let opener = inner.open_at.is_some();
+        if self.destroyed.load(Ordering::Acquire) || (inner.dp.link.is_some() && !replaces) {
             return Err(p);
         }
         match inner.attrs.qp_state {
@@ -429,11 +483,16 @@ impl Qp {
                 let Some(e) = self.expected(&inner.attrs) else { return Err(p) };
                 match hello.verify(peer_ipv4(&p), &e) {
                     Verdict::Accept => {
+                        if replaces {
+                            self.drop_provisional(&mut inner);
+                        }
+                        inner.open_at = None;
                         self.adopt_locked(&mut inner, p)?;
                         self.serve_locked(inner);
                         Ok(())
                     }
                     Verdict::Refuse => Err(p),
+                    Verdict::Undecided if opener || replaces => Err(p),
                     Verdict::Undecided => {
                         self.park(&mut inner, p, hello);
                         Ok(())
@@ -558,6 +617,17 @@ impl Qp {
         if after.0 != before.0 && after.1 != before.1 {
             // Took a message in and sent one out (a Read Response to its Request): an answer.
             self.net.note_answered();
+        }
+        if inner.provisional {
+            if inner.dp.established() {
+                inner.provisional = false;
+            } else if let (_, Some(f)) = r {
+                // The peer refused it (it opened its own stream, which replaces this one when
+                // it arrives) or it failed before MPA completed: the QP waits for the peer's.
+                crate::engine::debug::why(format_args!("QP 0x{:06x}: the stream opened early ended before MPA ({f:?}); waiting for the peer's", self.qpn));
+                self.drop_provisional(inner);
+                return Some((false, None));
+            }
         }
         self.tx_full.store(inner.dp.tx_blocked(), Ordering::Relaxed);
         self.sync_stats(inner);
@@ -841,6 +911,7 @@ impl Qp {
             self.net.linger(c);
         }
         inner.open_at = None;
+        inner.provisional = false;
         self.drop_parked(inner);
     }
 
@@ -1296,6 +1367,13 @@ mod tests {
     /// stream towards the last QP number of our own slot (a higher number: this QP opens, to
     /// our own listener, which waits for an MPA Request that never comes).
     fn context_and_opener() -> (Context, Arc<Qp>) {
+        let (ctx, mut qps) = context_and_qps(1, |qp| qp.qpn & 0xfff != 0xfff);
+        (ctx, qps.remove(0))
+    }
+
+    /// A context on a device with address 127.0.0.1, and `n` RC QPs in INIT, those that `keep`
+    /// accepts (QPs are created until `n` are).
+    fn context_and_qps(n: usize, keep: impl Fn(&Qp) -> bool) -> (Context, Vec<Arc<Qp>>) {
         let (app, ours) = UnixStream::pair().unwrap();
         let sink = EventQueue::new(ours, app.try_clone().unwrap(), 16);
         let device = DeviceInfo {
@@ -1316,27 +1394,152 @@ mod tests {
         let cq = ctx.create_cq(16, None).unwrap();
         let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
         let spec = || QpSpec { pd, qp_type: qp_type::RC, cap, sq_sig_all: false, send_cq: cq.clone(), recv_cq: cq.clone(), srq: None };
-        let mut qp = ctx.create_qp(spec()).unwrap();
-        if qp.qpn & 0xfff == 0xfff {
-            let other = ctx.create_qp(spec()).unwrap();
-            ctx.destroy_qp(&qp);
-            qp = other;
+        let mut qps = Vec::new();
+        while qps.len() < n {
+            let qp = ctx.create_qp(spec()).unwrap();
+            if !keep(&qp) {
+                ctx.destroy_qp(&qp);
+                continue;
+            }
+            let init = QpAttrs { qp_state: QpState::Init, port_num: 1, ..QpAttrs::default() };
+            qp.modify(&init, mask::STATE | mask::PKEY_INDEX | mask::PORT | mask::ACCESS_FLAGS, &ctx.limits).unwrap();
+            qps.push(qp);
         }
-        let init = QpAttrs { qp_state: QpState::Init, port_num: 1, ..QpAttrs::default() };
-        qp.modify(&init, mask::STATE | mask::PKEY_INDEX | mask::PORT | mask::ACCESS_FLAGS, &ctx.limits).unwrap();
-        (ctx, qp)
+        (ctx, qps)
     }
 
-    /// INIT → RTR towards the last QP number of our slot: the QP is the opener, and opens at
-    /// RTS or when `open_at` is due.
-    fn to_rtr(ctx: &Context, qp: &Qp) {
-        let mut rtr = QpAttrs { qp_state: QpState::Rtr, path_mtu: 3, dest_qp_num: qp.qpn | 0xfff, max_dest_rd_atomic: 1, ..QpAttrs::default() };
+    /// INIT → RTR towards `dest` on this host, expecting `rq_psn`.
+    fn rtr_to(ctx: &Context, qp: &Qp, dest: u32, rq_psn: u32) {
+        let mut rtr = QpAttrs { qp_state: QpState::Rtr, path_mtu: 3, dest_qp_num: dest, rq_psn, max_dest_rd_atomic: 1, ..QpAttrs::default() };
         rtr.ah.is_global = 1;
         rtr.ah.dgid = loopback();
         rtr.ah.hop_limit = 1;
         rtr.ah.port_num = 1;
         let m = mask::STATE | mask::AV | mask::PATH_MTU | mask::DEST_QPN | mask::RQ_PSN | mask::MAX_DEST_RD_ATOMIC | mask::MIN_RNR_TIMER;
         qp.modify(&rtr, m, &ctx.limits).unwrap();
+    }
+
+    /// A stream from the peer, in memory (the test plays the peer through `peer`), whose MPA
+    /// Request carries `hello`, read as the listener reads it; `fd` stands in for its socket
+    /// in the progress thread's epoll.
+    fn offered(hello: QpHello, fd: &UnixStream) -> (Pending, crate::engine::transport::memory::MemStream) {
+        use crate::engine::transport::memory;
+        use std::os::fd::AsRawFd;
+        use uiw_wire::conn::Role;
+        let (ours, mut theirs) = memory::pair(4096, 1 << 20);
+        let mut cfg = config(Role::Initiator, 1, 1, hello.encode(), 1460);
+        cfg.first_fpdu_hold_ms = 0;
+        let mut peer = Connection::new(cfg, 0);
+        while let Some(uiw_wire::conn::Tx::Bytes(b)) = peer.next_tx() {
+            let _ = Stream::write(&mut theirs, &b);
+        }
+        let mut p = Pending::new(Connection::new(config(Role::Responder, 1, 1, Vec::new(), 1460), 0), Box::new(ours.with_readiness(fd.as_raw_fd())));
+        assert!(matches!(p.read_request(), Some(Ok(_))), "no MPA Request");
+        (p, theirs)
+    }
+
+    /// INIT → RTR → RTS towards `dest` on this host.
+    fn rts_to(ctx: &Context, qp: &Qp, dest: u32, rq_psn: u32, sq_psn: u32) {
+        rtr_to(ctx, qp, dest, rq_psn);
+        let rts = QpAttrs { qp_state: QpState::Rts, sq_psn, timeout: 14, retry_cnt: 7, rnr_retry: 7, max_rd_atomic: 1, ..QpAttrs::default() };
+        let m = mask::STATE | mask::SQ_PSN | mask::TIMEOUT | mask::RETRY_CNT | mask::RNR_RETRY | mask::MAX_QP_RD_ATOMIC;
+        qp.modify(&rts, m, &ctx.limits).unwrap();
+    }
+
+    /// perftest's bandwidth servers stay in RTR. An opener left there takes the stream its
+    /// peer opened at RTS (`open_early`; the peer's `sq_psn` is the opener's `rq_psn`) instead
+    /// of refusing it and waiting `OPEN_WAIT_MS` for an RTS that never comes — with the
+    /// client's first WRs (ib_write_bw -n 300 measured 0.09 MB/s in most runs). A stream that
+    /// offers only its `rq_psn`, which the opener cannot check in RTR, is refused, not parked.
+    #[test]
+    fn an_opener_left_in_rtr_takes_the_stream_its_peer_opened() {
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        let (ctx, qp) = context_and_opener();
+        rtr_to(&ctx, &qp, qp.qpn | 0xfff, 0x100);
+        assert!(qp.inner.lock().open_at.is_some(), "the QP is not the opener: the test tests nothing");
+        let (fd, _keep) = UnixStream::pair().unwrap();
+        let hello = |sq_psn| QpHello { to_qpn: qp.qpn, from_qpn: qp.qpn | 0xfff, rq_psn: 0x200, sq_psn };
+        let (p, _peer) = offered(hello(None), &fd);
+        assert!(qp.offer(&qp.net, hello(None), p).is_err(), "an opener parked or took an unproven stream");
+        let (p, _peer) = offered(hello(Some(0x101)), &fd);
+        assert!(qp.offer(&qp.net, hello(Some(0x101)), p).is_err(), "the opener took a stream with the wrong PSN");
+        let (p, _peer) = offered(hello(Some(0x100)), &fd);
+        assert!(qp.offer(&qp.net, hello(Some(0x100)), p).is_ok(), "the opener refused its peer's stream");
+        let inner = qp.inner.lock();
+        assert!(inner.open_at.is_none(), "the opener still means to open a stream of its own");
+        assert!(inner.dp.link.is_some());
+        assert_eq!(inner.attrs.qp_state, QpState::Rtr);
+        drop(inner);
+        ctx.destroy_qp(&qp);
+    }
+
+    /// The QP that is not the opener opens a stream at RTS (`open_early`), marked provisional;
+    /// the opener's own stream, when it comes (it had opened before ours reached it), takes
+    /// its place.
+    #[test]
+    fn a_stream_opened_early_gives_way_to_the_openers() {
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        let (ctx, mut qps) = context_and_qps(1, |q| q.qpn & 0xfff != 0);
+        let qp = qps.remove(0);
+        let opener = qp.qpn & !0xfff;
+        rts_to(&ctx, &qp, opener, 0x300, 0x400);
+        {
+            let inner = qp.inner.lock();
+            assert!(inner.provisional && inner.dp.link.is_some(), "no stream opened at RTS");
+        }
+        let (fd, _keep) = UnixStream::pair().unwrap();
+        let hello = QpHello { to_qpn: qp.qpn, from_qpn: opener, rq_psn: 0x400, sq_psn: Some(0x300) };
+        let (p, _peer) = offered(hello, &fd);
+        assert!(qp.offer(&qp.net, hello, p).is_ok(), "the opener's stream was refused");
+        let inner = qp.inner.lock();
+        assert!(!inner.provisional);
+        let local = inner.dp.link.as_ref().unwrap().stream.local().unwrap();
+        assert_eq!(local.port(), 2, "the QP kept its own stream ({local}), not the in-memory one");
+        drop(inner);
+        ctx.destroy_qp(&qp);
+    }
+
+    /// The opener refuses a stream opened early when it has its own: the refusal only drops
+    /// the provisional stream, the QP stays in RTS for the opener's (no ERROR, no event).
+    #[test]
+    fn a_refused_early_stream_leaves_the_qp_waiting() {
+        use crate::engine::transport::memory;
+        use std::os::fd::AsRawFd;
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        let (ctx, mut qps) = context_and_qps(1, |q| q.qpn & 0xfff != 0);
+        let qp = qps.remove(0);
+        let opener = qp.qpn & !0xfff;
+        rts_to(&ctx, &qp, opener, 0x500, 0x600);
+        // Its stream, as if to the opener, in memory.
+        let (fd, _keep) = UnixStream::pair().unwrap();
+        let (ours, theirs) = memory::pair(4096, 1 << 20);
+        {
+            let mut inner = qp.inner.lock();
+            assert!(inner.provisional, "no stream opened at RTS");
+            let old = inner.dp.link.take().unwrap();
+            qp.unwatch_link(&*old.stream);
+            let a = inner.attrs;
+            let hello = QpHello { to_qpn: opener, from_qpn: qp.qpn, rq_psn: a.rq_psn, sq_psn: Some(a.sq_psn) };
+            let link = Link::new(Connection::new(config(Role::Initiator, 1, 1, hello.encode(), 1460), now_ms()), Box::new(ours.with_readiness(fd.as_raw_fd())));
+            qp.watch_link(&*link.stream).unwrap();
+            inner.dp.link = Some(link);
+        }
+        qp.serve(false);
+        let mut p = Pending::new(Connection::new(config(Role::Responder, 1, 1, Vec::new(), 1460), 0), Box::new(theirs));
+        assert!(matches!(p.read_request(), Some(Ok(_))), "the early stream sent no MPA Request");
+        p.reject(b"");
+        qp.serve(false);
+        let inner = qp.inner.lock();
+        assert_eq!(inner.attrs.qp_state, QpState::Rts, "the refusal failed the QP");
+        assert!(inner.dp.link.is_none() && !inner.provisional, "the refused stream was kept");
+        drop(inner);
+        ctx.destroy_qp(&qp);
+    }
+
+    /// INIT → RTR towards the last QP number of our slot: the QP is the opener, and opens at
+    /// RTS or when `open_at` is due.
+    fn to_rtr(ctx: &Context, qp: &Qp) {
+        rtr_to(ctx, qp, qp.qpn | 0xfff, 0);
         assert!(qp.inner.lock().open_at.is_some(), "the QP is not the opener: the test tests nothing");
     }
 

@@ -26,12 +26,15 @@ pub struct MemStream {
     tx: Arc<Mutex<Pipe>>,
     max_io: usize,
     capacity: usize,
+    /// What [`Stream::readiness`] reports: none (-1), unless a test gives a descriptor for the
+    /// progress thread's epoll to hold (it never fires: the test drives both ends).
+    readiness: RawFd,
 }
 
 /// Two connected ends.
 pub fn pair(max_io: usize, capacity: usize) -> (MemStream, MemStream) {
     let (a, b) = (Arc::new(Mutex::new(Pipe::default())), Arc::new(Mutex::new(Pipe::default())));
-    (MemStream { rx: a.clone(), tx: b.clone(), max_io, capacity }, MemStream { rx: b, tx: a, max_io, capacity })
+    (MemStream { rx: a.clone(), tx: b.clone(), max_io, capacity, readiness: -1 }, MemStream { rx: b, tx: a, max_io, capacity, readiness: -1 })
 }
 
 /// A test's hand on the bytes one end sent and the other has not received yet: the wire,
@@ -57,6 +60,13 @@ impl Tap {
 }
 
 impl MemStream {
+    /// This end, reporting `fd` as its readiness: a QP can then watch it (`Net::watch`), as
+    /// it watches a socket, where the test hands the stream to the QP's own code.
+    pub fn with_readiness(mut self, fd: RawFd) -> MemStream {
+        self.readiness = fd;
+        self
+    }
+
     /// The bytes this end sends, as they wait for the other end.
     pub fn tap(&self) -> Tap {
         Tap(self.tx.clone())
@@ -164,6 +174,6 @@ impl Stream for MemStream {
 
     /// No progress thread serves it: the test drives both ends.
     fn readiness(&self) -> RawFd {
-        -1
+        self.readiness
     }
 }
