@@ -15,9 +15,9 @@
 #       `loss both PCT`.
 #       --transport is passed to `uiw up` on both hosts (default tcp); --transport-a/-b set
 #       one host's (a mixed pair: xdp on A, tcp on B). When either host uses packet or xdp
-#       the veths' offloads (tx checksum, TSO, GSO, GRO; all four ends) are turned off first, as uiw's
-#       userspace TCP needs (needs ethtool); programs run there as root (CAP_NET_RAW,
-#       CAP_NET_ADMIN, CAP_BPF). xdp at --mtu 9000 carries each frame in
+#       the offloads (tx checksum, TSO, GSO, GRO) of all four veth ends are turned off first,
+#       as uiw's userspace TCP needs (needs ethtool); programs run there as root
+#       (CAP_NET_RAW, CAP_NET_ADMIN, CAP_BPF). xdp at --mtu 9000 carries each frame in
 #       several 4 KiB UMEM chunks (AF_XDP multi-buffer, kernel 6.6+; an older kernel's uiw
 #       announces an MSS that fits one chunk, 3786).
 #   ci/testbed.sh [-p PREFIX] run a|b [--] CMD [ARGS...]
