@@ -11,9 +11,11 @@ use std::collections::BTreeMap;
 pub struct Reassembly {
     /// start offset → bytes; pieces never overlap.
     pieces: BTreeMap<u64, Vec<u8>>,
+    /// start offset → when a segment last touched the piece (`clock`): the SACK blocks are
+    /// reported most recent first (RFC 2018 §4).
+    stamps: BTreeMap<u64, u64>,
+    clock: u64,
     bytes: usize,
-    /// Offset range of the piece most recently added (first SACK block, RFC 2018 §4).
-    last: Option<(u64, u64)>,
 }
 
 impl Reassembly {
@@ -55,7 +57,13 @@ impl Reassembly {
             self.bytes += piece.len();
             self.pieces.insert(s, piece);
         }
-        self.last = Some((at, end));
+        // Every piece the segment covers, new or already held (a duplicate too: the first
+        // block names the data of the segment that drew the ACK), becomes the most recent.
+        self.clock += 1;
+        let touched: Vec<u64> = self.pieces.range(..end).rev().take_while(|(&s, v)| s + v.len() as u64 > at).map(|(&s, _)| s).collect();
+        for s in touched {
+            self.stamps.insert(s, self.clock);
+        }
     }
 
     /// Take every byte contiguous from `next` on (pieces below `next` are dropped).
@@ -66,6 +74,7 @@ impl Reassembly {
                 break;
             }
             let v = self.pieces.remove(&s).unwrap_or_default();
+            self.stamps.remove(&s);
             self.bytes -= v.len();
             let e = s + v.len() as u64;
             if e > next {
@@ -73,30 +82,30 @@ impl Reassembly {
                 next = e;
             }
         }
-        if matches!(self.last, Some((_, e)) if e <= next) {
-            self.last = None;
-        }
         next
     }
 
-    /// Contiguous ranges held, most recently received first, then ascending; at most `n`.
+    /// Contiguous ranges held, at most `n`, the most recently received first and then in the
+    /// order they were last added to (RFC 2018 §4: the first block holds the segment that
+    /// drew the ACK, the others repeat the most recently reported). Ascending order after the
+    /// first would report the lowest ranges over and over while a fourth, newer one is never
+    /// seen: a Linux sender then takes its segments for lost (RACK) and sends them again.
     pub fn ranges(&self, n: usize) -> Vec<(u64, u64)> {
-        let mut all: Vec<(u64, u64)> = Vec::new();
+        // (start, end, most recent stamp of its pieces)
+        let mut all: Vec<(u64, u64, u64)> = Vec::new();
         for (&s, v) in &self.pieces {
             let e = s + v.len() as u64;
+            let t = self.stamps.get(&s).copied().unwrap_or(0);
             match all.last_mut() {
-                Some(l) if l.1 == s => l.1 = e,
-                _ => all.push((s, e)),
+                Some(l) if l.1 == s => {
+                    l.1 = e;
+                    l.2 = l.2.max(t);
+                }
+                _ => all.push((s, e, t)),
             }
         }
-        if let Some((ls, _)) = self.last {
-            if let Some(i) = all.iter().position(|&(s, e)| s <= ls && ls < e) {
-                let r = all.remove(i);
-                all.insert(0, r);
-            }
-        }
-        all.truncate(n);
-        all
+        all.sort_by(|a, b| b.2.cmp(&a.2));
+        all.into_iter().take(n).map(|(s, e, _)| (s, e)).collect()
     }
 }
 
@@ -111,7 +120,7 @@ mod tests {
         r.insert(12, b"mnopqr"); // overlaps the tail
         r.insert(5, b"fghijkl"); // overlaps the head
         r.insert(30, b"XY");
-        // The most recently received block first (RFC 2018 §4), then ascending.
+        // The most recently received block first (RFC 2018 §4).
         assert_eq!(r.ranges(3), vec![(30, 32), (5, 18)]);
         assert_eq!(r.ranges(1), vec![(30, 32)]);
         let mut out = Vec::new();
@@ -123,5 +132,30 @@ mod tests {
         r.insert(30, b"XYZ");
         assert_eq!(r.ranges(3), vec![(30, 33)]);
         assert_eq!(r.len(), 3);
+    }
+
+    /// Four ranges, three blocks: the one not reported is the one longest untouched, never a
+    /// range that is still growing (the fourth, above the three lowest, was left out when the
+    /// blocks after the first were the lowest ranges — and a Linux sender retransmitted all
+    /// of its segments).
+    #[test]
+    fn blocks_after_the_first_are_the_most_recently_added() {
+        let mut r = Reassembly::default();
+        for at in [10, 30, 50, 70] {
+            r.insert(at, b"0123456789");
+        }
+        assert_eq!(r.ranges(3), vec![(70, 80), (50, 60), (30, 40)]);
+        // The range at 70 keeps growing: it stays first, the next most recent follow.
+        r.insert(80, b"abcde");
+        assert_eq!(r.ranges(3), vec![(70, 85), (50, 60), (30, 40)]);
+        // A segment into the lowest range: it comes first, and the oldest left drops out.
+        r.insert(20, b"xy");
+        assert_eq!(r.ranges(3), vec![(10, 22), (70, 85), (50, 60)]);
+        // A duplicate counts as received: the first block names it.
+        r.insert(52, b"23");
+        assert_eq!(r.ranges(3), vec![(50, 60), (10, 22), (70, 85)]);
+        // Ranges that merge take the most recent stamp of their pieces.
+        r.insert(40, b"QRSTUVWXYZ");
+        assert_eq!(r.ranges(3), vec![(30, 60), (10, 22), (70, 85)]);
     }
 }
