@@ -28,12 +28,20 @@ impl Reassembly {
         self.pieces.is_empty()
     }
 
-    /// Keep `data` starting at offset `at`, dropping what is already held.
-    pub fn insert(&mut self, at: u64, data: &[u8]) {
+    /// Keep `data` starting at offset `at`, dropping what is already held. Returns the
+    /// first part of it that was held already (a duplicate, for a D-SACK: RFC 2883 §4).
+    pub fn insert(&mut self, at: u64, data: &[u8]) -> Option<(u64, u64)> {
         let end = at + data.len() as u64;
         if data.is_empty() {
-            return;
+            return None;
         }
+        let held = self
+            .pieces
+            .range(..end)
+            .rev()
+            .take_while(|(&s, v)| s + v.len() as u64 > at)
+            .last()
+            .map(|(&s, v)| (s.max(at), (s + v.len() as u64).min(end)));
         // Find the gaps in [at, end) not covered by existing pieces.
         let mut cursor = at;
         let mut gaps = Vec::new();
@@ -64,6 +72,7 @@ impl Reassembly {
         for s in touched {
             self.stamps.insert(s, self.clock);
         }
+        held
     }
 
     /// Take every byte contiguous from `next` on (pieces below `next` are dropped).
@@ -142,7 +151,7 @@ mod tests {
     fn blocks_after_the_first_are_the_most_recently_added() {
         let mut r = Reassembly::default();
         for at in [10, 30, 50, 70] {
-            r.insert(at, b"0123456789");
+            assert_eq!(r.insert(at, b"0123456789"), None);
         }
         assert_eq!(r.ranges(3), vec![(70, 80), (50, 60), (30, 40)]);
         // The range at 70 keeps growing: it stays first, the next most recent follow.
@@ -152,10 +161,11 @@ mod tests {
         r.insert(20, b"xy");
         assert_eq!(r.ranges(3), vec![(10, 22), (70, 85), (50, 60)]);
         // A duplicate counts as received: the first block names it.
-        r.insert(52, b"23");
+        assert_eq!(r.insert(52, b"23"), Some((52, 54)));
         assert_eq!(r.ranges(3), vec![(50, 60), (10, 22), (70, 85)]);
-        // Ranges that merge take the most recent stamp of their pieces.
-        r.insert(40, b"QRSTUVWXYZ");
+        // Ranges that merge take the most recent stamp of their pieces; the first held part
+        // of a segment that overlaps two pieces is the lower.
+        assert_eq!(r.insert(35, b"abcdefghijklmnop"), Some((35, 40)));
         assert_eq!(r.ranges(3), vec![(30, 60), (10, 22), (70, 85)]);
     }
 }

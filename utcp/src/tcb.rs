@@ -9,7 +9,10 @@
 //!   (RFC 2018) options; no timestamps; simultaneous open is not supported (uiw never needs it);
 //! - sequence/ACK processing and segment acceptability (RFC 9293 §3.10.7.4), RST validation
 //!   and challenge ACKs (RFC 5961 §3, §4);
-//! - reassembly of out-of-order data and SACK blocks for it (RFC 2018 §4);
+//! - reassembly of out-of-order data and SACK blocks for it (RFC 2018 §4), and D-SACK for
+//!   data received twice (RFC 2883), from which a Linux sender learns that it retransmitted
+//!   needlessly (veth reorders segments sent from two CPUs): it widens its reordering window
+//!   and undoes the congestion response;
 //! - retransmission timeout (RFC 6298, Karn's rule), slow start and congestion avoidance
 //!   (RFC 5681), fast retransmit after three duplicate ACKs with NewReno recovery
 //!   (RFC 6582), and retransmission that skips what the peer SACKed (a simple RFC 6675);
@@ -206,6 +209,9 @@ pub struct Tcb {
     tlp_seg: Option<(u32, u32)>,
 
     ack_now: bool,
+    /// Data received twice, to report once as the first SACK block of the next segment
+    /// (D-SACK, RFC 2883 §4).
+    dsack: Option<(u32, u32)>,
     /// In-order data waits for its ACK until then (delayed ACK, `Config::ack_delay`).
     ack_due: Option<Instant>,
     /// In-order bytes received since our last segment (which acknowledged everything before).
@@ -276,6 +282,7 @@ impl Tcb {
             tlp_due: false,
             tlp_seg: None,
             ack_now: false,
+            dsack: None,
             ack_due: None,
             unacked: 0,
             rst_pending: None,
@@ -731,6 +738,12 @@ impl Tcb {
             }
             if !h.has(flags::RST) {
                 self.ack_now = true;
+                // Data received before: a retransmission the sender need not have made
+                // (D-SACK, RFC 2883 §4.1.1).
+                let end = h.seq.wrapping_add(payload.len() as u32);
+                if !payload.is_empty() && !h.has(flags::SYN) && seq::le(end, self.rcv_nxt) && self.sack_ok {
+                    self.dsack = Some((h.seq, end));
+                }
             }
             return;
         }
@@ -991,6 +1004,10 @@ impl Tcb {
         let (mut start, mut data) = (seg_seq, payload);
         if seq::lt(start, self.rcv_nxt) {
             let cut = seq::dist(start, self.rcv_nxt).min(data.len());
+            if cut > 0 {
+                // Received before: a retransmission the sender need not have made.
+                self.dsack = Some((start, start.wrapping_add(cut as u32)));
+            }
             data = &data[cut..];
             start = self.rcv_nxt;
         }
@@ -1026,7 +1043,10 @@ impl Tcb {
                 self.ack_due = Some(now + self.cfg.ack_delay);
             }
         } else {
-            self.ooo.insert(at, data);
+            if let Some((l, r)) = self.ooo.insert(at, data) {
+                let s = self.rcv_nxt.wrapping_add((l - self.rx_off) as u32);
+                self.dsack = Some((s, s.wrapping_add((r - l) as u32)));
+            }
             // Out of order: at once, with SACK (RFC 5681 §4.2, the duplicate ACK).
             self.ack_now = true;
         }
@@ -1069,8 +1089,13 @@ impl Tcb {
             window: (wnd >> self.rcv_shift).min(0xffff) as u16,
             ..TcpHeader::default()
         };
-        if self.sack_ok && !self.ooo.is_empty() {
-            for (l, r) in self.ooo.ranges(3) {
+        if self.sack_ok {
+            // A D-SACK goes first, once (RFC 2883 §4); the ranges held fill the rest.
+            if let Some(d) = self.dsack.take() {
+                h.sack[0] = d;
+                h.sack_len = 1;
+            }
+            for (l, r) in self.ooo.ranges(h.sack.len() - h.sack_len as usize) {
                 let s = self.rcv_nxt.wrapping_add((l - self.rx_off) as u32);
                 let e = self.rcv_nxt.wrapping_add((r - self.rx_off) as u32);
                 h.sack[h.sack_len as usize] = (s, e);
@@ -1082,10 +1107,12 @@ impl Tcb {
 
     /// Bytes the SACK option takes in our next segment (as `base_header` builds it).
     fn sack_option_len(&self) -> usize {
-        if self.sack_ok && !self.ooo.is_empty() {
-            4 + 8 * self.ooo.ranges(3).len()
-        } else {
+        let max = TcpHeader::default().sack.len();
+        let n = if self.sack_ok { (usize::from(self.dsack.is_some()) + self.ooo.ranges(max).len()).min(max) } else { 0 };
+        if n == 0 {
             0
+        } else {
+            4 + 8 * n
         }
     }
 

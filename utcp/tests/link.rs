@@ -963,3 +963,32 @@ fn tail_loss_probe_waits_for_a_delayed_ack() {
     assert!(t >= Duration::from_millis(200), "probed before the delayed-ACK allowance: {t:?}");
     assert!(t < Duration::from_millis(500), "probed at {t:?}, not before the RTO");
 }
+
+/// D-SACK (RFC 2883 §4): a segment B receives twice is reported, once, as the first SACK
+/// block of B's next segment — whether the copy came after the data was delivered in order
+/// (below RCV.NXT) or while it waited out of order behind a hole. A Linux sender learns from
+/// it that its retransmission was needless (veth reorders what it sends from two CPUs).
+#[test]
+fn data_received_twice_is_reported_once_as_a_d_sack() {
+    for lose_first in [false, true] {
+        let (mut net, ha, hb) = connected(Config::default(), 29);
+        let (data, to_b) = send_flight(&mut net, ha, 6000);
+        assert!(to_b.len() >= 3, "a flight of several segments");
+        let twice = net.wire[to_b[1]].clone();
+        let (seq, len, _) = seg_of(&twice.2);
+        net.wire.push(twice);
+        if lose_first {
+            net.wire.remove(to_b[0]);
+        }
+        net.keep_log = true;
+        assert_eq!(read_all(&mut net, hb, data.len()), data);
+        let firsts: Vec<(u32, u32)> = net
+            .log
+            .iter()
+            .filter(|(to_b, _)| !to_b)
+            .filter_map(|(_, f)| packet::parse_frame(f).ok().and_then(|(_, p)| p.tcp.sack_blocks().first().copied()))
+            .collect();
+        let dsack = (seq, seq.wrapping_add(len as u32));
+        assert_eq!(firsts.iter().filter(|&&b| b == dsack).count(), 1, "lose_first {lose_first}: first SACK blocks {firsts:?}, D-SACK {dsack:?}");
+    }
+}
