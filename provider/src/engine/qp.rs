@@ -1473,20 +1473,26 @@ mod tests {
         ctx.destroy_qp(&qp);
     }
 
+    /// A QP that is not the opener (its peer, the first number of its slot, is lower), taken
+    /// to RTS: it has opened a stream early, marked provisional. Returns the peer's number.
+    fn opened_early(rq_psn: u32, sq_psn: u32) -> (Context, Arc<Qp>, u32) {
+        let (ctx, mut qps) = context_and_qps(1, |q| q.qpn & 0xfff != 0);
+        let qp = qps.remove(0);
+        let opener = qp.qpn & !0xfff;
+        rts_to(&ctx, &qp, opener, rq_psn, sq_psn);
+        let inner = qp.inner.lock();
+        assert!(inner.provisional && inner.dp.link.is_some(), "no stream opened at RTS");
+        drop(inner);
+        (ctx, qp, opener)
+    }
+
     /// The QP that is not the opener opens a stream at RTS (`open_early`), marked provisional;
     /// the opener's own stream, when it comes (it had opened before ours reached it), takes
     /// its place.
     #[test]
     fn a_stream_opened_early_gives_way_to_the_openers() {
         let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-        let (ctx, mut qps) = context_and_qps(1, |q| q.qpn & 0xfff != 0);
-        let qp = qps.remove(0);
-        let opener = qp.qpn & !0xfff;
-        rts_to(&ctx, &qp, opener, 0x300, 0x400);
-        {
-            let inner = qp.inner.lock();
-            assert!(inner.provisional && inner.dp.link.is_some(), "no stream opened at RTS");
-        }
+        let (ctx, qp, opener) = opened_early(0x300, 0x400);
         let (fd, _keep) = UnixStream::pair().unwrap();
         let hello = QpHello { to_qpn: qp.qpn, from_qpn: opener, rq_psn: 0x400, sq_psn: Some(0x300) };
         let (p, _peer) = offered(hello, &fd);
@@ -1506,16 +1512,12 @@ mod tests {
         use crate::engine::transport::memory;
         use std::os::fd::AsRawFd;
         let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-        let (ctx, mut qps) = context_and_qps(1, |q| q.qpn & 0xfff != 0);
-        let qp = qps.remove(0);
-        let opener = qp.qpn & !0xfff;
-        rts_to(&ctx, &qp, opener, 0x500, 0x600);
+        let (ctx, qp, opener) = opened_early(0x500, 0x600);
         // Its stream, as if to the opener, in memory.
         let (fd, _keep) = UnixStream::pair().unwrap();
         let (ours, theirs) = memory::pair(4096, 1 << 20);
         {
             let mut inner = qp.inner.lock();
-            assert!(inner.provisional, "no stream opened at RTS");
             let old = inner.dp.link.take().unwrap();
             qp.unwatch_link(&*old.stream);
             let a = inner.attrs;
