@@ -453,45 +453,36 @@ fn under_loss(test: &str, ta: &str, tb_: &str, loss: &str, with_integrity: bool)
     assert!(ofo > 0, "the kernel host saw no hole in what the {raw} host sent");
 }
 
-#[test]
-fn loss_1pct_from_xdp_to_kernel_tcp() {
-    under_loss("loss_1pct_from_xdp_to_kernel_tcp", "xdp", "tcp", "1", true);
+/// `loss_test!(name, transport_a, transport_b, percent, with_integrity)`: a test that runs
+/// [`under_loss`] under its own name.
+macro_rules! loss_test {
+    ($(#[$m:meta])* $name:ident, $ta:literal, $tb:literal, $pct:literal, $integrity:literal) => {
+        $(#[$m])*
+        #[test]
+        fn $name() {
+            under_loss(stringify!($name), $ta, $tb, $pct, $integrity);
+        }
+    };
 }
 
-#[test]
-fn loss_1pct_from_kernel_tcp_to_xdp() {
-    under_loss("loss_1pct_from_kernel_tcp_to_xdp", "tcp", "xdp", "1", true);
-}
+loss_test!(loss_1pct_from_xdp_to_kernel_tcp, "xdp", "tcp", "1", true);
+loss_test!(loss_1pct_from_kernel_tcp_to_xdp, "tcp", "xdp", "1", true);
+loss_test!(loss_5pct_from_xdp_to_kernel_tcp, "xdp", "tcp", "5", false);
+loss_test!(loss_5pct_from_kernel_tcp_to_xdp, "tcp", "xdp", "5", false);
+loss_test!(loss_5pct_from_packet_to_kernel_tcp, "packet", "tcp", "5", false);
 
-#[test]
-fn loss_5pct_from_xdp_to_kernel_tcp() {
-    under_loss("loss_5pct_from_xdp_to_kernel_tcp", "xdp", "tcp", "5", false);
-}
+loss_test!(
+    /// `integrity` at 5% loss passes but takes about 2.5 minutes here (8 s without loss, 18 s
+    /// at 1%; 6 minutes before the userspace TCP had a tail loss probe): a lone lost segment —
+    /// the only one of a small message — still waits for the 200 ms RTO (the probe waits for a
+    /// possible delayed ACK first, RFC 8985 §7.2), and the kernel's side pays the same. Too long
+    /// for every test run: run it with `--ignored`.
+    #[ignore = "about 2.5 minutes: integrity's small messages, each lost one repaired by an RTO"]
+    loss_5pct_integrity_from_xdp_to_kernel_tcp, "xdp", "tcp", "5", true
+);
 
-#[test]
-fn loss_5pct_from_kernel_tcp_to_xdp() {
-    under_loss("loss_5pct_from_kernel_tcp_to_xdp", "tcp", "xdp", "5", false);
-}
-
-#[test]
-fn loss_5pct_from_packet_to_kernel_tcp() {
-    under_loss("loss_5pct_from_packet_to_kernel_tcp", "packet", "tcp", "5", false);
-}
-
-/// `integrity` at 5% loss passes but takes about 2.5 minutes here (8 s without loss, 18 s
-/// at 1%; 6 minutes before the userspace TCP had a tail loss probe): a lone lost segment —
-/// the only one of a small message — still waits for the 200 ms RTO (the probe waits for a
-/// possible delayed ACK first, RFC 8985 §7.2), and the kernel's side pays the same. Too long
-/// for every test run: run it with `--ignored`.
-#[test]
-#[ignore = "about 2.5 minutes: integrity's small messages, each lost one repaired by an RTO"]
-fn loss_5pct_integrity_from_xdp_to_kernel_tcp() {
-    under_loss("loss_5pct_integrity_from_xdp_to_kernel_tcp", "xdp", "tcp", "5", true);
-}
-
-/// Two raw hosts under loss: the wire drops what each userspace TCP sends, and each must
-/// repair what the other lost.
-#[test]
-fn loss_5pct_between_xdp_and_packet() {
-    under_loss("loss_5pct_between_xdp_and_packet", "xdp", "packet", "5", false);
-}
+loss_test!(
+    /// Two raw hosts under loss: the wire drops what each userspace TCP sends, and each must
+    /// repair what the other lost.
+    loss_5pct_between_xdp_and_packet, "xdp", "packet", "5", false
+);

@@ -326,14 +326,7 @@ fn fast_retransmit_beats_the_rto() {
     assert!(to_b.len() >= 5, "a flight of several segments");
     net.wire.remove(to_b[2]);
     let start = net.now;
-    let mut got = Vec::new();
-    let mut buf = vec![0u8; 65536];
-    while got.len() < data.len() {
-        assert!(net.step());
-        let n = net.b.tcb(hb).unwrap().recv(&mut buf);
-        got.extend_from_slice(&buf[..n]);
-    }
-    assert_eq!(got, data);
+    assert_eq!(read_all(&mut net, hb, data.len()), data);
     let rto_min = Config::default().rto_min;
     assert!(net.now - start < rto_min, "repaired by fast retransmit, not by the RTO");
 }
@@ -351,8 +344,6 @@ fn fast_retransmit_when_the_dupacks_grow_the_window() {
     assert!(to_b.len() >= 5, "a flight of several segments");
     net.wire.remove(to_b[2]);
     let start = net.now;
-    let mut got = Vec::new();
-    let mut buf = vec![0u8; 65536];
     let grown = std::rc::Rc::new(std::cell::Cell::new(0u16));
     let g = grown.clone();
     // Every pure ACK B sends offers a window other than the last one's (as Linux's grows),
@@ -373,12 +364,7 @@ fn fast_retransmit_when_the_dupacks_grow_the_window() {
         let c = packet::tcp_checksum(B_IP, A_IP, &f[tcp..ip + total]);
         f[tcp + 16..tcp + 18].copy_from_slice(&c.to_be_bytes());
     }));
-    while got.len() < data.len() {
-        assert!(net.step());
-        let n = net.b.tcb(hb).unwrap().recv(&mut buf);
-        got.extend_from_slice(&buf[..n]);
-    }
-    assert_eq!(got, data);
+    assert_eq!(read_all(&mut net, hb, data.len()), data);
     assert!(grown.get() >= 3, "the window changed on {} ACKs", grown.get());
     let rto_min = Config::default().rto_min;
     assert!(net.now - start < rto_min, "repaired by fast retransmit, not by the RTO");
@@ -403,14 +389,7 @@ fn fast_retransmit_on_one_compressed_sack() {
     for &i in dup[..dup.len() - 1].iter().rev() {
         net.wire.remove(i);
     }
-    let mut got = Vec::new();
-    let mut buf = vec![0u8; 65536];
-    while got.len() < data.len() {
-        assert!(net.step());
-        let n = net.b.tcb(hb).unwrap().recv(&mut buf);
-        got.extend_from_slice(&buf[..n]);
-    }
-    assert_eq!(got, data);
+    assert_eq!(read_all(&mut net, hb, data.len()), data);
     let rto_min = Config::default().rto_min;
     assert!(net.now - start < rto_min, "repaired by fast retransmit, not by the RTO");
 }
