@@ -162,9 +162,9 @@ pub struct Net {
     leased: Mutex<HashSet<u32>>,
     /// A lease was claimed: the progress thread must take its deadline.
     lease_news: AtomicBool,
-    /// A pump sent a message (a Read Response, an answer) since the progress thread last
-    /// looked: the traffic is request and answer, whose next request the progress thread may
-    /// wait for by polling (see `spin`).
+    /// A pump took a message in and sent one out on the same stream (a Read Request and its
+    /// Response) since the progress thread last looked: the traffic is request and answer,
+    /// whose next request the progress thread may wait for by polling (see `spin`).
     answered: AtomicBool,
     /// QPs to be served again (a pump outside the progress thread used up its receive
     /// budget, see [`Net::requeue`]).
@@ -736,7 +736,7 @@ impl Net {
         self.waker.wake();
     }
 
-    /// A pump sent a message on a QP's stream (see `answered`).
+    /// A pump answered a message on a QP's stream (see `answered`).
     pub fn note_answered(&self) {
         self.answered.store(true, Ordering::Relaxed);
     }
