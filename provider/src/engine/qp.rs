@@ -121,7 +121,9 @@ const DEFER_MAX_BYTES: u64 = 16 << 10;
 const MAX_PARKED: usize = 4;
 
 /// How long an opening QP left in RTR waits for RTS before it connects with its `rq_psn` as
-/// the only proof (perftest's send-test server stays in RTR).
+/// the only proof (perftest's send-test server stays in RTR) — unless its peer's stream,
+/// opened at the peer's RTS (`Qp::open_early`), comes first, as it does when the peer is the
+/// side that sends.
 const OPEN_WAIT_MS: u64 = 200;
 
 impl std::fmt::Debug for Net {
