@@ -322,13 +322,19 @@ impl Qp {
         Some(Expected { qpn: self.qpn, peer, dest_qpn: a.dest_qp_num, rq_psn: a.rq_psn, sq_psn })
     }
 
+    /// Whether this QP is the one of the pair that opens the stream (the lower address and
+    /// QPN, [`is_initiator`]); `None` while its peer has no IPv4 address.
+    fn is_opener(&self, a: &QpAttrs) -> Option<bool> {
+        let remote = std::net::Ipv4Addr::from(qp_state::gid_to_ipv4(&a.ah.dgid)?);
+        let local = self.device.gids.get(a.ah.sgid_index as usize).and_then(gid_ipv4).unwrap_or(std::net::Ipv4Addr::LOCALHOST);
+        Some(is_initiator(local, self.qpn, remote, a.dest_qp_num))
+    }
+
     /// INIT→RTR: the lower (address, QPN) of the two opens the stream (at RTS, or after
     /// [`OPEN_WAIT_MS`] in RTR); the other takes a parked stream that proves to be its peer.
     fn connect_locked(&self, inner: &mut QpInner) -> Option<Fatal> {
         let a = inner.attrs;
-        let remote = std::net::Ipv4Addr::from(qp_state::gid_to_ipv4(&a.ah.dgid)?);
-        let local = self.device.gids.get(a.ah.sgid_index as usize).and_then(gid_ipv4).unwrap_or(std::net::Ipv4Addr::LOCALHOST);
-        if !is_initiator(local, self.qpn, remote, a.dest_qp_num) {
+        if !self.is_opener(&a)? {
             self.settle_parked(inner);
             return None;
         }
@@ -390,9 +396,7 @@ impl Qp {
             return;
         }
         let a = inner.attrs;
-        let Some(remote) = qp_state::gid_to_ipv4(&a.ah.dgid).map(std::net::Ipv4Addr::from) else { return };
-        let local = self.device.gids.get(a.ah.sgid_index as usize).and_then(gid_ipv4).unwrap_or(std::net::Ipv4Addr::LOCALHOST);
-        if is_initiator(local, self.qpn, remote, a.dest_qp_num) {
+        if self.is_opener(&a) != Some(false) {
             return;
         }
         // Early is optional: a stream that cannot be opened leaves the QP waiting for the
