@@ -124,6 +124,26 @@ fn assert_transport(side: &Finished, transport: &str) {
     }
 }
 
+/// perftest `args` between the hosts, server on B (the client's arguments are the same, with
+/// B's address added), the tool's exchange on `port`: the client must print its result line for
+/// `size` bytes × `iters`, and each side must have used its transport (`transports`: A's, B's).
+fn perftest_between(tb: &Testbed, args: &[&str], port: u16, size: &str, iters: &str, transports: (&str, &str)) {
+    let mut cv = args.to_vec();
+    cv.push(&tb.addr_b);
+    let (s, c) = pair(tb, args, &cv, port);
+    assert!(
+        c.stdout.lines().any(|l| l.split_whitespace().next() == Some(size) && l.split_whitespace().nth(1) == Some(iters)),
+        "{}: no result line\nclient: {}{}\nserver: {}{}",
+        args.join(" "),
+        c.stdout,
+        c.stderr,
+        s.stdout,
+        s.stderr
+    );
+    assert_transport(&c, transports.0);
+    assert_transport(&s, transports.1);
+}
+
 /// `ibv_rc_pingpong -g 0` and the three perftest bandwidth tests, A (client) to B (server).
 fn tools(test: &str, opts: &[&str], transport_a: &str, transport_b: &str) {
     let Some((_l, tb)) = testbed(test, opts) else { return };
@@ -140,20 +160,8 @@ fn tools(test: &str, opts: &[&str], transport_a: &str, transport_b: &str) {
     assert_transport(&c, transport_a);
     assert_transport(&s, transport_b);
     for prog in ["ib_write_bw", "ib_read_bw", "ib_send_bw"] {
-        let common = [prog, "-d", &dev, "-x", "0", "-n", "300", "-s", "65536", "-p", "7472"];
-        let mut cv = common.to_vec();
-        cv.push(&tb.addr_b);
-        let (s, c) = pair(&tb, &common, &cv, 7472);
-        assert!(
-            c.stdout.lines().any(|l| l.split_whitespace().next() == Some("65536") && l.split_whitespace().nth(1) == Some("300")),
-            "{prog}: no result line\nclient: {}{}\nserver: {}{}",
-            c.stdout,
-            c.stderr,
-            s.stdout,
-            s.stderr
-        );
-        assert_transport(&c, transport_a);
-        assert_transport(&s, transport_b);
+        let args = [prog, "-d", &dev, "-x", "0", "-n", "300", "-s", "65536", "-p", "7472"];
+        perftest_between(&tb, &args, 7472, "65536", "300", (transport_a, transport_b));
     }
 }
 
@@ -193,20 +201,8 @@ fn rdma_cm_tools(test: &str, opts: &[&str], transport_a: &str, transport_b: &str
             // perftest takes -q in its bandwidth tests only
             common.extend(["-q", qps]);
         }
-        let mut cv = common.clone();
-        cv.push(&tb.addr_b);
-        let (s, c) = pair(&tb, &common, &cv, 18515);
         let iters = if qps == "4" { "800" } else { "200" };
-        assert!(
-            c.stdout.lines().any(|l| l.split_whitespace().next() == Some(size) && l.split_whitespace().nth(1) == Some(iters)),
-            "{prog} -R: no result line\nclient: {}{}\nserver: {}{}",
-            c.stdout,
-            c.stderr,
-            s.stdout,
-            s.stderr
-        );
-        assert_transport(&c, transport_a);
-        assert_transport(&s, transport_b);
+        perftest_between(&tb, &common, 18515, size, iters, (transport_a, transport_b));
     }
     // Every program exited normally: no nftables guard of a raw transport is left behind to
     // keep the kernel's TCP off the ports (perftest's own exchange uses 18515 too). A program
@@ -337,20 +333,8 @@ fn tools_between_xdp_and_kernel_tcp_at_mtu_9000() {
     assert_transport(&c, "xdp");
     assert_transport(&s, "tcp");
     for prog in ["ib_send_bw", "ib_write_bw"] {
-        let common = [prog, "-d", &dev, "-x", "0", "-n", "300", "-s", "65536", "-p", "7472"];
-        let mut cv = common.to_vec();
-        cv.push(&tb.addr_b);
-        let (s, c) = pair(&tb, &common, &cv, 7472);
-        assert!(
-            c.stdout.lines().any(|l| l.split_whitespace().next() == Some("65536") && l.split_whitespace().nth(1) == Some("300")),
-            "{prog}: no result line\nclient: {}{}\nserver: {}{}",
-            c.stdout,
-            c.stderr,
-            s.stdout,
-            s.stderr
-        );
-        assert_transport(&c, "xdp");
-        assert_transport(&s, "tcp");
+        let args = [prog, "-d", &dev, "-x", "0", "-n", "300", "-s", "65536", "-p", "7472"];
+        perftest_between(&tb, &args, 7472, "65536", "300", ("xdp", "tcp"));
     }
     let exe = uiw_examples::build_c_example("integrity", &uiw_examples::out_dir(env!("CARGO_TARGET_TMPDIR")));
     let exe = exe.to_str().unwrap();
@@ -421,21 +405,9 @@ fn under_loss(test: &str, ta: &str, tb_: &str, loss: &str, with_integrity: bool)
         println!("{test}: integrity in {:?}", t.elapsed());
     }
     for prog in ["ib_send_bw", "ib_write_bw", "ib_read_bw"] {
-        let common = [prog, "-d", &dev, "-x", "0", "-q", "2", "-n", "100", "-s", "65536", "-p", "7472"];
-        let mut cv = common.to_vec();
-        cv.push(&tb.addr_b);
+        let args = [prog, "-d", &dev, "-x", "0", "-q", "2", "-n", "100", "-s", "65536", "-p", "7472"];
         let t = Instant::now();
-        let (s, c) = pair(&tb, &common, &cv, 7472);
-        assert!(
-            c.stdout.lines().any(|l| l.split_whitespace().next() == Some("65536") && l.split_whitespace().nth(1) == Some("200")),
-            "{prog}: no result line\nclient: {}{}\nserver: {}{}",
-            c.stdout,
-            c.stderr,
-            s.stdout,
-            s.stderr
-        );
-        assert_transport(&c, ta);
-        assert_transport(&s, tb_);
+        perftest_between(&tb, &args, 7472, "65536", "200", (ta, tb_));
         println!("{test}: {prog} in {:?}", t.elapsed());
     }
     let (ab, ba) = (tb.dropped("a->b"), tb.dropped("b->a"));
