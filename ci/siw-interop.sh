@@ -110,8 +110,10 @@ ssh_mux=(-o ControlMaster=auto -o "ControlPath=$SIW_RUN/ssh-mux-%C" -o ControlPe
 vm() { ssh "${ssh_opts[@]}" "${ssh_mux[@]}" root@127.0.0.1 "$@"; }
 vm 'cat > /root/siw-load.sh' < "$SIW_VM_DIR/guest/siw-load.sh"
 
-# The harness's connect delay for perftest's client against the slow guest (see the file).
+# The harness's connect delay for perftest's client against the slow guest, and its close
+# delay for every uiw side (siw's close race); see the files.
 cc -O2 -Wall -shared -fPIC -o "$OUT/connect_delay.so" "$root/ci/siw-interop/connect_delay.c" -ldl
+cc -O2 -Wall -shared -fPIC -o "$OUT/close_delay.so" "$root/ci/siw-interop/close_delay.c" -ldl
 
 step "uiw up (state $UIW_STATE_DIR)"
 "$uiw" up
@@ -205,10 +207,12 @@ attempt() {
 			for i in \$(seq 100); do ss -Hltn 'sport = :18515' | grep -q . && exit 0; sleep 0.1; done; exit 1" ||
 			att_note="guest server did not listen"
 		# perftest's second connection must not race the guest's re-listen (connect_delay.c)
-		[[ $tool == rping ]] || envs+=("LD_PRELOAD=$OUT/connect_delay.so" "SIW_INTEROP_DELAY_PORT=$port")
+		[[ $tool == rping ]] || envs+=("SIW_INTEROP_DELAY_PORT=$port")
 	else
 		port=$(free_port)
 	fi
+	# uiw's FIN must not reach siw while siw still completes its last WR (close_delay.c)
+	envs+=("LD_PRELOAD=$OUT/connect_delay.so $OUT/close_delay.so" "SIW_INTEROP_CLOSE_PORT=$port")
 	printf '%s\n' "${envs[@]}" >"$d/uiw-env.txt"
 	tcpdump --immediate-mode -B 65536 -i lo -s 0 -U -w "$d/host.pcap" "tcp port $port" 2>"$d/tcpdump.log" &
 	cap=$!
@@ -258,27 +262,15 @@ attempt() {
 	return 1
 }
 
-# siw_close_race DIR: whether the last attempt failed only by siw's close race
-# (docs/siw-interop.md): the siw side reported "Bad wc status 2" on its last WR while the
-# uiw side exited 0 and the capture decoded clean.
-siw_close_race() {
-	local uiw_side=server
-	[[ $1 == h2g ]] && uiw_side=client
-	[[ $att_note == *"$uiw_side rc=0"* && $att_note == *"tshark rc=0"* && $att_note == *"Bad wc status 2"* ]]
-}
-
 # run_case MODE DIR TOOL ROUND: an attempt, and one more if it failed (the siw side runs
 # under TCG; each failed attempt's logs stay in <case>.tryN and the verdict is "pass*").
-# A case that keeps failing only by siw's close race gets up to four attempts (that race hits
-# about 1 attempt in 10 under TCG; with 40 cases, two attempts left a red run every few runs);
-# any other failure is final after the second.
 run_case() {
 	local mode=$1 dir=$2 tool=$3 round=$4
 	local name="$mode-$dir-$tool"
 	[[ $rounds -gt 1 ]] && name+="-r$round"
 	local d="$OUT/$name" t0 verdict=FAIL note= try
 	t0=$(now)
-	for try in 1 2 3 4; do
+	for try in 1 2; do
 		if attempt "$mode" "$dir" "$tool" "$d"; then
 			verdict=pass
 			[[ $try -gt 1 ]] && retried=$((retried + 1))
@@ -286,7 +278,6 @@ run_case() {
 		fi
 		note+="${note:+; }try $try: $att_note"
 		mv "$d" "$d.try$try"
-		[[ $try -eq 1 ]] || siw_close_race "$dir" || break
 	done
 	if [[ $verdict == pass ]]; then
 		pass=$((pass + 1))
