@@ -93,6 +93,16 @@ fn pair(tb: &Testbed, server: &[&str], client: &[&str], port: u16) -> (Finished,
 
 /// [`pair`], both ending within `limit`.
 fn pair_within(tb: &Testbed, server: &[&str], client: &[&str], port: u16, limit: Duration) -> (Finished, Finished) {
+    let (s, c) = pair_ran(tb, server, client, port, limit);
+    let show = |f: &Finished| format!("{}{}", f.stdout, f.stderr);
+    for f in [&s, &c] {
+        assert!(f.status.is_some_and(|st| st.success()), "{client:?}: {} failed\nserver: {}\nclient: {}", f.name, show(&s), show(&c));
+    }
+    (s, c)
+}
+
+/// The server on B and the client on A, both ending within `limit`, whatever their status.
+fn pair_ran(tb: &Testbed, server: &[&str], client: &[&str], port: u16, limit: Duration) -> (Finished, Finished) {
     let mut s = tb.run_cmd(Host::B, &os(server));
     s.env("VERBS_LOG_LEVEL", "3");
     let s = Running::spawn("server", s);
@@ -105,10 +115,16 @@ fn pair_within(tb: &Testbed, server: &[&str], client: &[&str], port: u16, limit:
     let s = s.finish(deadline);
     let show = |f: &Finished| format!("{}{}", f.stdout, f.stderr);
     assert!(!c.timed_out && !s.timed_out, "{client:?}: did not finish\nserver: {}\nclient: {}", show(&s), show(&c));
-    for f in [&s, &c] {
-        assert!(f.status.is_some_and(|st| st.success()), "{client:?}: {} failed\nserver: {}\nclient: {}", f.name, show(&s), show(&c));
-    }
     (s, c)
+}
+
+/// Whether `f` is an `rping` that failed only by rping's own exit race: its event thread
+/// calls `rdma_get_cm_event` again after `main` destroyed the channel, and exits with status
+/// 255 ("rdma_get_cm_event: Invalid argument"; with the system librdmacm, EBADF). A raw
+/// transport's exit takes longer than the kernel's, so the thread gets there more often
+/// (rawnet's guard, 41cb266).
+fn rping_exit_race(f: &Finished) -> bool {
+    f.status.is_some_and(|st| st.code() == Some(255)) && f.stderr.trim_end().ends_with("rdma_get_cm_event: Invalid argument")
 }
 
 /// The provider said the device's QPs go over `transport` (or, for `tcp`, opened none).
@@ -190,7 +206,22 @@ fn rdma_cm_tools(test: &str, opts: &[&str], transport_a: &str, transport_b: &str
     let Some((_l, tb)) = testbed(test, opts) else { return };
     assert!(have_program("rping"), "{test}: rping is not installed (apt-get install rdmacm-utils)");
     let dev = tb.dev.clone();
-    let (s, c) = pair(&tb, &["rping", "-s", "-a", &tb.addr_b, "-V", "-C", "10"], &["rping", "-c", "-a", &tb.addr_b, "-V", "-C", "10", "-v"], 7174);
+    let server = ["rping", "-s", "-a", &tb.addr_b, "-V", "-C", "10"];
+    let client = ["rping", "-c", "-a", &tb.addr_b, "-V", "-C", "10", "-v"];
+    let mut runs = 0;
+    let (s, c) = loop {
+        runs += 1;
+        let (s, c) = pair_ran(&tb, &server, &client, 7174, Duration::from_secs(120));
+        // rping's race, not uiw's: run it once more (a second hit fails the test below).
+        if runs == 1 && [&s, &c].iter().any(|f| rping_exit_race(f)) && [&s, &c].iter().all(|f| f.status.is_some_and(|st| st.success()) || rping_exit_race(f)) {
+            eprintln!("{test}: rping hit its own exit race (rdma_get_cm_event after the channel's destroy); once more");
+            continue;
+        }
+        break (s, c);
+    };
+    for f in [&s, &c] {
+        assert!(f.status.is_some_and(|st| st.success()), "rping {} failed\nserver: {}{}\nclient: {}{}", f.name, s.stdout, s.stderr, c.stdout, c.stderr);
+    }
     let pings = c.stdout.lines().filter(|l| l.starts_with("ping data: rdma-ping-")).count();
     assert_eq!(pings, 10, "rping: {pings} of 10 pings\nclient: {}{}\nserver: {}{}", c.stdout, c.stderr, s.stdout, s.stderr);
     assert_transport(&c, transport_a);
