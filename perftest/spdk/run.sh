@@ -10,6 +10,7 @@ usage() {
     cat <<'USAGE'
 Usage: perftest/spdk/run.sh build --spdk DIR --isal DIR --isal-crypto DIR [--work DIR]
        perftest/spdk/run.sh bench [--work DIR] [--time SECS] [--uiw PATH] [--tcp-only|--rdma-only]
+                                  [--alternate N]
        perftest/spdk/run.sh all   --spdk DIR --isal DIR --isal-crypto DIR [--work DIR] [--time SECS]
 
 build   Copy the SPDK tree (and isa-l / isa-l_crypto, checked out at the commits SPDK pins:
@@ -30,6 +31,9 @@ Options:
   --time SECS         seconds per perf run (default 10)
   --uiw PATH          the uiw CLI (default: target/release/uiw of this repository)
   --no-huge           run SPDK with --no-huge -s 1024 (default: hugepages if 2 MiB pages are free)
+  --alternate N       instead of the table: N rounds of 4 KiB random reads at QD1 for SECS seconds,
+                      over uiw's RDMA then NVMe/TCP, on the same target, each round's ratio
+                      printed (the machine's speed moves both; the ratio is what to read)
 Prerequisites (Debian 12):
   apt-get install libdpdk-dev python3-jinja2 python3-tabulate libaio-dev nasm libcunit1-dev \
       libjson-c-dev libnuma-dev uuid-dev libssl-dev libncurses-dev pkg-config autoconf automake \
@@ -43,7 +47,7 @@ die() { say "error: $*"; exit 1; }
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 cmd=${1:-}; [ $# -gt 0 ] && shift
-spdk_src= isal_src= isalc_src= work=/tmp/uiw-spdk secs=10 uiw= nohuge=0 modes="rdma tcp"
+spdk_src= isal_src= isalc_src= work=/tmp/uiw-spdk secs=10 uiw= nohuge=0 modes="rdma tcp" alternate=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --spdk) spdk_src=$2; shift 2 ;;
@@ -55,6 +59,7 @@ while [ $# -gt 0 ]; do
         --no-huge) nohuge=1; shift ;;
         --tcp-only) modes="tcp"; shift ;;
         --rdma-only) modes="rdma"; shift ;;
+        --alternate) alternate=$2; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) usage >&2; die "unknown argument '$1'" ;;
     esac
@@ -209,6 +214,13 @@ JSON
         else echo "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$tport subnqn:$nqn"; fi
     }
 
+    # perf_run MODE WORKLOAD SIZE QD LOG: one spdk_nvme_perf run on core 1 over MODE; prints its
+    # total "IOPS MiB/s avg-us" (fails if the run did).
+    perf_run() {
+        $(host "$1") "$bin/spdk_nvme_perf" -c 0x2 "${mem[@]}" -r "$(trid "$1")" \
+            -w "$2" -o "$3" -q "$4" -t "$secs" >"$5" 2>&1 && perf_total "$5"
+    }
+
     # 1. Data verified: bdevperf's verify workload writes a pattern, reads it back and compares
     #    every byte (a mismatch fails the job); 4 KiB QD16 and 128 KiB QD16, over each transport.
     local m bs fail=0
@@ -243,6 +255,16 @@ JSON
     say "warm-up: 128 KiB sequential writes at QD16 for 2 s over NVMe/TCP (every block of the bdev touched)"
     "$bin/spdk_nvme_perf" -c 0x2 "${mem[@]}" -r "$(trid tcp)" -w write -o 131072 -q 16 -t 2 >"$run/warm-up.log" 2>&1 ||
         { tail -20 "$run/warm-up.log" >&2; die "warm-up failed (log $run/warm-up.log)"; }
+    if [ "$alternate" -gt 0 ]; then
+        local k r t
+        for k in $(seq 1 "$alternate"); do
+            r=$(perf_run rdma randread 4096 1 "$run/alternate-rdma-$k.log" || true)
+            t=$(perf_run tcp randread 4096 1 "$run/alternate-tcp-$k.log" || true)
+            echo "round $k: 4 KiB randread QD1 IOPS: rdma ${r%% *}, tcp ${t%% *}, uiw/TCP $(awk -v a="${r%% *}" -v b="${t%% *}" \
+                'BEGIN { if (a+0 > 0 && b+0 > 0) printf "%.2f", a/b; else print "-" }')"
+        done
+        return
+    fi
     local w results=()
     local loads=("randread 4096 1" "randread 4096 16" "randwrite 4096 1" "randwrite 4096 16"
                  "read 131072 16" "write 131072 16")
@@ -250,11 +272,10 @@ JSON
         set -- $w
         local row="$1 $2 $3"
         for m in $modes; do
-            local log=$run/perf-$m-$1-$2-$3.log
+            local log=$run/perf-$m-$1-$2-$3.log total
             say "perf: $1 -o $2 -q $3 -t $secs over $m"
-            if $(host "$m") "$bin/spdk_nvme_perf" -c 0x2 "${mem[@]}" -r "$(trid "$m")" \
-                    -w "$1" -o "$2" -q "$3" -t "$secs" >"$log" 2>&1 && [ -n "$(perf_total "$log")" ]; then
-                row="$row $(perf_total "$log")"
+            if total=$(perf_run "$m" "$1" "$2" "$3" "$log") && [ -n "$total" ]; then
+                row="$row $total"
             else
                 fail=1; tail -20 "$log" >&2; say "  FAILED (log $log)"; row="$row - - -"
             fi
