@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ci/raw-matrix.sh — issue 12's acceptance matrix for the raw transports, in one command.
 #
-#   ci/raw-matrix.sh [--uiw PATH] [--mtu "1500 9000"] [--pairs "xdp:xdp xdp:tcp tcp:xdp packet:xdp"]
+#   ci/raw-matrix.sh [--uiw PATH] [--mtu "1500 9000"] [--pairs "xdp:xdp xdp:tcp tcp:xdp packet:xdp xdp:packet"]
 #                    [--only REGEX] [--out DIR]
 #
 # For every pairing A:B (client on test bed host A with transport A, server on host B with
@@ -17,11 +17,11 @@
 # Each case is one line in OUT/cases.txt (logs in OUT/<case>/; the default OUT is
 # target/raw-matrix). Exit status 0 only if every case passed. Needs root (namespaces, AF_XDP), perftest,
 # rdmacm-utils, ibverbs-utils, nftables, ethtool, a C compiler and libibverbs-dev. Not run by
-# CI (about 20–30 minutes on 2 cores); rawhost.rs runs a subset on every test run.
+# CI (about 30 minutes on 2 cores); rawhost.rs runs a subset on every test run.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-uiw=$repo/target/release/uiw mtus="1500 9000" pairs="xdp:xdp xdp:tcp tcp:xdp packet:xdp" only= out=$repo/target/raw-matrix
+uiw=$repo/target/release/uiw mtus="1500 9000" pairs="xdp:xdp xdp:tcp tcp:xdp packet:xdp xdp:packet" only= out=$repo/target/raw-matrix
 while [[ $# -gt 0 ]]; do
 	case $1 in
 	--uiw) uiw=$2; shift 2 ;;
