@@ -160,6 +160,8 @@ cleanup() {
 
 # "Total : IOPS MiB/s avg min max" from spdk_nvme_perf's summary
 perf_total() { awk -F: '/^Total/ { split($2, f, " "); printf "%s %s %s\n", f[1], f[2], f[3] }' "$1"; }
+# ratio A B: A/B to two decimals, or "-" when either is missing or zero
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a+0 > 0 && b+0 > 0) printf "%.2f", a/b; else print "-" }'; }
 
 bench() {
     local bin=$work/spdk/build/bin ex=$work/spdk/build/examples
@@ -260,8 +262,7 @@ JSON
         for k in $(seq 1 "$alternate"); do
             r=$(perf_run rdma randread 4096 1 "$run/alternate-rdma-$k.log" || true)
             t=$(perf_run tcp randread 4096 1 "$run/alternate-tcp-$k.log" || true)
-            echo "round $k: 4 KiB randread QD1 IOPS: rdma ${r%% *}, tcp ${t%% *}, uiw/TCP $(awk -v a="${r%% *}" -v b="${t%% *}" \
-                'BEGIN { if (a+0 > 0 && b+0 > 0) printf "%.2f", a/b; else print "-" }')"
+            echo "round $k: 4 KiB randread QD1 IOPS: rdma ${r%% *}, tcp ${t%% *}, uiw/TCP $(ratio "${r%% *}" "${t%% *}")"
         done
         return
     fi
@@ -296,7 +297,7 @@ JSON
         local iops=()
         for m in $modes; do printf ' | %-8s %9s %8s %9s' "" "$1" "$2" "$3"; iops+=("$1"); shift 3; done
         if [ "$modes" = "rdma tcp" ]; then
-            printf ' | %s' "$(awk -v a="${iops[0]}" -v b="${iops[1]}" 'BEGIN { if (a+0 > 0 && b+0 > 0) printf "%.2f", a/b; else print "-" }')"
+            printf ' | %s' "$(ratio "${iops[0]}" "${iops[1]}")"
         fi
         echo
     done
