@@ -35,13 +35,7 @@ impl Reassembly {
         if data.is_empty() {
             return None;
         }
-        let held = self
-            .pieces
-            .range(..end)
-            .rev()
-            .take_while(|(&s, v)| s + v.len() as u64 > at)
-            .last()
-            .map(|(&s, v)| (s.max(at), (s + v.len() as u64).min(end)));
+        let held = self.overlapping(at, end).last().map(|(s, e)| (s.max(at), e.min(end)));
         // Find the gaps in [at, end) not covered by existing pieces.
         let mut cursor = at;
         let mut gaps = Vec::new();
@@ -68,11 +62,16 @@ impl Reassembly {
         // Every piece the segment covers, new or already held (a duplicate too: the first
         // block names the data of the segment that drew the ACK), becomes the most recent.
         self.clock += 1;
-        let touched: Vec<u64> = self.pieces.range(..end).rev().take_while(|(&s, v)| s + v.len() as u64 > at).map(|(&s, _)| s).collect();
+        let touched: Vec<u64> = self.overlapping(at, end).map(|(s, _)| s).collect();
         for s in touched {
             self.stamps.insert(s, self.clock);
         }
         held
+    }
+
+    /// The pieces held that overlap `[at, end)`, as (start, end), highest first.
+    fn overlapping(&self, at: u64, end: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.pieces.range(..end).rev().map(|(&s, v)| (s, s + v.len() as u64)).take_while(move |&(_, e)| e > at)
     }
 
     /// Take every byte contiguous from `next` on (pieces below `next` are dropped).

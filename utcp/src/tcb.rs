@@ -1024,7 +1024,7 @@ impl Tcb {
             if !self.ooo.is_empty() {
                 next = self.ooo.pop_contiguous(next, &mut self.rx);
             }
-            self.rcv_nxt = self.rcv_nxt.wrapping_add((next - self.rx_off) as u32);
+            self.rcv_nxt = self.seq_at(next);
             self.rx_off = next;
             // One Readable per unread batch, and never a second one queued: an owner that
             // reads without draining events must not grow the queue.
@@ -1044,8 +1044,7 @@ impl Tcb {
             }
         } else {
             if let Some((l, r)) = self.ooo.insert(at, data) {
-                let s = self.rcv_nxt.wrapping_add((l - self.rx_off) as u32);
-                self.dsack = Some((s, s.wrapping_add((r - l) as u32)));
+                self.dsack = Some((self.seq_at(l), self.seq_at(r)));
             }
             // Out of order: at once, with SACK (RFC 5681 §4.2, the duplicate ACK).
             self.ack_now = true;
@@ -1096,13 +1095,17 @@ impl Tcb {
                 h.sack_len = 1;
             }
             for (l, r) in self.ooo.ranges(h.sack.len() - h.sack_len as usize) {
-                let s = self.rcv_nxt.wrapping_add((l - self.rx_off) as u32);
-                let e = self.rcv_nxt.wrapping_add((r - self.rx_off) as u32);
-                h.sack[h.sack_len as usize] = (s, e);
+                h.sack[h.sack_len as usize] = (self.seq_at(l), self.seq_at(r));
                 h.sack_len += 1;
             }
         }
         h
+    }
+
+    /// The sequence number of receive-stream offset `off` (at or above `rx_off`, which is
+    /// `rcv_nxt`'s).
+    fn seq_at(&self, off: u64) -> u32 {
+        self.rcv_nxt.wrapping_add((off - self.rx_off) as u32)
     }
 
     /// Bytes the SACK option takes in our next segment (as `base_header` builds it).
