@@ -126,12 +126,11 @@ fn pair_ran(tb: &Testbed, server: &[&str], client: &[&str], port: u16, limit: Du
     (s, c)
 }
 
-/// Whether an `rping` pair failed only by rping's own exit race: its event thread
-/// calls `rdma_get_cm_event` again after `main` destroyed the channel, and exits with status
-/// 255 ("rdma_get_cm_event: Invalid argument"; with the system librdmacm, EBADF). A raw
-/// transport's exit takes longer than the kernel's, so the thread gets there more often
-/// (rawnet's guard, 41cb266).
-/// Only that failed: one side hit it, the other succeeded or hit it too.
+/// Whether an `rping` pair failed only by rping's own exit race — one side hit it, the other
+/// succeeded or hit it too. Its event thread calls `rdma_get_cm_event` again after `main`
+/// destroyed the channel, and exits with status 255 ("rdma_get_cm_event: Invalid argument";
+/// with the system librdmacm, EBADF). A raw transport's exit takes longer than the kernel's,
+/// so the thread gets there more often (rawnet's guard, 41cb266).
 fn only_rping_exit_race(s: &Finished, c: &Finished) -> bool {
     let race = |f: &Finished| f.status.is_some_and(|st| st.code() == Some(255)) && f.stderr.trim_end().ends_with("rdma_get_cm_event: Invalid argument");
     let ok = |f: &Finished| f.status.is_some_and(|st| st.success());
@@ -160,13 +159,26 @@ fn perftest_between(tb: &Testbed, args: &[&str], port: u16, size: &str, iters: &
     let (s, c) = pair(tb, args, &cv, port);
     assert!(
         c.stdout.lines().any(|l| l.split_whitespace().next() == Some(size) && l.split_whitespace().nth(1) == Some(iters)),
-        "{}: no result line\nclient: {}{}\nserver: {}{}",
+        "{}: no result line\nclient: {}\nserver: {}",
         args.join(" "),
-        c.stdout,
-        c.stderr,
-        s.stdout,
-        s.stderr
+        output(&c),
+        output(&s)
     );
+    assert_transport(&c, transports.0);
+    assert_transport(&s, transports.1);
+}
+
+/// `examples/c/integrity.c` (every operation at every size, 0 B … 8 MiB, checked on both
+/// sides; RTR-connected) between the hosts, server on B, both ending within `limit`: each side
+/// must report more than 2000 checks and no failure, over its transport (`transports`: A's, B's).
+fn integrity_between(tb: &Testbed, limit: Duration, transports: (&str, &str)) {
+    let exe = uiw_examples::build_c_example("integrity", &uiw_examples::out_dir(env!("CARGO_TARGET_TMPDIR")));
+    let exe = exe.to_str().unwrap();
+    let (s, c) = pair_within(tb, &[exe, "-s", "-p", "7476", "-d", &tb.dev], &[exe, "-c", &tb.addr_b, "-p", "7476", "-d", &tb.dev], 7476, limit);
+    for r in [&s, &c] {
+        let sum = uiw_examples::parse_summary(&r.stdout).unwrap_or_else(|| panic!("{}: no summary\n{}", r.name, output(r)));
+        assert!(sum.failed == 0 && sum.passed > 2000, "{}: {sum:?}: {:?}", r.name, uiw_examples::failures(&r.stdout));
+    }
     assert_transport(&c, transports.0);
     assert_transport(&s, transports.1);
 }
@@ -182,7 +194,7 @@ fn tools(test: &str, opts: &[&str], transport_a: &str, transport_b: &str) {
         18515,
     );
     for r in [&s, &c] {
-        assert!(r.stdout.contains("200 iters in"), "ibv_rc_pingpong {}: no result\n{}{}", r.name, r.stdout, r.stderr);
+        assert!(r.stdout.contains("200 iters in"), "ibv_rc_pingpong {}: no result\n{}", r.name, output(r));
     }
     assert_transport(&c, transport_a);
     assert_transport(&s, transport_b);
@@ -228,7 +240,7 @@ fn rdma_cm_tools(test: &str, opts: &[&str], transport_a: &str, transport_b: &str
     let (s, c) = ran;
     assert_both_succeeded(&client, &s, &c);
     let pings = c.stdout.lines().filter(|l| l.starts_with("ping data: rdma-ping-")).count();
-    assert_eq!(pings, 10, "rping: {pings} of 10 pings\nclient: {}{}\nserver: {}{}", c.stdout, c.stderr, s.stdout, s.stderr);
+    assert_eq!(pings, 10, "rping: {pings} of 10 pings\nclient: {}\nserver: {}", output(&c), output(&s));
     assert_transport(&c, transport_a);
     assert_transport(&s, transport_b);
     for (prog, size, qps) in [("ib_write_bw", "65536", "4"), ("ib_read_bw", "65536", "4"), ("ib_send_lat", "4096", "1")] {
@@ -320,15 +332,7 @@ fn a_killed_raw_peer_is_detected() {
 fn integrity_between_packet_and_xdp() {
     let test = "integrity_between_packet_and_xdp";
     let Some((_l, tb)) = testbed(test, &["--transport-a", "packet", "--transport-b", "xdp"]) else { return };
-    let exe = uiw_examples::build_c_example("integrity", &uiw_examples::out_dir(env!("CARGO_TARGET_TMPDIR")));
-    let exe = exe.to_str().unwrap();
-    let (s, c) = pair(&tb, &[exe, "-s", "-p", "7476", "-d", &tb.dev], &[exe, "-c", &tb.addr_b, "-p", "7476", "-d", &tb.dev], 7476);
-    for r in [&s, &c] {
-        let sum = uiw_examples::parse_summary(&r.stdout).unwrap_or_else(|| panic!("{}: no summary\n{}\n{}", r.name, r.stdout, r.stderr));
-        assert!(sum.failed == 0 && sum.passed > 2000, "{}: {sum:?}: {:?}", r.name, uiw_examples::failures(&r.stdout));
-    }
-    assert_transport(&c, "packet");
-    assert_transport(&s, "xdp");
+    integrity_between(&tb, Duration::from_secs(120), ("packet", "xdp"));
 }
 
 /// MTU 9000 (issue 12): an xdp host and a kernel-TCP host over a 9000-byte link. The xdp
@@ -364,7 +368,7 @@ fn tools_between_xdp_and_kernel_tcp_at_mtu_9000() {
         18515,
     );
     for r in [&s, &c] {
-        assert!(r.stdout.contains("200 iters in"), "ibv_rc_pingpong {}: no result\n{}{}", r.name, r.stdout, r.stderr);
+        assert!(r.stdout.contains("200 iters in"), "ibv_rc_pingpong {}: no result\n{}", r.name, output(r));
     }
     assert_transport(&c, "xdp");
     assert_transport(&s, "tcp");
@@ -372,15 +376,7 @@ fn tools_between_xdp_and_kernel_tcp_at_mtu_9000() {
         let args = [prog, "-d", &dev, "-x", "0", "-n", "300", "-s", "65536", "-p", "7472"];
         perftest_between(&tb, &args, 7472, "65536", "300", ("xdp", "tcp"));
     }
-    let exe = uiw_examples::build_c_example("integrity", &uiw_examples::out_dir(env!("CARGO_TARGET_TMPDIR")));
-    let exe = exe.to_str().unwrap();
-    let (s, c) = pair(&tb, &[exe, "-s", "-p", "7476", "-d", &tb.dev], &[exe, "-c", &tb.addr_b, "-p", "7476", "-d", &tb.dev], 7476);
-    for r in [&s, &c] {
-        let sum = uiw_examples::parse_summary(&r.stdout).unwrap_or_else(|| panic!("{}: no summary\n{}\n{}", r.name, r.stdout, r.stderr));
-        assert!(sum.failed == 0 && sum.passed > 2000, "{}: {sum:?}: {:?}", r.name, uiw_examples::failures(&r.stdout));
-    }
-    assert_transport(&c, "xdp");
-    assert_transport(&s, "tcp");
+    integrity_between(&tb, Duration::from_secs(120), ("xdp", "tcp"));
     let o = tb.ctl(&["exec", "b", "nft", "list", "table", "inet", "uiw_mtu_probe"]);
     let table = String::from_utf8_lossy(&o.stdout).to_string();
     let count = |tag: &str| -> u64 {
@@ -425,19 +421,11 @@ fn under_loss(test: &str, ta: &str, tb_: &str, loss: &str, with_integrity: bool)
     let Some((_l, tb)) = testbed(test, &["--transport-a", ta, "--transport-b", tb_, "--loss", loss]) else { return };
     let dev = tb.dev.clone();
     if with_integrity {
-        let exe = uiw_examples::build_c_example("integrity", &uiw_examples::out_dir(env!("CARGO_TARGET_TMPDIR")));
-        let exe = exe.to_str().unwrap();
         let t = Instant::now();
         // 18 s at 1 % loss here, 150 s at 5 % (each lost small message's repair waits for a
         // probe or an RTO on one side or the other, some 2 000 of them).
         let limit = Duration::from_secs(if loss == "1" { 120 } else { 600 });
-        let (s, c) = pair_within(&tb, &[exe, "-s", "-p", "7476", "-d", &dev], &[exe, "-c", &tb.addr_b, "-p", "7476", "-d", &dev], 7476, limit);
-        for r in [&s, &c] {
-            let sum = uiw_examples::parse_summary(&r.stdout).unwrap_or_else(|| panic!("{}: no summary\n{}\n{}", r.name, r.stdout, r.stderr));
-            assert!(sum.failed == 0 && sum.passed > 2000, "{}: {sum:?}: {:?}", r.name, uiw_examples::failures(&r.stdout));
-        }
-        assert_transport(&c, ta);
-        assert_transport(&s, tb_);
+        integrity_between(&tb, limit, (ta, tb_));
         println!("{test}: integrity in {:?}", t.elapsed());
     }
     for prog in ["ib_send_bw", "ib_write_bw", "ib_read_bw"] {
