@@ -102,12 +102,16 @@ check_all_sizes() {
 	[[ $rows -ge 23 ]] || { echo "client printed results for $rows of 23 sizes"; return 1; }
 }
 
+# The case name of TOOL in the pairing and MTU being run, and whether --only picks it.
+key() { echo "$trans_a-$trans_b-$mtu-$1"; }
+c() { [[ -z $only || "$(key "$1")" =~ $only ]]; }
+
 for mtu in $mtus; do
 	for pair in $pairs; do
 		trans_a=${pair%%:*} trans_b=${pair##*:}
 		want=0
 		for t in rc_pingpong rping integrity ib_write_bw ib_read_bw ib_send_bw ib_write_lat ib_read_lat ib_send_lat; do
-			[[ -z $only || "$trans_a-$trans_b-$mtu-$t" =~ $only ]] && want=1
+			c "$t" && want=1
 		done
 		[[ $want == 1 ]] || continue
 		echo "==> $trans_a (client) -> $trans_b (server), MTU $mtu" | tee -a "$out/cases.txt"
@@ -115,8 +119,6 @@ for mtu in $mtus; do
 			{ cat "$out/up-$trans_a-$trans_b-$mtu.log"; exit 1; }
 		eval "$("${tb[@]}" env)"
 		dev=$TB_DEV addr=$TB_ADDR_B
-		c() { [[ -z $only || "$trans_a-$trans_b-$mtu-$1" =~ $only ]]; }
-		key() { echo "$trans_a-$trans_b-$mtu-$1"; }
 		c rc_pingpong && run_pair "$(key rc_pingpong)" 18515 check_pingpong ibv_rc_pingpong -d "$dev" -g 0 -n 200 -s 16384 --chk \
 			-- ibv_rc_pingpong -d "$dev" -g 0 -n 200 -s 16384 --chk "$addr"
 		c rping && run_pair "$(key rping)" 7174 check_rping rping -s -a "$addr" -V -C 10 -- rping -c -a "$addr" -V -C 10 -v
