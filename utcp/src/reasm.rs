@@ -93,6 +93,20 @@ impl Reassembly {
         next
     }
 
+    /// How many contiguous ranges are held (what [`Reassembly::ranges`] would list, uncapped),
+    /// without building or ordering them.
+    pub fn range_count(&self) -> usize {
+        let mut n = 0;
+        let mut end = None;
+        for (&s, v) in &self.pieces {
+            if end != Some(s) {
+                n += 1;
+            }
+            end = Some(s + v.len() as u64);
+        }
+        n
+    }
+
     /// Contiguous ranges held, at most `n`, the most recently received first and then in the
     /// order they were last added to (RFC 2018 §4: the first block holds the segment that
     /// drew the ACK, the others repeat the most recently reported). Ascending order after the
@@ -166,5 +180,8 @@ mod tests {
         // of a segment that overlaps two pieces is the lower.
         assert_eq!(r.insert(35, b"abcdefghijklmnop"), Some((35, 40)));
         assert_eq!(r.ranges(3), vec![(30, 60), (10, 22), (70, 85)]);
+        assert_eq!(r.range_count(), 3);
+        r.insert(90, b"z");
+        assert_eq!(r.range_count(), r.ranges(usize::MAX).len());
     }
 }

@@ -1111,7 +1111,7 @@ impl Tcb {
     /// Bytes the SACK option takes in our next segment (as `base_header` builds it).
     fn sack_option_len(&self) -> usize {
         let max = TcpHeader::default().sack.len();
-        let n = if self.sack_ok { (usize::from(self.dsack.is_some()) + self.ooo.ranges(max).len()).min(max) } else { 0 };
+        let n = if self.sack_ok { (usize::from(self.dsack.is_some()) + self.ooo.range_count()).min(max) } else { 0 };
         if n == 0 {
             0
         } else {
