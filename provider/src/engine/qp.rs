@@ -911,7 +911,7 @@ impl Qp {
         self.sync_stats(inner);
         // What `shutdown` completes as flushed: send WRs still queued or held, receives.
         let held = inner.dp.link.as_ref().map_or(0, |l| l.held_successes());
-        self.stats.flushed(held + inner.dp.sq.len() + inner.dp.rq.values().filter(|e| !e.from_srq).count());
+        self.stats.flushed(held + inner.dp.sq.len() + inner.dp.rq.iter().filter(|(_, e)| !e.from_srq).count());
         let env = self.env(inner.attrs.qp_access_flags);
         if let Some(c) = inner.dp.shutdown(&env, true) {
             self.net.linger(c);

@@ -11,7 +11,7 @@
 //! buffer, so a stream of small messages costs one system call per batch). Completions follow the verbs rules: a send
 //! queue completion is released only once its last byte has been handed to TCP.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 
 use uiw_wire::conn::{Completion as WireCompletion, Connection, Event, Failure, SendFlags, State as ConnState, Tx, WcOpcode};
 use uiw_wire::placement::{Access, Memory, Placement};
@@ -29,8 +29,10 @@ use super::wr::{opcode, send_flags, Payload, PostError, RecvWqe, SendWqe, Sge};
 
 mod rx;
 mod tx;
+mod wr_table;
 
 use tx::Piece;
+pub use wr_table::WrTable;
 
 /// STags of the engine's own Read/Atomic sinks (a Read's local SGE list, an atomic's result
 /// buffer): never valid for a peer, which only ever names registered regions.
@@ -219,9 +221,8 @@ impl Link {
 /// A QP's work requests and its stream.
 #[derive(Default)]
 pub struct DataPath {
-    pub sq: BTreeMap<u64, SendEntry>,
-    pub rq: BTreeMap<u64, RecvEntry>,
-    next_id: u64,
+    pub sq: WrTable<SendEntry>,
+    pub rq: WrTable<RecvEntry>,
     sinks: HashMap<u32, u64>,
     pub link: Option<Link>,
     /// Connection-level news for connection management (rdma_cm).
@@ -274,7 +275,7 @@ struct Mem<'a> {
     qp_access: u32,
     user_mem: &'a dyn UserMemory,
     sinks: &'a HashMap<u32, u64>,
-    sq: &'a BTreeMap<u64, SendEntry>,
+    sq: &'a WrTable<SendEntry>,
 }
 
 fn tagged_error(e: AccessError) -> TaggedError {
@@ -294,7 +295,7 @@ impl Memory for Mem<'_> {
         let needed = match acc {
             Access::LocalWrite => {
                 let id = self.sinks.get(&stag).ok_or(TaggedError::InvalidStag)?;
-                let e = self.sq.get(id).ok_or(TaggedError::InvalidStag)?;
+                let e = self.sq.get(*id).ok_or(TaggedError::InvalidStag)?;
                 let end = to.checked_add(u64::from(len)).ok_or(TaggedError::ToWrap)?;
                 return if end <= total(&e.runs) { Ok(()) } else { Err(TaggedError::BaseBounds) };
             }
@@ -336,27 +337,22 @@ fn place_at(
     place: Placement,
     mrs: &MrTable,
     sinks: &HashMap<u32, u64>,
-    sq: &BTreeMap<u64, SendEntry>,
-    rq: &BTreeMap<u64, RecvEntry>,
+    sq: &WrTable<SendEntry>,
+    rq: &WrTable<RecvEntry>,
 ) -> Option<Span> {
     match place {
         Placement::Tagged { stag, to } => {
             if let Some(id) = sinks.get(&stag) {
-                return run_at(&sq.get(id)?.runs, to);
+                return run_at(&sq.get(*id)?.runs, to);
             }
             mrs.lookup(stag)?.span_from(to)
         }
-        Placement::Recv { wr_id, offset } => run_at(&rq.get(&wr_id).filter(|e| !e.bad)?.runs, u64::from(offset)),
+        Placement::Recv { wr_id, offset } => run_at(&rq.get(wr_id).filter(|e| !e.bad)?.runs, u64::from(offset)),
         Placement::Discard => None,
     }
 }
 
 impl DataPath {
-    fn next_id(&mut self) -> u64 {
-        self.next_id += 1;
-        self.next_id
-    }
-
     pub fn established(&self) -> bool {
         self.link.as_ref().is_some_and(|l| l.established)
     }
@@ -408,7 +404,7 @@ impl DataPath {
             }
             r => r,
         };
-        let id = self.next_id();
+        let id = self.sq.next_id();
         let Ok(runs) = runs else {
             env.send_cq.push(Completion {
                 wr_id: wqe.wr_id,
@@ -424,7 +420,8 @@ impl DataPath {
             self.sinks.insert(s, id);
             s
         });
-        self.sq.insert(id, SendEntry { wqe, runs, fed: false, sink });
+        let posted = self.sq.insert(SendEntry { wqe, runs, fed: false, sink });
+        debug_assert_eq!(posted, id);
         if !self.established() {
             return Ok(None);
         }
@@ -459,7 +456,7 @@ impl DataPath {
     /// only a Send that places bytes into it fails, with a Terminate (DDP catastrophic, as
     /// siw) and `IBV_WC_LOC_PROT_ERR`. A zero-length Send into it completes normally.
     pub fn post_recv(&mut self, env: &Env, wqe: RecvWqe, from_srq: bool) -> Option<Fatal> {
-        let id = self.next_id();
+        let id = self.rq.next_id();
         let len = wqe.sges.iter().map(|s| u64::from(s.length)).sum::<u64>().min(u64::from(u32::MAX)) as u32;
         // A receive from an SRQ was posted with the SRQ's protection domain, which may differ
         // from the QP's: its lkeys are checked against the SRQ's (as the kernel does).
@@ -481,7 +478,8 @@ impl DataPath {
         if let Some(l) = self.link.as_mut().filter(|l| l.established) {
             e.fed = l.conn.post_recv(id, len).is_ok();
         }
-        self.rq.insert(id, e);
+        let posted = self.rq.insert(e);
+        debug_assert_eq!(posted, id);
         None
     }
 
@@ -489,9 +487,9 @@ impl DataPath {
     fn feed_all(&mut self, env: &Env) -> Option<Fatal> {
         let l = self.link.as_mut()?;
         for (id, e) in self.rq.iter_mut().filter(|(_, e)| !e.fed) {
-            e.fed = l.conn.post_recv(*id, e.len).is_ok();
+            e.fed = l.conn.post_recv(id, e.len).is_ok();
         }
-        let ids: Vec<u64> = self.sq.iter().filter(|(_, e)| !e.fed).map(|(id, _)| *id).collect();
+        let ids: Vec<u64> = self.sq.iter().filter(|(_, e)| !e.fed).map(|(id, _)| id).collect();
         for id in ids {
             if let Some(f) = self.feed_send(env, id) {
                 return Some(f);
@@ -502,7 +500,7 @@ impl DataPath {
 
     fn feed_send(&mut self, env: &Env, id: u64) -> Option<Fatal> {
         let l = self.link.as_mut()?;
-        let e = self.sq.get_mut(&id)?;
+        let e = self.sq.get_mut(id)?;
         let w = &e.wqe;
         let len = w.payload.len() as u32;
         let c = &mut l.conn;
@@ -534,7 +532,7 @@ impl DataPath {
             Err(_) => {
                 // The peer did not negotiate RFC 7306 (or the opcode has no iWARP message):
                 // complete in error here rather than draw a Terminate from the peer.
-                let e = self.sq.remove(&id)?;
+                let e = self.sq.remove(id)?;
                 if let Some(s) = e.sink {
                     self.sinks.remove(&s);
                 }
@@ -594,7 +592,7 @@ impl DataPath {
 
     fn complete(&mut self, env: &Env, c: WireCompletion) {
         if c.is_recv() {
-            let Some(e) = self.rq.remove(&c.wr_id) else {
+            let Some(e) = self.rq.remove(c.wr_id) else {
                 return;
             };
             let mut out = Completion {
@@ -616,7 +614,7 @@ impl DataPath {
             env.recv_cq.push(out);
             return;
         }
-        let Some(e) = self.sq.remove(&c.wr_id) else {
+        let Some(e) = self.sq.remove(c.wr_id) else {
             return;
         };
         if let Some(s) = e.sink {
@@ -711,12 +709,12 @@ impl DataPath {
             closing = Some(Closing { stream: l.stream, bytes: tail });
         }
         self.sinks.clear();
-        for (_, e) in std::mem::take(&mut self.sq) {
+        for e in self.sq.take_all() {
             if deliver {
                 env.send_cq.push(e.wqe.flushed(env.qpn));
             }
         }
-        for (_, e) in std::mem::take(&mut self.rq) {
+        for e in self.rq.take_all() {
             match (e.from_srq, env.srq) {
                 (true, Some(srq)) => srq.give_back(e.wqe),
                 _ if deliver => env.recv_cq.push(e.wqe.flushed(env.qpn)),

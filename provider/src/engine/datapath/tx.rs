@@ -2,7 +2,6 @@
 //! straight from registered memory (zero copy), send completions held until their last byte
 //! has been handed to TCP.
 
-use std::collections::BTreeMap;
 use std::io;
 
 use uiw_wire::conn::Tx;
@@ -10,7 +9,7 @@ use uiw_wire::placement::Source;
 
 use super::super::mr::Span;
 use super::super::user_memory::IoPart;
-use super::{run_at, DataPath, Env, Fatal, Link, SendEntry, TX_BYTES, TX_COPY_MAX, TX_PIECES};
+use super::{run_at, DataPath, Env, Fatal, Link, SendEntry, WrTable, TX_BYTES, TX_COPY_MAX, TX_PIECES};
 use crate::engine::wr::Payload;
 
 /// One piece of the transmit backlog.
@@ -181,10 +180,10 @@ pub(super) fn release_held(l: &mut Link, env: &Env) {
 }
 
 /// The pieces of `len` payload bytes at `src`.
-fn source_pieces(sq: &BTreeMap<u64, SendEntry>, env: &Env, src: Source, len: usize, out: &mut Vec<Piece>) -> Result<(), SourceGone> {
+fn source_pieces(sq: &WrTable<SendEntry>, env: &Env, src: Source, len: usize, out: &mut Vec<Piece>) -> Result<(), SourceGone> {
     match src {
         Source::Wr { wr_id, offset } => {
-            let Some(e) = sq.get(&wr_id) else {
+            let Some(e) = sq.get(wr_id) else {
                 // The protocol core only names WRs it was given and has not completed.
                 out.push(Piece::Own(vec![0; len]));
                 return Ok(());
@@ -237,7 +236,7 @@ fn checksum(env: &Env, pieces: &[Piece], crc: &mut uiw_wire::crc::Crc32c) -> Res
 }
 
 /// A small payload copied into `buf` (sent beside its header, see `TX_COPY_MAX`).
-fn gather(sq: &BTreeMap<u64, SendEntry>, env: &Env, src: Source, buf: &mut [u8]) -> Result<(), SourceGone> {
+fn gather(sq: &WrTable<SendEntry>, env: &Env, src: Source, buf: &mut [u8]) -> Result<(), SourceGone> {
     let mut pieces = Vec::new();
     source_pieces(sq, env, src, buf.len(), &mut pieces)?;
     let mut at = 0usize;
