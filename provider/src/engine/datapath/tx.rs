@@ -4,11 +4,12 @@
 
 use std::io;
 
+use smallvec::SmallVec;
 use uiw_wire::conn::Tx;
 use uiw_wire::placement::Source;
 
 use super::super::mr::Span;
-use super::super::user_memory::IoPart;
+use super::super::user_memory::{IoPart, Pinned};
 use super::{run_at, DataPath, Env, Fatal, Link, SendEntry, WrTable, TX_BYTES, TX_COPY_MAX, TX_PIECES};
 use crate::engine::wr::Payload;
 
@@ -38,6 +39,9 @@ impl Piece {
     }
 }
 
+/// A payload's pieces: most are one or two runs of memory, kept off the heap.
+type Pieces = SmallVec<[Piece; 4]>;
+
 /// The memory a transmit unit names is gone (deregistered since the request was checked).
 #[derive(Debug)]
 struct SourceGone;
@@ -65,10 +69,11 @@ impl DataPath {
                         // copied (cheaper than an iovec entry and a pin); a larger one is sent
                         // from registered memory, with CRC too: the checksum reads it in place.
                         let payload = if n <= TX_COPY_MAX {
-                            let mut buf = vec![0u8; n];
-                            gather(&self.sq, env, s.source, &mut buf).map(|()| vec![Piece::Own(buf)])
+                            let mut buf = l.buffer(TX_COPY_MAX);
+                            buf.resize(n, 0);
+                            gather(&self.sq, env, s.source, &mut buf).map(|()| smallvec::smallvec![Piece::Own(buf)])
                         } else {
-                            let mut pieces = Vec::new();
+                            let mut pieces = Pieces::new();
                             source_pieces(&self.sq, env, s.source, n, &mut pieces).map(|()| pieces)
                         };
                         let framed = payload.and_then(|pieces| {
@@ -86,7 +91,10 @@ impl DataPath {
                                 l.push_bytes(s.header.as_slice());
                                 for p in pieces {
                                     match p {
-                                        Piece::Own(b) => l.push_bytes(&b),
+                                        Piece::Own(b) => {
+                                            l.push_bytes(&b);
+                                            l.recycle(b);
+                                        }
                                         Piece::User(s) => l.push_user(s),
                                     }
                                 }
@@ -109,7 +117,7 @@ impl DataPath {
             // deregistered after its piece was queued (the application freed memory of a WR in
             // flight) cannot be sent from: the FPDU it is part of may be half out, so the
             // stream ends (the peer sees it lost, our WRs are flushed).
-            let mut pins = Vec::with_capacity(IOV_MAX);
+            let mut pins: SmallVec<[Option<Pinned>; 8]> = SmallVec::new();
             for (i, p) in l.tx.iter().take(IOV_MAX).enumerate() {
                 let skip = if i == 0 { l.tx_skip } else { 0 };
                 pins.push(match p {
@@ -124,7 +132,7 @@ impl DataPath {
                     _ => None,
                 });
             }
-            let parts: Vec<IoPart<'_>> = l
+            let parts: SmallVec<[IoPart<'_>; 8]> = l
                 .tx
                 .iter()
                 .zip(&pins)
@@ -145,7 +153,9 @@ impl DataPath {
                         let left = l.tx.front().map(|p| p.len() - l.tx_skip).unwrap_or(0);
                         if n >= left {
                             n -= left;
-                            l.tx.pop_front();
+                            if let Some(Piece::Own(v)) = l.tx.pop_front() {
+                                l.recycle(v);
+                            }
                             l.tx_skip = 0;
                         } else {
                             l.tx_skip += n;
@@ -180,7 +190,7 @@ pub(super) fn release_held(l: &mut Link, env: &Env) {
 }
 
 /// The pieces of `len` payload bytes at `src`.
-fn source_pieces(sq: &WrTable<SendEntry>, env: &Env, src: Source, len: usize, out: &mut Vec<Piece>) -> Result<(), SourceGone> {
+fn source_pieces(sq: &WrTable<SendEntry>, env: &Env, src: Source, len: usize, out: &mut Pieces) -> Result<(), SourceGone> {
     match src {
         Source::Wr { wr_id, offset } => {
             let Some(e) = sq.get(wr_id) else {
@@ -237,7 +247,7 @@ fn checksum(env: &Env, pieces: &[Piece], crc: &mut uiw_wire::crc::Crc32c) -> Res
 
 /// A small payload copied into `buf` (sent beside its header, see `TX_COPY_MAX`).
 fn gather(sq: &WrTable<SendEntry>, env: &Env, src: Source, buf: &mut [u8]) -> Result<(), SourceGone> {
-    let mut pieces = Vec::new();
+    let mut pieces = Pieces::new();
     source_pieces(sq, env, src, buf.len(), &mut pieces)?;
     let mut at = 0usize;
     for p in pieces {
