@@ -54,10 +54,7 @@ impl DataPath {
     fn pump_rx(&mut self, env: &Env) -> (bool, Option<Fatal>) {
         let mut budget = RX_BUDGET;
         if let Some(l) = self.link.as_mut() {
-            // The last read found the stream empty: read again only if something may have
-            // come since (a poller's pump asks the stream instead of a read that would only
-            // say `WouldBlock`; see `Stream::may_have_input`).
-            l.drained = l.drained && !l.peer_hup && !l.stream.may_have_input();
+            l.drained = false;
         }
         loop {
             if budget == 0 {
@@ -185,11 +182,7 @@ impl DataPath {
                 // spinning.
                 Ok(0) => return (false, self.drain_events(env)),
                 Ok(n) => budget = budget.saturating_sub(n),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    // Empty: as after a short read, the next pump asks the stream first.
-                    l.drained = !l.peer_hup;
-                    return (false, self.drain_events(env));
-                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return (false, self.drain_events(env)),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     crate::engine::debug::why(format_args!("stream read failed: {e}"));

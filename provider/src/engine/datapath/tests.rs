@@ -252,35 +252,6 @@ fn send_write_read_at_odd_boundaries() {
     }
 }
 
-/// A stream found empty is not read again until it says something came
-/// (`Stream::may_have_input`): a thread that polls an idle QP makes no receive that would only
-/// say `WouldBlock` — on the kernel's TCP such a `recv` costs twice the readiness probe that
-/// replaces it. What arrives afterwards is read by the next pump.
-#[test]
-fn an_idle_stream_is_probed_not_read() {
-    let mem = Arena::new(ARENA);
-    let (a_addr, b_addr) = (BASE, BASE + (ARENA / 2) as u64);
-    let mut a = Side::new(a_addr, (ARENA / 2) as u64);
-    let mut b = Side::new(b_addr, (ARENA / 2) as u64);
-    let (a_to_b, _) = connect(&mem, &mut a, &mut b, 64 << 10, Crc::Off);
-    let recv = RecvWqe { wr_id: 9, sges: vec![Sge { addr: b_addr, length: 64, lkey: b.mr.stag }] };
-    assert_eq!(b.with(&mem, |dp, env| dp.post_recv(env, recv, false)), None);
-    b.pump(&mem);
-    let before = a_to_b.empty_reads();
-    for _ in 0..100 {
-        b.pump(&mem);
-    }
-    assert_eq!(a_to_b.empty_reads(), before, "pumps of an idle stream read it");
-    mem.set(a_addr, b"after the quiet");
-    let wqe = send_wqe(1, opcode::SEND, Sge { addr: a_addr, length: 15, lkey: a.mr.stag }, 0, 0);
-    a.post_send(&mem, wqe);
-    b.pump(&mem);
-    let got = Side::completions(&b.rcq);
-    assert_eq!(got.len(), 1, "the Send that came after the quiet is read by the next pump");
-    assert_eq!((got[0].wr_id, got[0].byte_len), (9, 15));
-    assert_eq!(mem.get(b_addr, 15), b"after the quiet");
-}
-
 /// The peer's FIN is acted on by the pump that reads it, with no deadline to wait for: the
 /// Send that arrived before it completes first, that pump reports `Fatal::Closed`, and the
 /// flushes of the remaining receives come out of the CQ in a poll of their own (an

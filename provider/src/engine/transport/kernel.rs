@@ -8,8 +8,6 @@ use std::net::{SocketAddr, SocketAddrV4, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
-use uiw_kabi::sys::{Epoll, EPOLL_INPUT_EDGE};
-
 use super::peer_timeout_ms;
 use super::stream::{Connector, Listener, Stream};
 use crate::engine::user_memory::{IoPart, Pinned, UserMemory};
@@ -18,13 +16,6 @@ use crate::engine::user_memory::{IoPart, Pinned, UserMemory};
 pub struct KernelStream {
     sock: TcpStream,
     mss: usize,
-    /// The socket's arrivals, edge-triggered, in an epoll instance of its own: what a thread
-    /// that polls the QP asks before a `recv` once the last one found the socket empty (see
-    /// [`Stream::may_have_input`]). A `recv` on an empty socket takes the socket's lock and
-    /// costs twice this probe; SPDK's initiator and target reactor made ten such `recv`s per
-    /// I/O over uiw, where its own NVMe/TCP asks `epoll_wait` once per poll. `None` if the
-    /// instance could not be made (every poll then reads).
-    probe: Option<Epoll>,
 }
 
 impl KernelStream {
@@ -34,8 +25,7 @@ impl KernelStream {
         sock.set_nodelay(true)?;
         uiw_kabi::sys::set_peer_timeout(&sock, peer_timeout_ms().min(u64::from(u32::MAX)) as u32)?;
         let mss = uiw_kabi::sys::tcp_maxseg(&sock).unwrap_or(1460) as usize;
-        let probe = Epoll::new().ok().filter(|e| e.add(sock.as_raw_fd(), 0, EPOLL_INPUT_EDGE).is_ok());
-        Ok(KernelStream { sock, mss, probe })
+        Ok(KernelStream { sock, mss })
     }
 }
 
@@ -81,10 +71,6 @@ impl Stream for KernelStream {
 
     fn readiness(&self) -> RawFd {
         self.sock.as_raw_fd()
-    }
-
-    fn may_have_input(&mut self) -> bool {
-        self.probe.as_ref().map_or(true, |p| p.ready_now().unwrap_or(true))
     }
 }
 

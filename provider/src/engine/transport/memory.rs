@@ -18,8 +18,6 @@ struct Pipe {
     bytes: VecDeque<u8>,
     /// The writer shut its direction down.
     fin: bool,
-    /// Receives that found nothing to take (`WouldBlock`).
-    empty_reads: usize,
 }
 
 /// One end of an in-memory stream.
@@ -47,11 +45,6 @@ impl Tap {
     /// The bytes in flight.
     pub fn bytes(&self) -> Vec<u8> {
         self.0.lock().unwrap().bytes.iter().copied().collect()
-    }
-
-    /// How many receives of the other end found nothing in flight (said `WouldBlock`).
-    pub fn empty_reads(&self) -> usize {
-        self.0.lock().unwrap().empty_reads
     }
 
     /// Flips the bits of `mask` in the `at`-th byte in flight; false if fewer are in flight.
@@ -98,7 +91,6 @@ impl MemStream {
         let mut p = self.rx.lock().unwrap();
         let k = n.min(self.max_io).min(p.bytes.len());
         if k == 0 && !p.fin && n > 0 {
-            p.empty_reads += 1;
             return None;
         }
         Some(p.bytes.drain(..k).collect())
@@ -183,12 +175,5 @@ impl Stream for MemStream {
     /// No progress thread serves it: the test drives both ends.
     fn readiness(&self) -> RawFd {
         self.readiness
-    }
-
-    /// Whether bytes or the end of the stream wait: exact, and `true` after a short read
-    /// that left bytes (reads here are short at every `max_io`, not only when empty).
-    fn may_have_input(&mut self) -> bool {
-        let p = self.rx.lock().unwrap();
-        !p.bytes.is_empty() || p.fin
     }
 }

@@ -59,15 +59,6 @@ pub trait Stream: Send {
     /// The descriptor the progress thread waits on, edge-triggered (see the module doc).
     fn readiness(&self) -> RawFd;
 
-    /// After a receive came back short: whether anything (bytes, the end of the stream, an
-    /// error) may have arrived since. `false` only when the stream knows nothing did; a
-    /// thread that polls then skips a receive that would only say `WouldBlock`. Each call
-    /// that says `true` answers for the arrivals before it: the next says `true` again only
-    /// for later ones. A stream that cannot tell says `true` (the default).
-    fn may_have_input(&mut self) -> bool {
-        true
-    }
-
     /// In a forked child: lets go of the parent's stream without touching anything the
     /// parent's threads may have held locked at the fork, and without ending the parent's
     /// connection. A kernel socket just closes this process's descriptor (the default).
