@@ -106,7 +106,9 @@ ROWS
                                other uiw row and the sweep run with UIW_CRC=0.
     write_bw_64                ib_write_bw -s 64: message rate against 64-byte TCP writes
     write_bw_64_q4             ib_write_bw -s 64 -q 4 against four such TCP streams
-    write_bw_64k_q2            ib_write_bw -s 65536 -q 2 against two TCP streams
+    write_bw_64k_q2            ib_write_bw -s 65536 -q 2 against two TCP streams, and
+                               (information) the same two streams served by one thread
+                               per side, as perftest and uiw serve its two QPs
     write_lat send_lat         ib_write_lat / ib_send_lat -s 8 -n iters, t_typical
                                (median) of the half round trip
     read_bw_64k read_bw_1m     ib_read_bw, informational

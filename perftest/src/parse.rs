@@ -571,6 +571,8 @@ mod tests {
     fn tcpbench_lines() {
         let bw = include_str!("../fixtures/tcpbench_bw_1m.txt");
         assert_eq!(tcpbench_bw(bw).unwrap(), 9.182);
+        let one = include_str!("../fixtures/tcpbench_bw_2streams_1thread.txt");
+        assert_eq!(tcpbench_bw(one).unwrap(), 4.454);
         let pp = include_str!("../fixtures/tcpbench_pp_8_busy.txt");
         assert_eq!(tcpbench_pp(pp).unwrap(), 1.30);
         let pp = include_str!("../fixtures/tcpbench_pp_8_blocking.txt");

@@ -36,9 +36,13 @@ pub enum Kind {
         prog: &'static str,
     },
     TcpBw,
-    /// `tcpbench bw -n STREAMS`: that many TCP streams at once, summed at the receivers.
+    /// `tcpbench bw -n STREAMS`: that many TCP streams at once, summed at the receivers; with
+    /// `one_thread` (`-1`), one thread per side serves them all, as perftest's one posting
+    /// thread and uiw's one progress thread do (else a thread per stream and side, which the
+    /// scheduler may pair up on one CPU each).
     TcpBwN {
         streams: u32,
+        one_thread: bool,
     },
     /// A perftest bandwidth program over uiw with `-q QPS` (that many QPs at once).
     PerftestQ {
@@ -149,7 +153,8 @@ impl Probe {
             }
             Kind::VethTcpBw => "veth.tcp.bw",
             Kind::VethTcpPp => "veth.tcp.pp_busy",
-            Kind::TcpBwN { streams } => return format!("tcp.bw_{streams}streams.{}", self.size),
+            Kind::TcpBwN { streams, one_thread: false } => return format!("tcp.bw_{streams}streams.{}", self.size),
+            Kind::TcpBwN { streams, one_thread: true } => return format!("tcp.bw_{streams}streams_1thread.{}", self.size),
             Kind::TcpBw => "tcp.bw",
             Kind::TcpPp => "tcp.pp_busy",
             Kind::Iperf3 => "tcp.iperf3",
@@ -175,7 +180,10 @@ impl Probe {
             Kind::Perftest { prog } => format!("uiw {prog} {s}"),
             Kind::PerftestCrc { prog } => format!("uiw {prog} {s}, MPA CRC on (UIW_CRC=1)"),
             Kind::PerftestQ { prog, qps } => format!("uiw {prog} -q {qps} {s}"),
-            Kind::TcpBwN { streams } => format!("TCP {streams} streams {s} (tcpbench bw -n {streams})"),
+            Kind::TcpBwN { streams, one_thread: false } => format!("TCP {streams} streams {s} (tcpbench bw -n {streams})"),
+            Kind::TcpBwN { streams, one_thread: true } => {
+                format!("TCP {streams} streams {s}, one thread per side (tcpbench bw -n {streams} -1)")
+            }
             Kind::TcpBw => format!("TCP single stream {s} (tcpbench bw)"),
             Kind::TcpPp => format!("TCP busy-poll ping-pong {s} (tcpbench pp -b)"),
             Kind::Iperf3 => format!("TCP iperf3 -l {s}"),
@@ -482,8 +490,11 @@ impl Probe {
                     .cmd(&ctx.tcpbench.display().to_string())
                     .arg(if self.kind == Kind::TcpPp { "pp" } else { "bw" })
                     .args(["-s", &size, "-t", &secs_arg(len.secs), "-p", &p]);
-                if let Kind::TcpBwN { streams } = self.kind {
+                if let Kind::TcpBwN { streams, one_thread } = self.kind {
                     c = c.args(["-n", &streams.to_string()]);
+                    if one_thread {
+                        c = c.arg("-1");
+                    }
                 }
                 if self.kind == Kind::TcpPp {
                     c = c.arg("-b");

@@ -125,7 +125,7 @@ fn multi_rows() -> Vec<Row> {
             name: "write_bw_64_q4".into(),
             uiw: q(4, 64),
             peers: vec![
-                peer(Kind::TcpBwN { streams: 4 }, 64, Some(Target::AtLeast(1.0))),
+                peer(Kind::TcpBwN { streams: 4, one_thread: false }, 64, Some(Target::AtLeast(1.0))),
                 peer(Kind::TcpBw, 64, None),
             ],
             bound: None,
@@ -134,7 +134,15 @@ fn multi_rows() -> Vec<Row> {
         Row {
             name: "write_bw_64k_q2".into(),
             uiw: q(2, KIB64),
-            peers: vec![peer(Kind::TcpBwN { streams: 2 }, KIB64, Some(Target::AtLeast(0.9)))],
+            // The second peer moves the same bytes with uiw's threads: one sender, one
+            // receiver. Two TCP streams with a thread per stream and side run about three
+            // times faster on two CPUs (the scheduler puts each stream's sender and receiver
+            // on one CPU, where the bytes stay in its cache); one thread per side, like
+            // perftest's posting thread and the target's progress thread, cannot.
+            peers: vec![
+                peer(Kind::TcpBwN { streams: 2, one_thread: false }, KIB64, Some(Target::AtLeast(0.9))),
+                peer(Kind::TcpBwN { streams: 2, one_thread: true }, KIB64, None),
+            ],
             bound: None,
             opt_in: false,
         },
@@ -343,8 +351,10 @@ mod tests {
         assert_eq!(rows[3].uiw.size, 64);
         assert_eq!(rows[3].peers[0].target, Some(Target::AtLeast(1.0)));
         assert_eq!(rows[4].uiw.kind, Kind::PerftestQ { prog: "ib_write_bw", qps: 4 });
-        assert_eq!(rows[4].peers[0].probe.kind, Kind::TcpBwN { streams: 4 });
+        assert_eq!(rows[4].peers[0].probe.kind, Kind::TcpBwN { streams: 4, one_thread: false });
         assert_eq!(rows[5].peers[0].target, Some(Target::AtLeast(0.9)));
+        assert_eq!(rows[5].peers[1].probe.kind, Kind::TcpBwN { streams: 2, one_thread: true });
+        assert_eq!(rows[5].peers[1].target, None, "the same-threads TCP figure is a reference, not a target");
         let l = &rows[7];
         assert_eq!(l.peers[0].target, Some(Target::AtMost(1.2)));
         assert_eq!(l.peers[1].target, Some(Target::Below(1.0)));
