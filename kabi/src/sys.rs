@@ -207,6 +207,35 @@ impl Epoll {
     }
 }
 
+/// Whether a blocking `read(2)` interrupted by a signal now would be restarted: `signal(7)`
+/// restarts it after a handler installed with `SA_RESTART` and fails it with `EINTR` after
+/// one without. Which signal it was is not known here, so one caught signal without
+/// `SA_RESTART` makes the answer `false` (what a program that breaks out of a blocking read
+/// with `alarm()` and a plain handler — qperf — relies on). The signals a faulting
+/// instruction raises (Rust's runtime catches SIGSEGV and SIGBUS without `SA_RESTART`) never
+/// interrupt a read and are not looked at.
+pub fn interrupted_reads_restart() -> bool {
+    const NEVER_INTERRUPT: [libc::c_int; 8] =
+        [libc::SIGKILL, libc::SIGSTOP, libc::SIGSEGV, libc::SIGBUS, libc::SIGILL, libc::SIGFPE, libc::SIGTRAP, libc::SIGSYS];
+    for sig in 1..=libc::SIGRTMAX() {
+        if NEVER_INTERRUPT.contains(&sig) {
+            continue;
+        }
+        // SAFETY: sigaction is plain data; all-zero is a valid value to be overwritten.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: a query only (no new action); `old` is a valid out pointer. Signals glibc
+        // keeps for itself answer EINVAL and are skipped.
+        if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } != 0 {
+            continue;
+        }
+        let caught = old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN;
+        if caught && old.sa_flags & libc::SA_RESTART == 0 {
+            return false;
+        }
+    }
+    true
+}
+
 /// A one-shot `timerfd` on `CLOCK_MONOTONIC` (non-blocking, close-on-exec): readable once
 /// the time it was armed for has come, until [`TimerFd::drain`]. What a thread that sleeps in
 /// epoll is woken by when a deadline is set by another thread, without that thread waking it.
@@ -324,6 +353,31 @@ pub fn tcp_connect_start(addr: std::net::SocketAddrV4) -> io::Result<std::net::T
 mod epoll_tests {
     use super::*;
     use std::io::Write;
+
+    extern "C" fn ignore(_: libc::c_int) {}
+
+    fn catch_usr2(flags: libc::c_int) {
+        // SAFETY: sigaction is plain data; the handler is a valid extern "C" fn.
+        unsafe {
+            let mut a: libc::sigaction = std::mem::zeroed();
+            a.sa_sigaction = ignore as usize;
+            a.sa_flags = flags;
+            assert_eq!(libc::sigaction(libc::SIGUSR2, &a, std::ptr::null_mut()), 0);
+        }
+    }
+
+    /// A handler with SA_RESTART restarts a read it interrupts; one without makes it fail with
+    /// EINTR (signal(7)), so one such handler decides for all.
+    #[test]
+    fn reads_restart_unless_a_handler_lacks_sa_restart() {
+        catch_usr2(libc::SA_RESTART);
+        assert!(interrupted_reads_restart(), "only restarting handlers (and the runtime's fault handlers)");
+        catch_usr2(0);
+        assert!(!interrupted_reads_restart(), "SIGUSR2's handler does not restart");
+        // SAFETY: back to the default action.
+        unsafe { libc::signal(libc::SIGUSR2, libc::SIG_DFL) };
+        assert!(interrupted_reads_restart());
+    }
 
     /// What the engine's ownership lease relies on: an edge-triggered socket modified to no
     /// interest reports nothing while data arrives, and modified back it reports the data
