@@ -1,7 +1,7 @@
 /* uiw_preload.h - C interface of libuiw_preload.so, the LD_PRELOAD shim that
  * `uiw run` starts programs with.
  *
- * The shim interposes socket(), write(), close(), dup2(), dup3() and
+ * The shim interposes socket(), write(), read(), close(), dup2(), dup3() and
  * close_range():
  *
  *  - socket(AF_NETLINK, *, NETLINK_RDMA) fails with EPROTONOSUPPORT while the
@@ -20,8 +20,15 @@
  *    at `response` and returns 16, as the kernel would (libibverbs fails the
  *    call unless write() returns exactly the length it wrote).
  *
+ *  - read() on a file descriptor registered with
+ *    uiw_preload_register_read_fd_v1() calls that handler the same way. The
+ *    provider registers each completion channel's fd: ibv_get_cq_event()
+ *    read()s it, and while the read blocks the provider serves the QPs of the
+ *    channel's CQs in the reading thread (one wake-up per message instead of
+ *    the progress thread's and then the reader's).
+ *
  *  - close(), dup2()/dup3() onto, and close_range() over a registered fd
- *    unregister it (then do the real thing).
+ *    unregister it (then do the real thing), from both tables.
  *
  * The provider should not link against the shim: look the functions up at
  * run time, and treat their absence as "not running under uiw run":
@@ -33,8 +40,8 @@
  * Names carry a version suffix; an incompatible change gets a new name and the
  * old one stays.
  *
- * Concurrency: registration is serialised internally; the write() path is
- * lock-free (one atomic load when nothing is registered). The handler and ctx
+ * Concurrency: registration is serialised internally; the write() and read()
+ * paths are lock-free (one atomic load when nothing is registered). The handler and ctx
  * must stay valid until uiw_preload_unregister_cmd_fd_v1() (or close()) of the
  * fd returns and no write() on the fd is in flight. fds closed behind the
  * shim's back (fclose() of a FILE, raw syscalls) are not seen: unregister
@@ -66,6 +73,23 @@ void uiw_preload_unregister_cmd_fd_v1(int fd);
 typedef int (*uiw_preload_register_cmd_fd_v1_fn)(int fd, uiw_cmd_handler_v1 h,
 						 void *ctx);
 typedef void (*uiw_preload_unregister_cmd_fd_v1_fn)(int fd);
+
+/* Called for read(fd, buf, len) on a fd registered below; its return value is
+ * read()'s. */
+typedef ssize_t (*uiw_read_handler_v1)(void *ctx, int fd, void *buf,
+				       size_t len);
+
+/* Register h(ctx, ...) for read() on fd; returns as
+ * uiw_preload_register_cmd_fd_v1(). The read and write tables are apart: a fd
+ * may be in both. */
+int uiw_preload_register_read_fd_v1(int fd, uiw_read_handler_v1 h, void *ctx);
+
+/* Forget fd's read() handler; a no-op when fd is not registered. */
+void uiw_preload_unregister_read_fd_v1(int fd);
+
+typedef int (*uiw_preload_register_read_fd_v1_fn)(int fd, uiw_read_handler_v1 h,
+						  void *ctx);
+typedef void (*uiw_preload_unregister_read_fd_v1_fn)(int fd);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,6 @@
 //! `libuiw_preload.so`: the LD_PRELOAD shim `uiw run` starts programs with.
 //!
-//! It does three things, and nothing else:
+//! It does four things, and nothing else:
 //!
 //! 1. `socket(AF_NETLINK, *, NETLINK_RDMA)` fails with `EPROTONOSUPPORT` while
 //!    `SYSFS_PATH` is set, so libibverbs falls back to the sysfs-shaped tree
@@ -11,7 +11,12 @@
 //!    [`uiw_preload_register_cmd_fd_v1`]; `write()` on a registered fd calls the
 //!    provider's handler synchronously and returns its result. `close()`,
 //!    `dup2()`, `dup3()` and `close_range()` over a registered fd unregister it.
-//! 3. Rootless mode ([`redirect`]): `/sys/class/infiniband{,_verbs}` read from the
+//! 3. Completion-channel reads: the provider registers each completion channel's fd
+//!    with [`uiw_preload_register_read_fd_v1`]; `read()` on it (what
+//!    `ibv_get_cq_event` does) calls the provider's handler, which serves the channel's
+//!    QPs in the reading thread while it waits for an event — one wake-up per message
+//!    instead of the progress thread's and then the application's. Unregistered as in 2.
+//! 4. Rootless mode ([`redirect`]): `/sys/class/infiniband{,_verbs}` read from the
 //!    published tree, and an absent `/dev/infiniband/uverbsN` of a uiw device answered
 //!    by `/dev/null`, so no node (and no root) is needed.
 //!
@@ -29,6 +34,8 @@ use libc::{size_t, ssize_t};
 
 /// `typedef ssize_t (*uiw_cmd_handler_v1)(void *ctx, int fd, const void *buf, size_t len);`
 pub type UiwCmdHandlerV1 = unsafe extern "C" fn(ctx: *mut c_void, fd: c_int, buf: *const c_void, len: size_t) -> ssize_t;
+/// `typedef ssize_t (*uiw_read_handler_v1)(void *ctx, int fd, void *buf, size_t len);`
+pub type UiwReadHandlerV1 = unsafe extern "C" fn(ctx: *mut c_void, fd: c_int, buf: *mut c_void, len: size_t) -> ssize_t;
 
 const NETLINK_RDMA: c_int = 20;
 
@@ -43,16 +50,143 @@ const ZU: AtomicUsize = AtomicUsize::new(0);
 #[allow(clippy::declare_interior_mutable_const)]
 const NEG: AtomicI32 = AtomicI32::new(-1);
 
-/// Handler function pointers (0 = not registered) and their contexts, by fd.
-static HANDLER: [AtomicUsize; DIRECT] = [ZU; DIRECT];
-static CTX: [AtomicUsize; DIRECT] = [ZU; DIRECT];
-static OV_FD: [AtomicI32; OVERFLOW] = [NEG; OVERFLOW];
-static OV_HANDLER: [AtomicUsize; OVERFLOW] = [ZU; OVERFLOW];
-static OV_CTX: [AtomicUsize; OVERFLOW] = [ZU; OVERFLOW];
-/// Number of registered fds: while 0, write() and close() go straight through.
-static COUNT: AtomicUsize = AtomicUsize::new(0);
-/// Serialises registrations (never taken on the write or close path).
+/// Handlers by fd: function pointers (0 = not registered) and their contexts. One table for
+/// write(2) (command fds), one for read(2) (completion channels).
+struct Registry {
+    handler: [AtomicUsize; DIRECT],
+    ctx: [AtomicUsize; DIRECT],
+    ov_fd: [AtomicI32; OVERFLOW],
+    ov_handler: [AtomicUsize; OVERFLOW],
+    ov_ctx: [AtomicUsize; OVERFLOW],
+    /// Number of registered fds: while 0, the interposed call and close() go straight through.
+    count: AtomicUsize,
+}
+
+impl Registry {
+    const fn new() -> Registry {
+        Registry {
+            handler: [ZU; DIRECT],
+            ctx: [ZU; DIRECT],
+            ov_fd: [NEG; OVERFLOW],
+            ov_handler: [ZU; OVERFLOW],
+            ov_ctx: [ZU; OVERFLOW],
+            count: ZU,
+        }
+    }
+
+    /// Whether any fd is registered (one relaxed load: the hot path of every call).
+    fn any(&self) -> bool {
+        self.count.load(Ordering::Relaxed) != 0
+    }
+
+    /// The handler (as stored) and context of `fd`.
+    fn lookup(&self, fd: c_int) -> Option<(usize, *mut c_void)> {
+        if fd < 0 {
+            return None;
+        }
+        let (h, c) = if (fd as usize) < DIRECT {
+            let i = fd as usize;
+            let h = self.handler[i].load(Ordering::Acquire);
+            (h, self.ctx[i].load(Ordering::Acquire))
+        } else {
+            let mut found = (0, 0);
+            for i in 0..OVERFLOW {
+                if self.ov_fd[i].load(Ordering::Acquire) == fd {
+                    found = (self.ov_handler[i].load(Ordering::Acquire), self.ov_ctx[i].load(Ordering::Acquire));
+                    break;
+                }
+            }
+            found
+        };
+        (h != 0).then_some((h, c as *mut c_void))
+    }
+
+    /// Registers handler `h` (a function pointer, non-zero) with `ctx` for `fd`; 0 or an errno
+    /// value (see `uiw_preload_register_cmd_fd_v1`).
+    fn register(&self, fd: c_int, h: usize, ctx: *mut c_void) -> c_int {
+        if fd < 0 {
+            return libc::EBADF;
+        }
+        let _g = RegGuard::lock();
+        if self.lookup(fd).is_some() {
+            return libc::EBUSY;
+        }
+        if (fd as usize) < DIRECT {
+            let i = fd as usize;
+            self.ctx[i].store(ctx as usize, Ordering::Release);
+            self.handler[i].store(h, Ordering::Release);
+        } else {
+            let Some(i) = (0..OVERFLOW).find(|&i| self.ov_fd[i].load(Ordering::Relaxed) == -1) else {
+                return libc::ENOSPC;
+            };
+            self.ov_handler[i].store(h, Ordering::Release);
+            self.ov_ctx[i].store(ctx as usize, Ordering::Release);
+            self.ov_fd[i].store(fd, Ordering::Release);
+        }
+        self.count.fetch_add(1, Ordering::AcqRel);
+        0
+    }
+
+    /// Forgets `fd`'s handler (no-op if none). Lock-free and async-signal-safe (atomic swaps
+    /// only): `close()` calls it, and close is on POSIX's list of functions a signal handler
+    /// may call. Only registration takes `REG_LOCK`; a racing unregistration of the same fd is
+    /// decided by the swap.
+    fn unregister(&self, fd: c_int) {
+        if fd < 0 || self.count.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        if (fd as usize) < DIRECT {
+            let i = fd as usize;
+            if self.handler[i].swap(0, Ordering::AcqRel) != 0 {
+                self.ctx[i].store(0, Ordering::Release);
+                self.count.fetch_sub(1, Ordering::AcqRel);
+            }
+        } else {
+            for i in 0..OVERFLOW {
+                // -2 marks a slot being cleared: registration only takes slots at -1.
+                if self.ov_fd[i].compare_exchange(fd, -2, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                    self.ov_handler[i].store(0, Ordering::Release);
+                    self.ov_ctx[i].store(0, Ordering::Release);
+                    self.ov_fd[i].store(-1, Ordering::Release);
+                    self.count.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+        }
+    }
+
+    fn unregister_range(&self, first: c_uint, last: c_uint) {
+        if self.count.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let hi = core::cmp::min(last as usize, DIRECT - 1);
+        let mut fd = first as usize;
+        while fd <= hi {
+            if self.handler[fd].load(Ordering::Relaxed) != 0 {
+                self.unregister(fd as c_int);
+            }
+            fd += 1;
+        }
+        for i in 0..OVERFLOW {
+            let f = self.ov_fd[i].load(Ordering::Relaxed);
+            if f >= 0 && (f as c_uint) >= first && (f as c_uint) <= last {
+                self.unregister(f);
+            }
+        }
+    }
+}
+
+/// write(2) handlers (command fds).
+static CMD: Registry = Registry::new();
+/// read(2) handlers (completion channels).
+static READ: Registry = Registry::new();
+/// Serialises registrations (never taken on the write, read or close path).
 static REG_LOCK: AtomicUsize = AtomicUsize::new(0);
+
+/// A registered fd is closed or replaced: neither table keeps it.
+fn unregister_everywhere(fd: c_int) {
+    CMD.unregister(fd);
+    READ.unregister(fd);
+}
 
 struct RegGuard;
 impl RegGuard {
@@ -72,6 +206,7 @@ impl Drop for RegGuard {
 // ---- the real functions, resolved once with dlsym(RTLD_NEXT) ----
 
 static REAL_WRITE: AtomicUsize = AtomicUsize::new(0);
+static REAL_READ: AtomicUsize = AtomicUsize::new(0);
 static REAL_CLOSE: AtomicUsize = AtomicUsize::new(0);
 static REAL_SOCKET: AtomicUsize = AtomicUsize::new(0);
 static REAL_DUP2: AtomicUsize = AtomicUsize::new(0);
@@ -94,6 +229,7 @@ fn resolve(cache: &AtomicUsize, name: &[u8]) -> usize {
 
 extern "C" fn init() {
     resolve(&REAL_WRITE, b"write\0");
+    resolve(&REAL_READ, b"read\0");
     resolve(&REAL_CLOSE, b"close\0");
     resolve(&REAL_SOCKET, b"socket\0");
     resolve(&REAL_DUP2, b"dup2\0");
@@ -116,107 +252,36 @@ fn set_errno(e: c_int) {
 
 // ---- registration ----
 
-fn lookup(fd: c_int) -> Option<(UiwCmdHandlerV1, *mut c_void)> {
-    if fd < 0 {
-        return None;
-    }
-    let (h, c) = if (fd as usize) < DIRECT {
-        let i = fd as usize;
-        let h = HANDLER[i].load(Ordering::Acquire);
-        (h, CTX[i].load(Ordering::Acquire))
-    } else {
-        let mut found = (0, 0);
-        for i in 0..OVERFLOW {
-            if OV_FD[i].load(Ordering::Acquire) == fd {
-                found = (OV_HANDLER[i].load(Ordering::Acquire), OV_CTX[i].load(Ordering::Acquire));
-                break;
-            }
-        }
-        found
-    };
-    if h == 0 {
-        return None;
-    }
-    // SAFETY: a non-zero HANDLER value was stored from a valid UiwCmdHandlerV1.
-    Some((unsafe { core::mem::transmute::<usize, UiwCmdHandlerV1>(h) }, c as *mut c_void))
-}
-
 /// Register `h(ctx, fd, buf, len)` as the handler for write(2) on `fd`.
 /// Returns 0, EBADF (fd < 0), EINVAL (h is NULL), EBUSY (fd already registered)
 /// or ENOSPC (too many registrations of fds ≥ 65536).
 #[no_mangle]
 pub extern "C" fn uiw_preload_register_cmd_fd_v1(fd: c_int, h: Option<UiwCmdHandlerV1>, ctx: *mut c_void) -> c_int {
     let Some(h) = h else { return libc::EINVAL };
-    if fd < 0 {
-        return libc::EBADF;
-    }
-    let _g = RegGuard::lock();
-    if lookup(fd).is_some() {
-        return libc::EBUSY;
-    }
-    if (fd as usize) < DIRECT {
-        let i = fd as usize;
-        CTX[i].store(ctx as usize, Ordering::Release);
-        HANDLER[i].store(h as usize, Ordering::Release);
-    } else {
-        let Some(i) = (0..OVERFLOW).find(|&i| OV_FD[i].load(Ordering::Relaxed) == -1) else {
-            return libc::ENOSPC;
-        };
-        OV_HANDLER[i].store(h as usize, Ordering::Release);
-        OV_CTX[i].store(ctx as usize, Ordering::Release);
-        OV_FD[i].store(fd, Ordering::Release);
-    }
-    COUNT.fetch_add(1, Ordering::AcqRel);
-    0
+    CMD.register(fd, h as usize, ctx)
 }
 
-/// Forget `fd`'s handler (no-op if none). Does not close the fd.
-///
-/// Lock-free and async-signal-safe (atomic swaps only): `close()` calls it, and close is
-/// on POSIX's list of functions a signal handler may call. Only registration takes
-/// `REG_LOCK`; a racing unregistration of the same fd is decided by the swap.
+/// Forget `fd`'s write(2) handler (no-op if none). Does not close the fd. Lock-free and
+/// async-signal-safe.
 #[no_mangle]
 pub extern "C" fn uiw_preload_unregister_cmd_fd_v1(fd: c_int) {
-    if fd < 0 || COUNT.load(Ordering::Acquire) == 0 {
-        return;
-    }
-    if (fd as usize) < DIRECT {
-        let i = fd as usize;
-        if HANDLER[i].swap(0, Ordering::AcqRel) != 0 {
-            CTX[i].store(0, Ordering::Release);
-            COUNT.fetch_sub(1, Ordering::AcqRel);
-        }
-    } else {
-        for i in 0..OVERFLOW {
-            // -2 marks a slot being cleared: registration only takes slots at -1.
-            if OV_FD[i].compare_exchange(fd, -2, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
-                OV_HANDLER[i].store(0, Ordering::Release);
-                OV_CTX[i].store(0, Ordering::Release);
-                OV_FD[i].store(-1, Ordering::Release);
-                COUNT.fetch_sub(1, Ordering::AcqRel);
-            }
-        }
-    }
+    CMD.unregister(fd);
 }
 
-fn unregister_range(first: c_uint, last: c_uint) {
-    if COUNT.load(Ordering::Acquire) == 0 {
-        return;
-    }
-    let hi = core::cmp::min(last as usize, DIRECT - 1);
-    let mut fd = first as usize;
-    while fd <= hi {
-        if HANDLER[fd].load(Ordering::Relaxed) != 0 {
-            uiw_preload_unregister_cmd_fd_v1(fd as c_int);
-        }
-        fd += 1;
-    }
-    for i in 0..OVERFLOW {
-        let f = OV_FD[i].load(Ordering::Relaxed);
-        if f >= 0 && (f as c_uint) >= first && (f as c_uint) <= last {
-            uiw_preload_unregister_cmd_fd_v1(f);
-        }
-    }
+/// Register `h(ctx, fd, buf, len)` as the handler for read(2) on `fd` (a completion
+/// channel: the provider serves its QPs in the reading thread while it waits). Returns as
+/// [`uiw_preload_register_cmd_fd_v1`].
+#[no_mangle]
+pub extern "C" fn uiw_preload_register_read_fd_v1(fd: c_int, h: Option<UiwReadHandlerV1>, ctx: *mut c_void) -> c_int {
+    let Some(h) = h else { return libc::EINVAL };
+    READ.register(fd, h as usize, ctx)
+}
+
+/// Forget `fd`'s read(2) handler (no-op if none). Does not close the fd. Lock-free and
+/// async-signal-safe.
+#[no_mangle]
+pub extern "C" fn uiw_preload_unregister_read_fd_v1(fd: c_int) {
+    READ.unregister(fd);
 }
 
 // ---- interposed libc functions ----
@@ -224,8 +289,10 @@ fn unregister_range(first: c_uint, last: c_uint) {
 /// write(2): registered fds go to their handler, all others to the real write.
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: size_t) -> ssize_t {
-    if COUNT.load(Ordering::Relaxed) != 0 {
-        if let Some((h, ctx)) = lookup(fd) {
+    if CMD.any() {
+        if let Some((h, ctx)) = CMD.lookup(fd) {
+            // SAFETY: a CMD entry was stored from a valid UiwCmdHandlerV1.
+            let h = unsafe { core::mem::transmute::<usize, UiwCmdHandlerV1>(h) };
             // SAFETY: the provider registered h for fd and guarantees it (and ctx) stay
             // valid until it unregisters; buf/count are the caller's write arguments.
             return unsafe { h(ctx, fd, buf, count) };
@@ -242,11 +309,35 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: size_t) -> 
     unsafe { real(fd, buf, count) }
 }
 
+/// read(2): registered fds (completion channels) go to their handler, all others to the
+/// real read.
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t {
+    if READ.any() {
+        if let Some((h, ctx)) = READ.lookup(fd) {
+            // SAFETY: a READ entry was stored from a valid UiwReadHandlerV1.
+            let h = unsafe { core::mem::transmute::<usize, UiwReadHandlerV1>(h) };
+            // SAFETY: the provider registered h for fd and guarantees it (and ctx) stay
+            // valid until it unregisters; buf/count are the caller's read arguments.
+            return unsafe { h(ctx, fd, buf, count) };
+        }
+    }
+    let f = resolve(&REAL_READ, b"read\0");
+    if f == usize::MAX {
+        // SAFETY: raw read(2) with the caller's arguments.
+        return unsafe { libc::syscall(libc::SYS_read, fd, buf, count) } as ssize_t;
+    }
+    // SAFETY: f is libc's read, resolved by dlsym(RTLD_NEXT, "read").
+    let real: unsafe extern "C" fn(c_int, *mut c_void, size_t) -> ssize_t = unsafe { core::mem::transmute(f) };
+    // SAFETY: forwarding the caller's arguments unchanged.
+    unsafe { real(fd, buf, count) }
+}
+
 /// close(2): unregisters a registered fd, then closes it for real.
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
-    if COUNT.load(Ordering::Relaxed) != 0 {
-        uiw_preload_unregister_cmd_fd_v1(fd);
+    if CMD.any() || READ.any() {
+        unregister_everywhere(fd);
     }
     let f = resolve(&REAL_CLOSE, b"close\0");
     if f == usize::MAX {
@@ -280,8 +371,8 @@ pub unsafe extern "C" fn dup2(oldfd: c_int, newfd: c_int) -> c_int {
         // SAFETY: forwarding the caller's arguments.
         unsafe { real(oldfd, newfd) }
     };
-    if r >= 0 && oldfd != newfd && COUNT.load(Ordering::Relaxed) != 0 {
-        uiw_preload_unregister_cmd_fd_v1(newfd);
+    if r >= 0 && oldfd != newfd {
+        unregister_everywhere(newfd);
     }
     r
 }
@@ -299,8 +390,8 @@ pub unsafe extern "C" fn dup3(oldfd: c_int, newfd: c_int, flags: c_int) -> c_int
         // SAFETY: forwarding the caller's arguments.
         unsafe { real(oldfd, newfd, flags) }
     };
-    if r >= 0 && COUNT.load(Ordering::Relaxed) != 0 {
-        uiw_preload_unregister_cmd_fd_v1(newfd);
+    if r >= 0 {
+        unregister_everywhere(newfd);
     }
     r
 }
@@ -320,7 +411,8 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
     };
     const CLOSE_RANGE_CLOEXEC: c_int = 1 << 2;
     if r == 0 && flags & CLOSE_RANGE_CLOEXEC == 0 {
-        unregister_range(first, last);
+        CMD.unregister_range(first, last);
+        READ.unregister_range(first, last);
     }
     r
 }

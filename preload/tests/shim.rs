@@ -92,7 +92,10 @@ fn exports() {
     for sym in [
         "uiw_preload_register_cmd_fd_v1",
         "uiw_preload_unregister_cmd_fd_v1",
+        "uiw_preload_register_read_fd_v1",
+        "uiw_preload_unregister_read_fd_v1",
         "write",
+        "read",
         "close",
         "socket",
         "dup2",

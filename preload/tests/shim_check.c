@@ -44,6 +44,16 @@ static ssize_t handler(void *ctx, int fd, const void *buf, size_t len)
 	return (ssize_t)len;
 }
 
+static int rcalls;
+
+static ssize_t rhandler(void *ctx, int fd, void *buf, size_t len)
+{
+	(void)fd;
+	rcalls++;
+	memset(buf, *(int *)ctx, len);
+	return (ssize_t)len;
+}
+
 int main(void)
 {
 	int sysfs = getenv("SYSFS_PATH") != NULL;
@@ -115,6 +125,37 @@ int main(void)
 	CHECK("dup2_unregisters", write(fd2, "y", 1) == 1 && calls == 2 &&
 				  read(p[0], &ch, 1) == 1 && ch == 'y');
 	close(fd2);
+
+	/* read() handlers: a table of their own */
+	uiw_preload_register_read_fd_v1_fn rreg = (uiw_preload_register_read_fd_v1_fn)
+		dlsym(RTLD_DEFAULT, "uiw_preload_register_read_fd_v1");
+	uiw_preload_unregister_read_fd_v1_fn runreg = (uiw_preload_unregister_read_fd_v1_fn)
+		dlsym(RTLD_DEFAULT, "uiw_preload_unregister_read_fd_v1");
+	CHECK("dlsym_read", rreg && runreg);
+	int q[2];
+	CHECK("pipe_read", pipe(q) == 0);
+	CHECK("read_register", rreg(q[0], rhandler, &chan) == 0);
+	CHECK("read_register_twice_ebusy", rreg(q[0], rhandler, &chan) == EBUSY);
+	CHECK("read_register_null_einval", rreg(q[1], NULL, &chan) == EINVAL);
+	char rb[4] = { 0 };
+	CHECK("read_goes_to_handler", read(q[0], rb, sizeof rb) == 4 && rcalls == 1 && rb[0] == 42 && rb[3] == 42);
+	CHECK("write_table_apart", write(q[1], "r", 1) == 1 && calls == 2);
+	runreg(q[0]);
+	CHECK("read_unregister", read(q[0], rb, 1) == 1 && rb[0] == 'r' && rcalls == 1);
+	CHECK("read_register_dup2", rreg(q[0], rhandler, &chan) == 0);
+	int q2[2];
+	CHECK("pipe_read2", pipe(q2) == 0);
+	CHECK("dup2_read", dup2(q2[0], q[0]) == q[0]);
+	CHECK("dup2_unregisters_read", write(q2[1], "s", 1) == 1 && read(q[0], rb, 1) == 1 && rb[0] == 's' && rcalls == 1);
+	CHECK("read_register_close", rreg(q[0], rhandler, &chan) == 0);
+	close(q[0]);
+	int q3 = dup(q2[0]);
+	CHECK("fd_reused_read", q3 == q[0]);
+	CHECK("close_unregisters_read", write(q2[1], "t", 1) == 1 && read(q3, rb, 1) == 1 && rb[0] == 't' && rcalls == 1);
+	close(q3);
+	close(q[1]);
+	close(q2[0]);
+	close(q2[1]);
 
 	/* fds beyond the direct table */
 	struct rlimit rl;
