@@ -295,6 +295,9 @@ COUNTERS
     conn_errors          streams that failed: peer unreachable or refused,
                          reset, gone, MPA rejected
     conn_established     streams that completed MPA negotiation
+    reader_serves        arrivals on a QP's stream that a thread waiting in
+                         ibv_get_cq_event served itself (under `uiw run`), where
+                         otherwise the progress thread is woken and then wakes it
     Counters only grow. Sent counts are taken when the provider hands the
     data to the socket.
 

@@ -59,22 +59,57 @@ fn uiw_stat(dev: &Published, args: &[&str]) -> Vec<StatLine> {
 }
 
 fn start_pair(dev: &Published, args: &[&str]) -> (Running, Running) {
+    start_tool_pair(dev, "ib_write_bw", args)
+}
+
+fn start_tool_pair(dev: &Published, tool: &str, args: &[&str]) -> (Running, Running) {
     let port = free_port();
     let p = port.to_string();
     let mut sa: Vec<&str> = vec!["-d", "uiw_lo", "-x", "0", "-p", &p];
     sa.extend_from_slice(args);
     let mut ca = sa.clone();
     ca.push("127.0.0.1");
-    let mut srv = Running::spawn("server", uiw_run(dev, "ib_write_bw", &sa));
+    let mut srv = Running::spawn("server", uiw_run(dev, tool, &sa));
     wait_listening(&mut srv, port, Duration::from_secs(30)).unwrap_or_else(|e| panic!("{e}"));
-    let cli = Running::spawn("client", uiw_run(dev, "ib_write_bw", &ca));
+    let cli = Running::spawn("client", uiw_run(dev, tool, &ca));
     (srv, cli)
 }
 
 fn finish(srv: Running, cli: Running) {
     let deadline = Instant::now() + Duration::from_secs(90);
     let (s, c) = (srv.finish(deadline), cli.finish(deadline));
-    assert!(s.success() && c.success(), "ib_write_bw pair failed\n{s}{c}");
+    assert!(s.success() && c.success(), "perftest pair failed\n{s}{c}");
+}
+
+/// `ib_send_lat -e` waits for each message in `ibv_get_cq_event` (a blocking read of its
+/// completion channel): under `uiw run` that read serves the QP's stream in the waiting
+/// thread, woken by the arrival itself, instead of waiting for the progress thread to be woken
+/// and to wake it (two wake-ups per message). `reader_serves` counts those services; without
+/// them it stays 0 (the progress thread serves every arrival). The run's messages all arrive
+/// intact either way.
+#[test]
+fn a_thread_waiting_in_ibv_get_cq_event_serves_its_qp() {
+    let test = "a_thread_waiting_in_ibv_get_cq_event_serves_its_qp";
+    let Some(artifacts) = device_test_artifacts(test) else { return };
+    if !have_program("ib_send_lat") {
+        skip(test, "ib_send_lat is not installed (apt-get install perftest)");
+        return;
+    }
+    let _lock = device_lock();
+    let dev = Published::up(&artifacts, &out_dir(env!("CARGO_TARGET_TMPDIR"))).unwrap_or_else(|e| panic!("{test}: {e}"));
+    let o = dev.uiw(["stat", "--prune"]).unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    let iters = 300u64;
+    let (srv, cli) = start_tool_pair(&dev, "ib_send_lat", &["-e", "-s", "8", "-n", &iters.to_string()]);
+    let (spid, cpid) = (srv.pid(), cli.pid());
+    finish(srv, cli);
+    let lines = uiw_stat(&dev, &["qp", "-a"]);
+    for pid in [cpid, spid] {
+        let l = lines.iter().find(|l| l.pid() == pid).unwrap_or_else(|| panic!("pid {pid}'s QP: {lines:?}"));
+        assert!(l.n("rx_msgs") >= iters, "{l:?}");
+        assert_eq!((l.n("tx_terminates"), l.n("rx_terminates"), l.n("conn_errors")), (0, 0, 0), "{l:?}");
+        assert!(l.n("reader_serves") > 0, "no arrival was served by the thread waiting on the channel: {l:?}");
+    }
 }
 
 #[test]

@@ -73,10 +73,13 @@ pub enum Counter {
     ConnErrors = 9,
     /// Streams that completed MPA negotiation
     ConnEstablished = 10,
+    /// Arrivals served by a thread blocked in `ibv_get_cq_event` (a read of the completion
+    /// channel), not by the progress thread
+    ReaderServes = 11,
 }
 
 /// `(index, name, what)` of every counter, in display order.
-pub const COUNTERS: [(Counter, &str, &str); 11] = [
+pub const COUNTERS: [(Counter, &str, &str); 12] = [
     (Counter::TxBytes, "tx_bytes", "payload bytes sent (Send, RDMA Write, Read Response)"),
     (Counter::RxBytes, "rx_bytes", "payload bytes received"),
     (Counter::TxMsgs, "tx_msgs", "RDMAP messages sent"),
@@ -88,6 +91,7 @@ pub const COUNTERS: [(Counter, &str, &str); 11] = [
     (Counter::FlushedWrs, "flushed_wrs", "work requests completed as flushed"),
     (Counter::ConnErrors, "conn_errors", "streams that failed or were refused"),
     (Counter::ConnEstablished, "conn_established", "streams that completed MPA negotiation"),
+    (Counter::ReaderServes, "reader_serves", "arrivals served by a thread waiting in ibv_get_cq_event"),
 ];
 
 /// A mapped statistics file (or an anonymous mapping of the same layout, when no file can

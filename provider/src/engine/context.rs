@@ -14,7 +14,7 @@ use super::cq::{CqObj, PolledQp};
 use super::datapath::DataPath;
 use super::device::{DeviceInfo, TransportKind};
 use super::error::{Error, Result};
-use super::events::{AsyncSink, ChannelSink};
+use super::events::{AsyncSink, ChannelSink, Waited};
 use super::limits::DeviceLimits;
 use super::mr::MrTable;
 use super::net::{AcquireError, Endpoint, Net};
@@ -167,6 +167,25 @@ impl Context {
 
     pub fn channel(&self, read_fd: i32) -> Option<Arc<ChannelSink>> {
         self.channels.lock().get(&read_fd).cloned()
+    }
+
+    /// A thread blocked in `read()` of channel `read_fd` found no event: waits for one, or for
+    /// input on the streams of the channel's QPs, which it serves itself (see
+    /// `EventQueue::wait_serving`).
+    pub fn wait_on_channel(&self, read_fd: i32) -> Waited {
+        let Some(ch) = self.channel(read_fd) else { return Waited::Unable };
+        let net = self.net.lock().clone();
+        ch.wait_serving(&mut |qpn| {
+            if let Some(qp) = net.as_ref().and_then(|n| n.lookup(qpn)) {
+                qp.serve_for_reader();
+            }
+        })
+    }
+
+    /// The read fds of the channels created so far (unregistered from the launcher's shim
+    /// when the context goes).
+    pub fn channel_fds(&self) -> Vec<i32> {
+        self.channels.lock().keys().copied().collect()
     }
 
     // ---- CQs ----

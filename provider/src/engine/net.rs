@@ -59,6 +59,9 @@ pub trait Endpoint: Send + Sync {
     /// Serve the stream now from an application thread that is not its poller, unless
     /// another thread is at it (see [`Net::serve_leased`]).
     fn serve_aside(&self);
+    /// A thread waiting on a completion channel of the QP's CQs was woken by the stream:
+    /// it serves the stream as a poller would ([`Endpoint::serve_aside`]), counted apart.
+    fn serve_for_reader(&self);
     /// When its lease was last renewed (engine µs, see `lease`).
     fn lease_renewed_at(&self) -> u64;
     /// Whether a doorbell of the QP waits for its poller's next poll (`Qp::defer_doorbell`).

@@ -586,17 +586,31 @@ impl Qp {
         }
     }
 
-    /// The progress thread serves the stream's socket from now on (it is armed: not leased).
+    /// The progress thread serves the stream's socket from now on (it is armed: not leased),
+    /// and a thread blocked reading a completion channel of the QP's CQs wakes for its input
+    /// too (see `events::EventQueue::wait_serving`).
     fn watch_link(&self, stream: &dyn Stream) -> std::io::Result<()> {
         self.net.watch(stream, self.qpn)?;
         self.lease.attach(stream.readiness());
+        for ch in self.channels() {
+            ch.watch_stream(stream.readiness(), self.qpn);
+        }
         Ok(())
     }
 
-    /// The stream's socket leaves the progress thread, and any lease on it ends.
+    /// The stream's socket leaves the progress thread and the channels' readers, and any
+    /// lease on it ends.
     pub(crate) fn unwatch_link(&self, stream: &dyn Stream) {
         self.lease.detach(|a| self.net.apply_arming(self.qpn, a));
+        for ch in self.channels() {
+            ch.unwatch_stream(stream.readiness());
+        }
         self.net.unwatch(stream);
+    }
+
+    /// The completion channels the QP's CQs notify.
+    fn channels(&self) -> impl Iterator<Item = &super::events::ChannelSink> {
+        [&self.send_cq, &self.recv_cq].into_iter().filter_map(|cq| cq.channel.as_deref())
     }
 
     fn pump_locked(&self, inner: &mut QpInner) -> Option<(bool, Option<Fatal>)> {
@@ -1216,6 +1230,10 @@ impl Endpoint for Qp {
         self.serve(true)
     }
     fn serve_aside(&self) {
+        Qp::serve_aside(self)
+    }
+    fn serve_for_reader(&self) {
+        self.stats.reader_served();
         Qp::serve_aside(self)
     }
     fn lease_renewed_at(&self) -> u64 {

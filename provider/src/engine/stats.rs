@@ -172,6 +172,12 @@ impl QpStats {
         self.add(Counter::RxTerminates, now.rx_terminates.wrapping_sub(was.rx_terminates));
     }
 
+    /// A thread waiting on a completion channel served the QP's stream (see
+    /// `events::EventQueue::wait_serving`).
+    pub fn reader_served(&self) {
+        self.add(Counter::ReaderServes, 1);
+    }
+
     /// `n` work requests completed as flushed.
     pub fn flushed(&self, n: usize) {
         self.add(Counter::FlushedWrs, n as u64);

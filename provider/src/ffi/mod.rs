@@ -20,7 +20,7 @@ use uiw_kabi::version;
 
 use crate::engine::context::Context;
 use crate::engine::device::DeviceInfo;
-use crate::engine::events::EventQueue;
+use crate::engine::events::{EventQueue, Waited};
 use crate::engine::limits::DeviceLimits;
 
 mod cm;
@@ -166,6 +166,18 @@ pub(crate) fn guard<T>(on_panic: T, f: impl FnOnce() -> T) -> T {
 /// events there) and is close-on-exec; the engine keeps its own end and a second descriptor of
 /// the application's (see `EventQueue`).
 fn event_queue(record: usize) -> std::io::Result<(OwnedFd, EventQueue)> {
+    let (app, ours, unread) = event_pipe()?;
+    Ok((app, EventQueue::new(ours, unread, record)))
+}
+
+/// A completion channel's event queue (see `EventQueue::channel`).
+fn channel_queue() -> std::io::Result<(OwnedFd, EventQueue)> {
+    let (app, ours, unread) = event_pipe()?;
+    Ok((app, EventQueue::channel(ours, unread)))
+}
+
+/// The application's end (fd 3 or above), ours, and a second descriptor of the application's.
+fn event_pipe() -> std::io::Result<(OwnedFd, std::os::unix::net::UnixStream, std::os::unix::net::UnixStream)> {
     let (app, ours) = std::os::unix::net::UnixStream::pair()?;
     let mut app = OwnedFd::from(app);
     if app.as_raw_fd() <= 2 {
@@ -173,7 +185,7 @@ fn event_queue(record: usize) -> std::io::Result<(OwnedFd, EventQueue)> {
         app = app.try_clone()?;
     }
     let unread = std::os::unix::net::UnixStream::from(app.try_clone()?);
-    Ok((app, EventQueue::new(ours, unread, record)))
+    Ok((app, ours, unread))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -344,6 +356,13 @@ unsafe extern "C" fn free_context(ibctx: *mut ibv_context) {
             if let Some(unregister) = shim_symbol::<UnregisterFn>(c"uiw_preload_unregister_cmd_fd_v1") {
                 unregister((*ibctx).cmd_fd);
             }
+            // Channels the application did not destroy: their reads must not reach a freed
+            // engine.
+            if let Some(unregister) = shim_symbol::<UnregisterFn>(c"uiw_preload_unregister_read_fd_v1") {
+                for fd in (*((*raw).engine as *const Context)).channel_fds() {
+                    unregister(fd);
+                }
+            }
         }
         drop(Box::from_raw((*raw).engine as *mut Context));
         (abi().fns.uninit_context)(UiwContext::vctx(raw));
@@ -362,6 +381,8 @@ unsafe extern "C" fn free_context(ibctx: *mut ibv_context) {
 
 type Handler = unsafe extern "C" fn(*mut c_void, c_int, *const c_void, usize) -> isize;
 type RegisterFn = unsafe extern "C" fn(c_int, Handler, *mut c_void) -> c_int;
+type ReadHandler = unsafe extern "C" fn(*mut c_void, c_int, *mut c_void, usize) -> isize;
+type RegisterReadFn = unsafe extern "C" fn(c_int, ReadHandler, *mut c_void) -> c_int;
 type UnregisterFn = unsafe extern "C" fn(c_int);
 
 fn shim_symbol<T: Copy>(name: &CStr) -> Option<T> {
@@ -415,7 +436,7 @@ unsafe extern "C" fn serve_cmd(engine: *mut c_void, _fd: c_int, buf: *const c_vo
             set_errno(libc::EINVAL);
             return -1;
         }
-        let (r, w) = match event_queue(8) {
+        let (r, w) = match channel_queue() {
             Ok(p) => p,
             Err(e) => {
                 set_errno(e.raw_os_error().unwrap_or(libc::EMFILE));
@@ -424,10 +445,60 @@ unsafe extern "C" fn serve_cmd(engine: *mut c_void, _fd: c_int, buf: *const c_vo
         };
         let fd = r.into_raw_fd();
         engine.add_channel(fd, w);
+        // ibv_get_cq_event's read() of the channel comes to `read_channel` (this handler is
+        // running, so the shim is there; without the read hook, reads are plain reads).
+        if let Some(register) = shim_symbol::<RegisterReadFn>(c"uiw_preload_register_read_fd_v1") {
+            // SAFETY: the engine outlives the registration (free_context unregisters first;
+            // close() of the fd unregisters it too).
+            let _ = unsafe { register(fd, read_channel, engine as *const Context as *mut c_void) };
+        }
         // SAFETY: `response` points at libibverbs' `struct ib_uverbs_create_comp_channel_resp`
         // (out_words ≥ 1 checked above), exactly where a kernel would write.
         unsafe { ptr::write_unaligned(cmd.response as *mut u32, fd as u32) };
         len as isize
+    })
+}
+
+/// The shim calls this for every `read()` of a completion channel's fd (`ibv_get_cq_event`):
+/// the read of a kernel's channel, except that while it blocks it serves the channel's QPs
+/// in this thread (`Context::wait_on_channel`).
+unsafe extern "C" fn read_channel(engine: *mut c_void, fd: c_int, buf: *mut c_void, len: usize) -> isize {
+    // SAFETY: raw read(2) with the caller's arguments (not libc's read: the shim's read
+    // would come back here).
+    let plain_read = || unsafe { libc::syscall(libc::SYS_read, fd, buf, len) as isize };
+    guard(-1, || {
+        // SAFETY: `engine` is the pointer serve_cmd registered with this fd.
+        let engine = unsafe { &*(engine as *const Context) };
+        loop {
+            // SAFETY: the caller's buffer and length, as read() was given them.
+            let n = unsafe { libc::recv(fd, buf, len, libc::MSG_DONTWAIT) };
+            if n >= 0 {
+                return n as isize;
+            }
+            let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+            if e == libc::EINTR {
+                continue;
+            }
+            if e != libc::EAGAIN {
+                // Not a socket any more (the application replaced the fd behind the shim's
+                // back): whatever a read says.
+                return plain_read();
+            }
+            // SAFETY: F_GETFL on the caller's fd has no memory arguments.
+            if unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0 {
+                set_errno(libc::EAGAIN);
+                return -1;
+            }
+            match engine.wait_on_channel(fd) {
+                Waited::Woken => {}
+                Waited::Interrupted if uiw_kabi::sys::interrupted_reads_restart() => {}
+                Waited::Interrupted => {
+                    set_errno(libc::EINTR);
+                    return -1;
+                }
+                Waited::Unable => return plain_read(),
+            }
+        }
     })
 }
 
