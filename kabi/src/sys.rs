@@ -128,6 +128,14 @@ pub struct Epoll {
     fd: std::os::fd::OwnedFd,
 }
 
+impl std::os::fd::AsRawFd for Epoll {
+    /// The instance's descriptor: itself pollable (readable while events are ready), what a
+    /// thread sleeps on where it must not sit in `epoll_wait` (see `uiw_preload`'s read()).
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
 /// `EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET`: every readiness change of a socket, once.
 pub const EPOLL_SOCKET_EDGE: u32 = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32;
 /// `EPOLLIN` (level-triggered), for listening sockets.

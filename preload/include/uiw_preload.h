@@ -74,10 +74,20 @@ typedef int (*uiw_preload_register_cmd_fd_v1_fn)(int fd, uiw_cmd_handler_v1 h,
 						 void *ctx);
 typedef void (*uiw_preload_unregister_cmd_fd_v1_fn)(int fd);
 
-/* Called for read(fd, buf, len) on a fd registered below; its return value is
- * read()'s. */
+/* Called for read(fd, buf, len) on a fd registered below. It must not block:
+ * it returns what read() returns, or UIW_READ_WAIT with *wait_fd set — the
+ * shim then sleeps in poll() on *wait_fd (a cancellation point, as read() is)
+ * and calls again with why = UIW_READ_WOKEN, or UIW_READ_INTERRUPTED if a
+ * signal ended the sleep (the handler decides, as read() would, between
+ * restarting and failing with EINTR) — or UIW_READ_PLAIN: the shim does the
+ * real read(). why is UIW_READ_FIRST on the first call. */
 typedef ssize_t (*uiw_read_handler_v1)(void *ctx, int fd, void *buf,
-				       size_t len);
+				       size_t len, int why, int *wait_fd);
+#define UIW_READ_WAIT ((ssize_t)-2)
+#define UIW_READ_PLAIN ((ssize_t)-3)
+#define UIW_READ_FIRST 0
+#define UIW_READ_WOKEN 1
+#define UIW_READ_INTERRUPTED 2
 
 /* Register h(ctx, ...) for read() on fd; returns as
  * uiw_preload_register_cmd_fd_v1(). The read and write tables are apart: a fd

@@ -34,8 +34,20 @@ use libc::{size_t, ssize_t};
 
 /// `typedef ssize_t (*uiw_cmd_handler_v1)(void *ctx, int fd, const void *buf, size_t len);`
 pub type UiwCmdHandlerV1 = unsafe extern "C" fn(ctx: *mut c_void, fd: c_int, buf: *const c_void, len: size_t) -> ssize_t;
-/// `typedef ssize_t (*uiw_read_handler_v1)(void *ctx, int fd, void *buf, size_t len);`
-pub type UiwReadHandlerV1 = unsafe extern "C" fn(ctx: *mut c_void, fd: c_int, buf: *mut c_void, len: size_t) -> ssize_t;
+/// `typedef ssize_t (*uiw_read_handler_v1)(void *ctx, int fd, void *buf, size_t len, int why,
+/// int *wait_fd);` (see `uiw_preload.h`).
+pub type UiwReadHandlerV1 =
+    unsafe extern "C" fn(ctx: *mut c_void, fd: c_int, buf: *mut c_void, len: size_t, why: c_int, wait_fd: *mut c_int) -> ssize_t;
+
+/// A read handler's answers besides read()'s own: sleep in poll() on `*wait_fd`, then call
+/// again; or do the real read.
+pub const UIW_READ_WAIT: ssize_t = -2;
+pub const UIW_READ_PLAIN: ssize_t = -3;
+/// Why a read handler is called: the first time, after the wait descriptor woke the reader,
+/// after a signal interrupted its sleep.
+pub const UIW_READ_FIRST: c_int = 0;
+pub const UIW_READ_WOKEN: c_int = 1;
+pub const UIW_READ_INTERRUPTED: c_int = 2;
 
 const NETLINK_RDMA: c_int = 20;
 
@@ -317,9 +329,26 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssi
         if let Some((h, ctx)) = READ.lookup(fd) {
             // SAFETY: a READ entry was stored from a valid UiwReadHandlerV1.
             let h = unsafe { core::mem::transmute::<usize, UiwReadHandlerV1>(h) };
-            // SAFETY: the provider registered h for fd and guarantees it (and ctx) stay
-            // valid until it unregisters; buf/count are the caller's read arguments.
-            return unsafe { h(ctx, fd, buf, count) };
+            // The handler never blocks; the sleep is here, in poll() — a cancellation
+            // point in a frame with nothing to unwind, as read(2) itself is.
+            let mut why = UIW_READ_FIRST;
+            loop {
+                let mut wait_fd: c_int = -1;
+                // SAFETY: the provider registered h for fd and guarantees it (and ctx) stay
+                // valid until it unregisters; buf/count are the caller's read arguments.
+                let r = unsafe { h(ctx, fd, buf, count, why, &mut wait_fd) };
+                if r == UIW_READ_PLAIN {
+                    break;
+                }
+                if r != UIW_READ_WAIT {
+                    return r;
+                }
+                let mut p = libc::pollfd { fd: wait_fd, events: libc::POLLIN, revents: 0 };
+                // SAFETY: one valid pollfd.
+                let n = unsafe { libc::poll(&mut p, 1, -1) };
+                // SAFETY: __errno_location returns this thread's errno slot.
+                why = if n < 0 && unsafe { *libc::__errno_location() } == libc::EINTR { UIW_READ_INTERRUPTED } else { UIW_READ_WOKEN };
+            }
         }
     }
     let f = resolve(&REAL_READ, b"read\0");

@@ -45,11 +45,17 @@ static ssize_t handler(void *ctx, int fd, const void *buf, size_t len)
 }
 
 static int rcalls;
+static int rwait_fd = -1; /* >= 0: the handler asks the shim to wait on it first */
+static int rwhy[8];
 
-static ssize_t rhandler(void *ctx, int fd, void *buf, size_t len)
+static ssize_t rhandler(void *ctx, int fd, void *buf, size_t len, int why, int *wait_fd)
 {
 	(void)fd;
-	rcalls++;
+	rwhy[rcalls++ & 7] = why;
+	if (rwait_fd >= 0 && why == UIW_READ_FIRST) {
+		*wait_fd = rwait_fd;
+		return UIW_READ_WAIT;
+	}
 	memset(buf, *(int *)ctx, len);
 	return (ssize_t)len;
 }
@@ -140,6 +146,17 @@ int main(void)
 	char rb[4] = { 0 };
 	CHECK("read_goes_to_handler", read(q[0], rb, sizeof rb) == 4 && rcalls == 1 && rb[0] == 42 && rb[3] == 42);
 	CHECK("write_table_apart", write(q[1], "r", 1) == 1 && calls == 2);
+	/* a handler that asks the shim to sleep until a descriptor is readable */
+	int w[2];
+	CHECK("pipe_wait", pipe(w) == 0 && write(w[1], "!", 1) == 1);
+	rwait_fd = w[0];
+	rcalls = 0;
+	CHECK("read_waits_then_calls_again", read(q[0], rb, 2) == 2 && rcalls == 2 &&
+		rwhy[0] == UIW_READ_FIRST && rwhy[1] == UIW_READ_WOKEN && rb[0] == 42);
+	rwait_fd = -1;
+	rcalls = 1;
+	close(w[0]);
+	close(w[1]);
 	runreg(q[0]);
 	CHECK("read_unregister", read(q[0], rb, 1) == 1 && rb[0] == 'r' && rcalls == 1);
 	CHECK("read_register_dup2", rreg(q[0], rhandler, &chan) == 0);

@@ -14,7 +14,7 @@ use super::cq::{CqObj, PolledQp};
 use super::datapath::DataPath;
 use super::device::{DeviceInfo, TransportKind};
 use super::error::{Error, Result};
-use super::events::{AsyncSink, ChannelSink, Waited};
+use super::events::{AsyncSink, ChannelSink};
 use super::limits::DeviceLimits;
 use super::mr::MrTable;
 use super::net::{AcquireError, Endpoint, Net};
@@ -169,17 +169,22 @@ impl Context {
         self.channels.lock().get(&read_fd).cloned()
     }
 
-    /// A thread blocked in `read()` of channel `read_fd` found no event: waits for one, or for
-    /// input on the streams of the channel's QPs, which it serves itself (see
-    /// `EventQueue::wait_serving`).
-    pub fn wait_on_channel(&self, read_fd: i32) -> Waited {
-        let Some(ch) = self.channel(read_fd) else { return Waited::Unable };
+    /// What a thread reading channel `read_fd` that found no event sleeps on (see
+    /// `EventQueue::wait_fd`); `None`: it blocks in a plain read.
+    pub fn channel_wait_fd(&self, read_fd: i32) -> Option<i32> {
+        self.channel(read_fd)?.wait_fd()
+    }
+
+    /// The reader of channel `read_fd` woke: serves the channel's QPs whose streams have
+    /// input, in its thread (see `EventQueue::serve_ready`).
+    pub fn serve_channel_ready(&self, read_fd: i32) {
+        let Some(ch) = self.channel(read_fd) else { return };
         let net = self.net.lock().clone();
-        ch.wait_serving(&mut |qpn| {
+        ch.serve_ready(&mut |qpn| {
             if let Some(qp) = net.as_ref().and_then(|n| n.lookup(qpn)) {
                 qp.serve_for_reader();
             }
-        })
+        });
     }
 
     /// The read fds of the channels created so far (unregistered from the launcher's shim

@@ -35,7 +35,7 @@ pub struct EventQueue {
     unread: UnixStream,
     record: usize,
     /// A completion channel's: what a thread blocked in `read()` of the channel waits on
-    /// (see [`EventQueue::wait_serving`]).
+    /// (see [`EventQueue::wait_fd`]).
     waiters: Option<Epoll>,
 }
 
@@ -44,18 +44,6 @@ const CHANNEL_TOKEN: u64 = u64::MAX;
 
 /// `EPOLLIN | EPOLLRDHUP | EPOLLET`: a stream's arrivals, each once.
 const STREAM_INPUT: u32 = (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLET) as u32;
-
-/// How [`EventQueue::wait_serving`] ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Waited {
-    /// Something came: an event may be ready to read (look again).
-    Woken,
-    /// A signal interrupted the wait.
-    Interrupted,
-    /// This queue has nothing to wait on (not a completion channel, or its wait set failed):
-    /// block in a plain read.
-    Unable,
-}
 
 /// Async events: 16-byte `ib_uverbs_async_event_desc` records.
 pub type AsyncSink = EventQueue;
@@ -93,28 +81,30 @@ impl EventQueue {
         }
     }
 
-    /// For a thread blocked in `read()` of this channel (`ibv_get_cq_event`) that found no
-    /// event: sleeps until an event is queued or one of the channel's QP streams has input,
-    /// and serves those QPs right here (`serve(qpn)`) — their completions then notify the
-    /// channel from this thread. The progress thread is woken by the same arrivals and
-    /// serves whichever QP it finds free; the application is no longer woken second, by the
+    /// The descriptor a thread reading this channel (`ibv_get_cq_event`) that found no event
+    /// sleeps on (with `poll`, in the launcher's shim: see `ffi::read_channel`): readable once
+    /// an event is queued or one of the channel's QP streams has input. `None` for a queue
+    /// that is not a channel's (or whose wait set could not be made).
+    pub fn wait_fd(&self) -> Option<RawFd> {
+        self.waiters.as_ref().map(|w| w.as_raw_fd())
+    }
+
+    /// After the reader's sleep on [`EventQueue::wait_fd`] ended: serves, right here
+    /// (`serve(qpn)`), the QPs whose streams woke it — their completions then notify the
+    /// channel from this thread. The progress thread is woken by the same arrivals and serves
+    /// whichever QP it finds free; the application is no longer woken second, by the
     /// progress thread's notification: one wake-up per message, as a blocking `recv` has
-    /// (`ib_send_lat -e`: 46-57 µs half round trip with two wake-ups, against TCP's 27).
-    pub fn wait_serving(&self, serve: &mut dyn FnMut(u32)) -> Waited {
-        let Some(w) = &self.waiters else { return Waited::Unable };
-        let mut evs = Vec::with_capacity(8);
-        match w.wait_for(&mut evs, None) {
-            // No timeout: no events means a signal came.
-            Ok(0) => Waited::Interrupted,
-            Ok(_) => {
-                for (tok, _) in evs {
-                    if tok != CHANNEL_TOKEN {
-                        serve(tok as u32);
-                    }
+    /// (`ib_send_lat -e`: 31-33 µs half round trip, against 46-55 with two wake-ups and TCP's
+    /// 27). Never blocks.
+    pub fn serve_ready(&self, serve: &mut dyn FnMut(u32)) {
+        let Some(w) = &self.waiters else { return };
+        let mut evs = Vec::new();
+        if w.wait_for(&mut evs, Some(std::time::Duration::ZERO)).is_ok() {
+            for (tok, _) in evs {
+                if tok != CHANNEL_TOKEN {
+                    serve(tok as u32);
                 }
-                Waited::Woken
             }
-            Err(_) => Waited::Unable,
         }
     }
 
@@ -189,58 +179,60 @@ mod tests {
         assert_eq!(q.settle(0xb, &rb), 2);
     }
 
-    /// A reader of a completion channel sleeps until a watched stream has input (and serves
-    /// its QP), or until an event is queued; a stream no longer watched wakes nobody.
+    /// Whether `fd` becomes readable within `ms` (the reader's sleep, as the shim polls).
+    fn readable_within(fd: RawFd, ms: u64) -> bool {
+        let e = Epoll::new().unwrap();
+        e.add(fd, 1, EPOLL_IN).unwrap();
+        let mut evs = Vec::new();
+        e.wait_for(&mut evs, Some(std::time::Duration::from_millis(ms))).unwrap() > 0
+    }
+
+    /// A reader of a completion channel sleeps on its wait descriptor until a watched stream
+    /// has input (then serves that stream's QP) or an event is queued; a stream no longer
+    /// watched wakes nobody.
     #[test]
     fn a_channel_reader_wakes_for_its_streams_and_its_events() {
         let (app, ours) = UnixStream::pair().unwrap();
         let ch = EventQueue::channel(ours, app.try_clone().unwrap());
+        let wait = ch.wait_fd().expect("a channel has a wait descriptor");
         let (mut peer, stream) = UnixStream::pair().unwrap();
         ch.watch_stream(stream.as_raw_fd(), 7);
         ch.watch_stream(stream.as_raw_fd(), 7); // twice: harmless
-        let served = std::sync::Mutex::new(Vec::new());
-        let reader = |ch: &EventQueue| {
-            let mut got = Vec::new();
-            let w = ch.wait_serving(&mut |qpn| got.push(qpn));
-            served.lock().unwrap().extend(got);
-            w
-        };
-        std::thread::scope(|s| {
-            let t = s.spawn(|| reader(&ch));
-            std::thread::sleep(std::time::Duration::from_millis(50));
-            assert!(!t.is_finished(), "the reader waits while nothing came");
-            peer.write_all(b"FPDU").unwrap();
-            assert_eq!(t.join().unwrap(), Waited::Woken);
-        });
-        assert_eq!(*served.lock().unwrap(), vec![7], "the stream's QP is served by the reader");
+        let mut served = Vec::new();
+        assert!(!readable_within(wait, 20), "nothing came yet");
+        ch.serve_ready(&mut |q| served.push(q));
+        assert!(served.is_empty());
+
+        peer.write_all(b"FPDU").unwrap();
+        assert!(readable_within(wait, 1000), "the stream's input wakes the reader");
+        ch.serve_ready(&mut |q| served.push(q));
+        assert_eq!(served, vec![7], "the stream's QP is served by the reader");
+        assert!(!readable_within(wait, 20), "each arrival wakes once");
 
         // An event queued (by whichever thread completed into the CQ) wakes it too, and
         // serves nothing; it stays readable until the application reads it.
         let reported = AtomicU32::new(0);
         ch.notify(0x5, &reported);
-        assert_eq!(reader(&ch), Waited::Woken);
-        assert_eq!(*served.lock().unwrap(), vec![7]);
+        assert!(readable_within(wait, 1000));
+        ch.serve_ready(&mut |q| served.push(q));
+        assert_eq!(served, vec![7]);
+        assert!(readable_within(wait, 20), "an unread event keeps the reader awake");
         let mut rec = [0u8; 8];
         (&app).read_exact(&mut rec).unwrap();
         assert_eq!(u64::from_ne_bytes(rec), 0x5);
+        assert!(!readable_within(wait, 20));
 
         // Unwatched, the stream's input wakes nobody.
         ch.unwatch_stream(stream.as_raw_fd());
         peer.write_all(b"more").unwrap();
-        std::thread::scope(|s| {
-            let t = s.spawn(|| reader(&ch));
-            std::thread::sleep(std::time::Duration::from_millis(50));
-            assert!(!t.is_finished(), "an unwatched stream woke the reader");
-            ch.notify(0x6, &reported);
-            assert_eq!(t.join().unwrap(), Waited::Woken);
-        });
-        assert_eq!(*served.lock().unwrap(), vec![7]);
+        assert!(!readable_within(wait, 50), "an unwatched stream woke the reader");
     }
 
     #[test]
     fn an_async_queue_has_no_wait_set() {
         let (app, ours) = UnixStream::pair().unwrap();
         let q = EventQueue::new(ours, app.try_clone().unwrap(), 16);
-        assert_eq!(q.wait_serving(&mut |_| panic!("nothing to serve")), Waited::Unable);
+        assert_eq!(q.wait_fd(), None);
+        q.serve_ready(&mut |_| panic!("nothing to serve"));
     }
 }

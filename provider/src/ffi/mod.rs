@@ -20,7 +20,7 @@ use uiw_kabi::version;
 
 use crate::engine::context::Context;
 use crate::engine::device::DeviceInfo;
-use crate::engine::events::{EventQueue, Waited};
+use crate::engine::events::EventQueue;
 use crate::engine::limits::DeviceLimits;
 
 mod cm;
@@ -381,7 +381,7 @@ unsafe extern "C" fn free_context(ibctx: *mut ibv_context) {
 
 type Handler = unsafe extern "C" fn(*mut c_void, c_int, *const c_void, usize) -> isize;
 type RegisterFn = unsafe extern "C" fn(c_int, Handler, *mut c_void) -> c_int;
-type ReadHandler = unsafe extern "C" fn(*mut c_void, c_int, *mut c_void, usize) -> isize;
+type ReadHandler = unsafe extern "C" fn(*mut c_void, c_int, *mut c_void, usize, c_int, *mut c_int) -> isize;
 type RegisterReadFn = unsafe extern "C" fn(c_int, ReadHandler, *mut c_void) -> c_int;
 type UnregisterFn = unsafe extern "C" fn(c_int);
 
@@ -459,45 +459,59 @@ unsafe extern "C" fn serve_cmd(engine: *mut c_void, _fd: c_int, buf: *const c_vo
     })
 }
 
+/// `read_channel`'s answers besides read()'s own (`uiw_preload.h`): the shim sleeps in
+/// poll() on `*wait_fd` and calls again (with why = woken or interrupted), or does the real
+/// read.
+const READ_WAIT: isize = -2;
+const READ_PLAIN: isize = -3;
+const WHY_WOKEN: c_int = 1;
+const WHY_INTERRUPTED: c_int = 2;
+
 /// The shim calls this for every `read()` of a completion channel's fd (`ibv_get_cq_event`):
-/// the read of a kernel's channel, except that while it blocks it serves the channel's QPs
-/// in this thread (`Context::wait_on_channel`).
-unsafe extern "C" fn read_channel(engine: *mut c_void, fd: c_int, buf: *mut c_void, len: usize) -> isize {
-    // SAFETY: raw read(2) with the caller's arguments (not libc's read: the shim's read
-    // would come back here).
-    let plain_read = || unsafe { libc::syscall(libc::SYS_read, fd, buf, len) as isize };
+/// an event already queued is returned as the kernel's read would; otherwise the reader
+/// sleeps on the channel's wait descriptor (`EventQueue::wait_fd`) — in the shim, not here:
+/// `pthread_cancel` of a thread blocked in `ibv_get_cq_event` (GASNet's progress threads,
+/// for one) unwinds its stack, which must find no Rust frame that catches or cleans up — and
+/// on waking, serves the channel's QPs whose streams woke it, in this thread
+/// (`Context::serve_channel_ready`), before it looks for the event again.
+unsafe extern "C" fn read_channel(engine: *mut c_void, fd: c_int, buf: *mut c_void, len: usize, why: c_int, wait_fd: *mut c_int) -> isize {
     guard(-1, || {
         // SAFETY: `engine` is the pointer serve_cmd registered with this fd.
         let engine = unsafe { &*(engine as *const Context) };
+        match why {
+            WHY_WOKEN => engine.serve_channel_ready(fd),
+            // As a read(2) would: restarted after SA_RESTART handlers, EINTR otherwise.
+            WHY_INTERRUPTED if !uiw_kabi::sys::interrupted_reads_restart() => {
+                set_errno(libc::EINTR);
+                return -1;
+            }
+            _ => {}
+        }
         loop {
             // SAFETY: the caller's buffer and length, as read() was given them.
             let n = unsafe { libc::recv(fd, buf, len, libc::MSG_DONTWAIT) };
             if n >= 0 {
                 return n as isize;
             }
-            let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
-            if e == libc::EINTR {
-                continue;
+            match std::io::Error::last_os_error().raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN) => break,
+                // Not our socket any more (replaced behind the shim's back): a plain read.
+                _ => return READ_PLAIN,
             }
-            if e != libc::EAGAIN {
-                // Not a socket any more (the application replaced the fd behind the shim's
-                // back): whatever a read says.
-                return plain_read();
+        }
+        // SAFETY: F_GETFL on the caller's fd has no memory arguments.
+        if unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0 {
+            set_errno(libc::EAGAIN);
+            return -1;
+        }
+        match engine.channel_wait_fd(fd) {
+            Some(w) => {
+                // SAFETY: the shim passes a valid out pointer.
+                unsafe { *wait_fd = w };
+                READ_WAIT
             }
-            // SAFETY: F_GETFL on the caller's fd has no memory arguments.
-            if unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0 {
-                set_errno(libc::EAGAIN);
-                return -1;
-            }
-            match engine.wait_on_channel(fd) {
-                Waited::Woken => {}
-                Waited::Interrupted if uiw_kabi::sys::interrupted_reads_restart() => {}
-                Waited::Interrupted => {
-                    set_errno(libc::EINTR);
-                    return -1;
-                }
-                Waited::Unable => return plain_read(),
-            }
+            None => READ_PLAIN,
         }
     })
 }

@@ -1,0 +1,304 @@
+/*
+ * channel_wait.c — a thread blocked in ibv_get_cq_event behaves as it does on a kernel
+ * provider, now that uiw serves the channel's QPs in that thread while it waits
+ * (libuiw_preload.so hands the channel's read() to the provider, which sleeps in the shim's
+ * poll() and serves the QPs whose streams woke it).
+ *
+ * One process, two RC QPs on the device connected to each other (ibv_modify_qp, GID 0); B's
+ * CQ has a completion channel. A waiter thread calls ibv_get_cq_event on it, and:
+ *   1. A's Send to B wakes it with B's CQ, whose receive holds the message;
+ *   2. a signal whose handler has no SA_RESTART ends the wait with EINTR, as read(2) does;
+ *   3. one whose handler has SA_RESTART does not: the wait goes on until the next Send;
+ *   4. pthread_cancel ends it and the thread joins (the wait is a cancellation point, and
+ *      nothing on the cancelled thread's stack may catch the unwinding: before the fix the
+ *      process aborted with "FATAL: exception not rethrown");
+ *   5. with O_NONBLOCK on the channel's fd and no event, ibv_get_cq_event fails with EAGAIN
+ *      at once.
+ *
+ *   channel_wait [-d DEV]
+ *
+ * Output is TAP-like ("ok - ..." / "not ok - ...", then "N passed, N failed"); exit status
+ * 1 if any check failed. Every wait is bounded (a lost wake-up fails, it does not hang).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <infiniband/verbs.h>
+
+static int passed, failed;
+
+static int check(int cond, const char *what, const char *detail)
+{
+	if (cond) {
+		passed++;
+		printf("ok - %s\n", what);
+	} else {
+		failed++;
+		printf("not ok - %s (%s)\n", what, detail ? detail : "");
+	}
+	fflush(stdout);
+	return cond;
+}
+
+static union ibv_gid gid;
+
+static int to_init(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr a;
+
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_INIT;
+	a.port_num = 1;
+	return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+}
+
+static int to_rtr(struct ibv_qp *qp, uint32_t peer)
+{
+	struct ibv_qp_attr a;
+
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_1024;
+	a.dest_qp_num = peer;
+	a.max_dest_rd_atomic = 1;
+	a.min_rnr_timer = 12;
+	a.ah_attr.is_global = 1;
+	a.ah_attr.grh.dgid = gid;
+	a.ah_attr.grh.hop_limit = 1;
+	a.ah_attr.port_num = 1;
+	return ibv_modify_qp(qp, &a,
+			     IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+				     IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+}
+
+static int to_rts(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr a;
+
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = 14;
+	a.retry_cnt = 7;
+	a.rnr_retry = 7;
+	a.max_rd_atomic = 1;
+	return ibv_modify_qp(qp, &a,
+			     IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+				     IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+static struct ibv_comp_channel *ch;
+
+/* What the waiter's ibv_get_cq_event returned. */
+struct waited {
+	int ret, err;
+	struct ibv_cq *cq;
+};
+
+static void *waiter(void *arg)
+{
+	struct waited *w = arg;
+	void *ctx;
+
+	w->ret = ibv_get_cq_event(ch, &w->cq, &ctx);
+	w->err = errno;
+	return NULL;
+}
+
+static void on_signal(int sig)
+{
+	(void)sig;
+}
+
+static void catch_usr1(int flags)
+{
+	struct sigaction sa;
+
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_signal;
+	sa.sa_flags = flags;
+	sigaction(SIGUSR1, &sa, NULL);
+}
+
+/* Joins t within `secs`; 0 if it ended, ETIMEDOUT if it is still waiting. */
+static int join_within(pthread_t t, int secs, void **res)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += secs;
+	return pthread_timedjoin_np(t, res, &ts);
+}
+
+static void pause_ms(int ms)
+{
+	/* Set-up, not a measurement: lets the waiter reach its sleep. */
+	usleep(ms * 1000);
+}
+
+int main(int argc, char **argv)
+{
+	const char *want = getenv("UIW_DEVICE");
+	struct ibv_device **list;
+	struct ibv_device *dev = NULL;
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	struct ibv_cq *acq, *bcq;
+	struct ibv_qp_init_attr ia;
+	struct ibv_qp *a, *b;
+	struct ibv_mr *mr;
+	static char buf[2][64];
+	struct ibv_sge ssge, rsge;
+	struct ibv_send_wr swr, *bad_s;
+	struct ibv_recv_wr rwr, *bad_r;
+	struct ibv_wc wc;
+	struct waited w;
+	pthread_t t;
+	void *res;
+	char detail[160];
+	int opt, i, n, flags;
+
+	while ((opt = getopt(argc, argv, "d:")) != -1) {
+		if (opt != 'd') {
+			fprintf(stderr, "usage: %s [-d DEV]\n", argv[0]);
+			return 2;
+		}
+		want = optarg;
+	}
+	list = ibv_get_device_list(NULL);
+	for (i = 0; list && list[i]; i++)
+		if (!want || !strcmp(ibv_get_device_name(list[i]), want))
+			dev = list[i];
+	if (!check(dev != NULL, "device found", want ? want : "no device"))
+		goto out;
+	ctx = ibv_open_device(dev);
+	pd = ctx ? ibv_alloc_pd(ctx) : NULL;
+	ch = pd ? ibv_create_comp_channel(ctx) : NULL;
+	acq = ch ? ibv_create_cq(ctx, 8, NULL, NULL, 0) : NULL;
+	bcq = acq ? ibv_create_cq(ctx, 8, NULL, ch, 0) : NULL;
+	mr = bcq ? ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE) : NULL;
+	if (!check(mr && !ibv_query_gid(ctx, 1, 0, &gid), "device, PD, channel, CQs, MR, GID 0", strerror(errno)))
+		goto out;
+	memset(&ia, 0, sizeof(ia));
+	ia.qp_type = IBV_QPT_RC;
+	ia.cap.max_send_wr = 4;
+	ia.cap.max_recv_wr = 4;
+	ia.cap.max_send_sge = 1;
+	ia.cap.max_recv_sge = 1;
+	ia.send_cq = acq;
+	ia.recv_cq = acq;
+	a = ibv_create_qp(pd, &ia);
+	ia.send_cq = bcq;
+	ia.recv_cq = bcq;
+	b = a ? ibv_create_qp(pd, &ia) : NULL;
+	if (!check(b && !to_init(a) && !to_init(b) && !to_rtr(a, b->qp_num) && !to_rtr(b, a->qp_num) &&
+			   !to_rts(a) && !to_rts(b),
+		   "two RC QPs connected, B's CQ on the channel", strerror(errno)))
+		goto out;
+
+	ssge.addr = (uintptr_t)buf[0];
+	ssge.length = sizeof(buf[0]);
+	ssge.lkey = mr->lkey;
+	memset(&swr, 0, sizeof(swr));
+	swr.sg_list = &ssge;
+	swr.num_sge = 1;
+	swr.opcode = IBV_WR_SEND;
+	rsge = ssge;
+	rsge.addr = (uintptr_t)buf[1];
+	memset(&rwr, 0, sizeof(rwr));
+	rwr.sg_list = &rsge;
+	rwr.num_sge = 1;
+
+	/* 1. A Send wakes the waiter. */
+	rwr.wr_id = 1;
+	if (!check(!ibv_post_recv(b, &rwr, &bad_r) && !ibv_req_notify_cq(bcq, 0), "B's receive posted, its CQ armed",
+		   strerror(errno)))
+		goto out;
+	memset(&w, 0, sizeof(w));
+	pthread_create(&t, NULL, waiter, &w);
+	pause_ms(100);
+	strcpy(buf[0], "wake the waiter");
+	swr.wr_id = 1;
+	if (!check(!ibv_post_send(a, &swr, &bad_s), "A sends to B", strerror(errno)))
+		goto out;
+	n = join_within(t, 30, &res);
+	snprintf(detail, sizeof(detail), "join %d, ibv_get_cq_event %d (%s)", n, w.ret, strerror(w.err));
+	if (!check(n == 0 && w.ret == 0 && w.cq == bcq, "the Send wakes ibv_get_cq_event with B's CQ", detail))
+		goto out;
+	ibv_ack_cq_events(bcq, 1);
+	n = ibv_poll_cq(bcq, 1, &wc);
+	snprintf(detail, sizeof(detail), "%d completions, %s", n, n == 1 ? ibv_wc_status_str(wc.status) : "-");
+	check(n == 1 && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV && !strcmp(buf[1], buf[0]),
+	      "B's receive holds the message", detail);
+	while (ibv_poll_cq(acq, 1, &wc) == 1)
+		;
+
+	/* 2. A signal without SA_RESTART ends the wait with EINTR. */
+	catch_usr1(0);
+	if (!check(!ibv_req_notify_cq(bcq, 0), "B's CQ armed again", strerror(errno)))
+		goto out;
+	memset(&w, 0, sizeof(w));
+	pthread_create(&t, NULL, waiter, &w);
+	pause_ms(100);
+	pthread_kill(t, SIGUSR1);
+	n = join_within(t, 10, &res);
+	snprintf(detail, sizeof(detail), "join %d, ibv_get_cq_event %d (%s)", n, w.ret, strerror(w.err));
+	check(n == 0 && w.ret == -1 && w.err == EINTR, "a signal handled without SA_RESTART: EINTR", detail);
+	if (n != 0)
+		goto out;
+
+	/* 3. With SA_RESTART the wait goes on, until the next Send. */
+	catch_usr1(SA_RESTART);
+	memset(&w, 0, sizeof(w));
+	pthread_create(&t, NULL, waiter, &w);
+	pause_ms(100);
+	pthread_kill(t, SIGUSR1);
+	pause_ms(100);
+	n = pthread_tryjoin_np(t, &res);
+	check(n == EBUSY, "a signal handled with SA_RESTART: still waiting", n ? strerror(n) : "it returned");
+	if (n == 0)
+		goto out;
+	rwr.wr_id = 2;
+	swr.wr_id = 2;
+	strcpy(buf[0], "after the signal");
+	if (!check(!ibv_post_recv(b, &rwr, &bad_r) && !ibv_post_send(a, &swr, &bad_s), "A sends to B again",
+		   strerror(errno)))
+		goto out;
+	n = join_within(t, 30, &res);
+	snprintf(detail, sizeof(detail), "join %d, ibv_get_cq_event %d (%s)", n, w.ret, strerror(w.err));
+	if (!check(n == 0 && w.ret == 0 && w.cq == bcq, "then the Send wakes it", detail))
+		goto out;
+	ibv_ack_cq_events(bcq, 1);
+	n = ibv_poll_cq(bcq, 1, &wc);
+	check(n == 1 && wc.status == IBV_WC_SUCCESS && !strcmp(buf[1], "after the signal"), "with the message", "");
+
+	/* 4. pthread_cancel ends the wait. */
+	if (!check(!ibv_req_notify_cq(bcq, 0), "B's CQ armed again", strerror(errno)))
+		goto out;
+	memset(&w, 0, sizeof(w));
+	pthread_create(&t, NULL, waiter, &w);
+	pause_ms(100);
+	pthread_cancel(t);
+	n = join_within(t, 10, &res);
+	check(n == 0 && res == PTHREAD_CANCELED, "pthread_cancel of the waiting thread: cancelled and joined",
+	      n ? strerror(n) : "not cancelled");
+
+	/* 5. A non-blocking channel: EAGAIN at once. */
+	flags = fcntl(ch->fd, F_GETFL);
+	fcntl(ch->fd, F_SETFL, flags | O_NONBLOCK);
+	memset(&w, 0, sizeof(w));
+	waiter(&w);
+	snprintf(detail, sizeof(detail), "ibv_get_cq_event %d (%s)", w.ret, strerror(w.err));
+	check(w.ret == -1 && w.err == EAGAIN, "O_NONBLOCK channel, no event: EAGAIN", detail);
+	fcntl(ch->fd, F_SETFL, flags);
+out:
+	printf("%d passed, %d failed\n", passed, failed);
+	return failed ? 1 : 0;
+}

@@ -1,0 +1,26 @@
+//! A thread blocked in `ibv_get_cq_event` behaves as on a kernel provider now that uiw serves
+//! the channel's QPs in that thread while it waits (`examples/c/channel_wait.c`): a Send
+//! wakes it with its message, a signal ends the wait as it ends a `read(2)` (EINTR without
+//! SA_RESTART, nothing with it), `pthread_cancel` ends it and the thread joins (the first
+//! version sat in `epoll_wait` inside Rust frames that caught the unwinding: the process
+//! aborted), and a non-blocking channel says EAGAIN.
+
+use uiw_examples::{build_c_example, device_lock, device_test_artifacts, failures, out_dir, parse_summary, show, Published};
+
+#[test]
+fn a_thread_waiting_on_a_completion_channel_wakes_ends_and_cancels_as_read_does() {
+    let test = "a_thread_waiting_on_a_completion_channel_wakes_ends_and_cancels_as_read_does";
+    let Some(artifacts) = device_test_artifacts(test) else { return };
+    let exe = build_c_example("channel_wait", &out_dir(env!("CARGO_TARGET_TMPDIR")));
+    let _l = device_lock();
+    let dev = Published::up(&artifacts, &out_dir(env!("CARGO_TARGET_TMPDIR"))).unwrap_or_else(|e| panic!("{e}"));
+    let out = dev.run(&[exe.as_os_str()], &[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let sum = parse_summary(&stdout).unwrap_or_else(|| panic!("{test}: no summary\n{}", show(&out)));
+    assert!(
+        out.status.success() && sum.failed == 0 && sum.passed == 16,
+        "{test}: {sum:?}: {:?}\n{}",
+        failures(&stdout),
+        show(&out)
+    );
+}
