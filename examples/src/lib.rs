@@ -351,6 +351,20 @@ pub fn failures(stdout: &str) -> Vec<&str> {
     stdout.lines().filter(|l| l.starts_with("not ok")).collect()
 }
 
+/// Asserts that a TAP-like example program's run (`what` names it in messages) exited 0 with
+/// exactly `passed` checks passed and none failed, showing the failed checks and its output
+/// otherwise.
+pub fn assert_all_passed(what: &str, out: &Output, passed: u32) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let sum = parse_summary(&stdout).unwrap_or_else(|| panic!("{what}: no summary\n{}", show(out)));
+    assert!(
+        out.status.success() && sum.failed == 0 && sum.passed == passed,
+        "{what}: {sum:?}: {:?}\n{}",
+        failures(&stdout),
+        show(out)
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,7 +5,7 @@
 //! version sat in `epoll_wait` inside Rust frames that caught the unwinding: the process
 //! aborted), and a non-blocking channel says EAGAIN.
 
-use uiw_examples::{build_c_example, device_lock, device_test_artifacts, failures, out_dir, parse_summary, show, Published};
+use uiw_examples::{assert_all_passed, build_c_example, device_lock, device_test_artifacts, out_dir, Published};
 
 #[test]
 fn a_thread_waiting_on_a_completion_channel_wakes_ends_and_cancels_as_read_does() {
@@ -14,13 +14,5 @@ fn a_thread_waiting_on_a_completion_channel_wakes_ends_and_cancels_as_read_does(
     let exe = build_c_example("channel_wait", &out_dir(env!("CARGO_TARGET_TMPDIR")));
     let _l = device_lock();
     let dev = Published::up(&artifacts, &out_dir(env!("CARGO_TARGET_TMPDIR"))).unwrap_or_else(|e| panic!("{e}"));
-    let out = dev.run(&[exe.as_os_str()], &[]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let sum = parse_summary(&stdout).unwrap_or_else(|| panic!("{test}: no summary\n{}", show(&out)));
-    assert!(
-        out.status.success() && sum.failed == 0 && sum.passed == 16,
-        "{test}: {sum:?}: {:?}\n{}",
-        failures(&stdout),
-        show(&out)
-    );
+    assert_all_passed(test, &dev.run(&[exe.as_os_str()], &[]), 16);
 }

@@ -6,7 +6,7 @@
 //! may stay with a QP that does not need it: one QP used to take the next receive ahead
 //! whenever its stream had bytes to read, and another QP's Send then found the SRQ empty.
 
-use uiw_examples::{build_c_example, device_lock, device_test_artifacts, failures, out_dir, parse_summary, show, Published};
+use uiw_examples::{assert_all_passed, build_c_example, device_lock, device_test_artifacts, out_dir, Published};
 
 #[test]
 fn a_send_waiting_for_an_srq_receive_takes_the_one_posted_later() {
@@ -15,13 +15,5 @@ fn a_send_waiting_for_an_srq_receive_takes_the_one_posted_later() {
     let exe = build_c_example("srq_wait", &out_dir(env!("CARGO_TARGET_TMPDIR")));
     let _l = device_lock();
     let dev = Published::up(&artifacts, &out_dir(env!("CARGO_TARGET_TMPDIR"))).unwrap_or_else(|e| panic!("{e}"));
-    let out = dev.run(&[exe.as_os_str()], &[]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let sum = parse_summary(&stdout).unwrap_or_else(|| panic!("{test}: no summary\n{}", show(&out)));
-    assert!(
-        out.status.success() && sum.failed == 0 && sum.passed == 14,
-        "{test}: {sum:?}: {:?}\n{}",
-        failures(&stdout),
-        show(&out)
-    );
+    assert_all_passed(test, &dev.run(&[exe.as_os_str()], &[]), 14);
 }

@@ -11,7 +11,7 @@
 //! wait for has not run at all when `ibv_create_qp` returns: without the wait the check
 //! fails every time, not by chance.
 
-use uiw_examples::{build_c_example, device_lock, device_test_artifacts, failures, out_dir, parse_summary, show, Published};
+use uiw_examples::{assert_all_passed, build_c_example, device_lock, device_test_artifacts, out_dir, Published};
 
 #[test]
 fn the_progress_thread_has_started_when_ibv_create_qp_returns() {
@@ -23,13 +23,6 @@ fn the_progress_thread_has_started_when_ibv_create_qp_returns() {
     // Fresh processes: only a process's first thread creates an arena (later ones reuse it).
     for run in 0..3 {
         let out = dev.run(&[exe.as_os_str(), "-n".as_ref(), "5".as_ref()], &[]);
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let sum = parse_summary(&stdout).unwrap_or_else(|| panic!("{test}: run {run}: no summary\n{}", show(&out)));
-        assert!(
-            out.status.success() && sum.failed == 0 && sum.passed == 3,
-            "{test}: run {run}: {sum:?}: {:?}\n{}",
-            failures(&stdout),
-            show(&out)
-        );
+        assert_all_passed(&format!("{test}: run {run}"), &out, 3);
     }
 }

@@ -368,7 +368,7 @@ mod epoll_tests {
         // SAFETY: sigaction is plain data; the handler is a valid extern "C" fn.
         unsafe {
             let mut a: libc::sigaction = std::mem::zeroed();
-            a.sa_sigaction = ignore as usize;
+            a.sa_sigaction = ignore as *const () as usize;
             a.sa_flags = flags;
             assert_eq!(libc::sigaction(libc::SIGUSR2, &a, std::ptr::null_mut()), 0);
         }
