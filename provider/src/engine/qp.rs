@@ -588,7 +588,7 @@ impl Qp {
 
     /// The progress thread serves the stream's socket from now on (it is armed: not leased),
     /// and a thread blocked reading a completion channel of the QP's CQs wakes for its input
-    /// too (see `events::EventQueue::wait_serving`).
+    /// too (see `events::EventQueue::wait_fd`).
     fn watch_link(&self, stream: &dyn Stream) -> std::io::Result<()> {
         self.net.watch(stream, self.qpn)?;
         self.lease.attach(stream.readiness());
