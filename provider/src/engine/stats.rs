@@ -173,7 +173,7 @@ impl QpStats {
     }
 
     /// A thread waiting on a completion channel served the QP's stream (see
-    /// `events::EventQueue::wait_serving`).
+    /// `events::EventQueue::serve_ready`).
     pub fn reader_served(&self) {
         self.add(Counter::ReaderServes, 1);
     }
