@@ -86,9 +86,7 @@ static void pause_ms(int ms)
 
 int main(int argc, char **argv)
 {
-	const char *want = getenv("UIW_DEVICE");
-	struct ibv_device **list;
-	struct ibv_device *dev = NULL;
+	struct ibv_device *dev;
 	struct ibv_context *ctx;
 	struct ibv_pd *pd;
 	struct ibv_cq *acq, *bcq;
@@ -104,20 +102,11 @@ int main(int argc, char **argv)
 	pthread_t t;
 	void *res;
 	char detail[160];
-	int opt, i, n, flags;
+	int n, flags;
 
-	while ((opt = getopt(argc, argv, "d:")) != -1) {
-		if (opt != 'd') {
-			fprintf(stderr, "usage: %s [-d DEV]\n", argv[0]);
-			return 2;
-		}
-		want = optarg;
-	}
-	list = ibv_get_device_list(NULL);
-	for (i = 0; list && list[i]; i++)
-		if (!want || !strcmp(ibv_get_device_name(list[i]), want))
-			dev = list[i];
-	if (!check(dev != NULL, "device found", want ? want : "no device"))
+	if (!pick_device(argc, argv, &dev))
+		return 2;
+	if (!dev)
 		goto out;
 	ctx = ibv_open_device(dev);
 	pd = ctx ? ibv_alloc_pd(ctx) : NULL;

@@ -10,7 +10,9 @@
 #define UIW_EXAMPLES_RC_PAIR_H
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <infiniband/verbs.h>
 
@@ -27,6 +29,30 @@ static int check(int cond, const char *what, const char *detail)
 	}
 	fflush(stdout);
 	return cond;
+}
+
+/* The device named by -d DEV (default: $UIW_DEVICE; neither: the last one listed) into *dev,
+ * checked ("device found"; NULL if there is none). 0 after a usage error (printed). */
+static int pick_device(int argc, char **argv, struct ibv_device **dev)
+{
+	const char *want = getenv("UIW_DEVICE");
+	struct ibv_device **list;
+	int opt, i;
+
+	while ((opt = getopt(argc, argv, "d:")) != -1) {
+		if (opt != 'd') {
+			fprintf(stderr, "usage: %s [-d DEV]\n", argv[0]);
+			return 0;
+		}
+		want = optarg;
+	}
+	*dev = NULL;
+	list = ibv_get_device_list(NULL);
+	for (i = 0; list && list[i]; i++)
+		if (!want || !strcmp(ibv_get_device_name(list[i]), want))
+			*dev = list[i];
+	check(*dev != NULL, "device found", want ? want : "no device");
+	return 1;
 }
 
 static union ibv_gid gid;
