@@ -84,6 +84,14 @@ static void pause_ms(int ms)
 	usleep(ms * 1000);
 }
 
+/* Starts a waiter thread reporting into *w, and lets it reach its sleep. */
+static void start_waiter(pthread_t *t, struct waited *w)
+{
+	memset(w, 0, sizeof(*w));
+	pthread_create(t, NULL, waiter, w);
+	pause_ms(100);
+}
+
 int main(int argc, char **argv)
 {
 	struct ibv_device *dev;
@@ -128,9 +136,7 @@ int main(int argc, char **argv)
 	ia.send_cq = bcq;
 	ia.recv_cq = bcq;
 	b = a ? ibv_create_qp(pd, &ia) : NULL;
-	if (!check(b && !to_init(a) && !to_init(b) && !to_rtr(a, b->qp_num) && !to_rtr(b, a->qp_num) &&
-			   !to_rts(a) && !to_rts(b),
-		   "two RC QPs connected, B's CQ on the channel", strerror(errno)))
+	if (!check(b && !connect_qps(a, b), "two RC QPs connected, B's CQ on the channel", strerror(errno)))
 		goto out;
 
 	ssge.addr = (uintptr_t)buf[0];
@@ -151,9 +157,7 @@ int main(int argc, char **argv)
 	if (!check(!ibv_post_recv(b, &rwr, &bad_r) && !ibv_req_notify_cq(bcq, 0), "B's receive posted, its CQ armed",
 		   strerror(errno)))
 		goto out;
-	memset(&w, 0, sizeof(w));
-	pthread_create(&t, NULL, waiter, &w);
-	pause_ms(100);
+	start_waiter(&t, &w);
 	strcpy(buf[0], "wake the waiter");
 	swr.wr_id = 1;
 	if (!check(!ibv_post_send(a, &swr, &bad_s), "A sends to B", strerror(errno)))
@@ -174,9 +178,7 @@ int main(int argc, char **argv)
 	catch_usr1(0);
 	if (!check(!ibv_req_notify_cq(bcq, 0), "B's CQ armed again", strerror(errno)))
 		goto out;
-	memset(&w, 0, sizeof(w));
-	pthread_create(&t, NULL, waiter, &w);
-	pause_ms(100);
+	start_waiter(&t, &w);
 	pthread_kill(t, SIGUSR1);
 	n = join_within(t, 10, &res);
 	snprintf(detail, sizeof(detail), "join %d, ibv_get_cq_event %d (%s)", n, w.ret, strerror(w.err));
@@ -186,9 +188,7 @@ int main(int argc, char **argv)
 
 	/* 3. With SA_RESTART the wait goes on, until the next Send. */
 	catch_usr1(SA_RESTART);
-	memset(&w, 0, sizeof(w));
-	pthread_create(&t, NULL, waiter, &w);
-	pause_ms(100);
+	start_waiter(&t, &w);
 	pthread_kill(t, SIGUSR1);
 	pause_ms(100);
 	n = pthread_tryjoin_np(t, &res);
@@ -212,9 +212,7 @@ int main(int argc, char **argv)
 	/* 4. pthread_cancel ends the wait. */
 	if (!check(!ibv_req_notify_cq(bcq, 0), "B's CQ armed again", strerror(errno)))
 		goto out;
-	memset(&w, 0, sizeof(w));
-	pthread_create(&t, NULL, waiter, &w);
-	pause_ms(100);
+	start_waiter(&t, &w);
 	pthread_cancel(t);
 	n = join_within(t, 10, &res);
 	check(n == 0 && res == PTHREAD_CANCELED, "pthread_cancel of the waiting thread: cancelled and joined",

@@ -101,4 +101,10 @@ static int to_rts(struct ibv_qp *qp)
 				     IBV_QP_MAX_QP_RD_ATOMIC);
 }
 
+/* Connects RC QPs a and b of this process to each other (INIT, RTR, RTS on both); 0 on success. */
+static int connect_qps(struct ibv_qp *a, struct ibv_qp *b)
+{
+	return to_init(a) || to_init(b) || to_rtr(a, b->qp_num) || to_rtr(b, a->qp_num) || to_rts(a) || to_rts(b);
+}
+
 #endif

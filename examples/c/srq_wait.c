@@ -86,9 +86,7 @@ int main(int argc, char **argv)
 	ia.recv_cq = bcq;
 	ia.srq = srq;
 	b = a ? ibv_create_qp(pd, &ia) : NULL;
-	if (!check(b && !to_init(a) && !to_init(b) && !to_rtr(a, b->qp_num) && !to_rtr(b, a->qp_num) &&
-			   !to_rts(a) && !to_rts(b),
-		   "two RC QPs connected, B's receives from the SRQ", strerror(errno)))
+	if (!check(b && !connect_qps(a, b), "two RC QPs connected, B's receives from the SRQ", strerror(errno)))
 		goto out;
 	if (!check(!ibv_req_notify_cq(bcq, 0), "ibv_req_notify_cq on B's CQ", strerror(errno)))
 		goto out;
@@ -139,9 +137,7 @@ int main(int argc, char **argv)
 	ia.recv_cq = bcq;
 	ia.srq = srq;
 	b2 = a2 ? ibv_create_qp(pd, &ia) : NULL;
-	if (!check(b2 && !to_init(a2) && !to_init(b2) && !to_rtr(a2, b2->qp_num) && !to_rtr(b2, a2->qp_num) &&
-			   !to_rts(a2) && !to_rts(b2),
-		   "a second pair A2 -> B2, B2 on the same SRQ", strerror(errno)))
+	if (!check(b2 && !connect_qps(a2, b2), "a second pair A2 -> B2, B2 on the same SRQ", strerror(errno)))
 		goto out;
 	for (i = 0; i < 2; i++) {
 		sge.addr = (uintptr_t)buf[2 + i];
