@@ -169,16 +169,9 @@ impl Context {
         self.channels.lock().get(&read_fd).cloned()
     }
 
-    /// What a thread reading channel `read_fd` that found no event sleeps on (see
-    /// `EventQueue::wait_fd`); `None`: it blocks in a plain read.
-    pub fn channel_wait_fd(&self, read_fd: i32) -> Option<i32> {
-        self.channel(read_fd)?.wait_fd()
-    }
-
-    /// The reader of channel `read_fd` woke: serves the channel's QPs whose streams have
-    /// input, in its thread (see `EventQueue::serve_ready`).
-    pub fn serve_channel_ready(&self, read_fd: i32) {
-        let Some(ch) = self.channel(read_fd) else { return };
+    /// The reader of channel `ch` woke: serves the channel's QPs whose streams have input, in
+    /// its thread (see `EventQueue::serve_ready`).
+    pub fn serve_channel_ready(&self, ch: &ChannelSink) {
         let net = self.net.lock().clone();
         ch.serve_ready(&mut |qpn| {
             if let Some(qp) = net.as_ref().and_then(|n| n.lookup(qpn)) {

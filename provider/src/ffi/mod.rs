@@ -478,8 +478,10 @@ unsafe extern "C" fn read_channel(engine: *mut c_void, fd: c_int, buf: *mut c_vo
     guard(-1, || {
         // SAFETY: `engine` is the pointer serve_cmd registered with this fd.
         let engine = unsafe { &*(engine as *const Context) };
+        // Not a channel of this context (any more): a plain read.
+        let Some(ch) = engine.channel(fd) else { return READ_PLAIN };
         match why {
-            WHY_WOKEN => engine.serve_channel_ready(fd),
+            WHY_WOKEN => engine.serve_channel_ready(&ch),
             // As a read(2) would: restarted after SA_RESTART handlers, EINTR otherwise.
             WHY_INTERRUPTED if !uiw_kabi::sys::interrupted_reads_restart() => {
                 set_errno(libc::EINTR);
@@ -505,7 +507,7 @@ unsafe extern "C" fn read_channel(engine: *mut c_void, fd: c_int, buf: *mut c_vo
             set_errno(libc::EAGAIN);
             return -1;
         }
-        match engine.channel_wait_fd(fd) {
+        match ch.wait_fd() {
             Some(w) => {
                 // SAFETY: the shim passes a valid out pointer.
                 unsafe { *wait_fd = w };
