@@ -390,7 +390,8 @@ fn env_output() {
             "export SYSFS_PATH='{st}/sysfs'\n\
              export RDMAV_DRIVERS=\"${{RDMAV_DRIVERS:+$RDMAV_DRIVERS:}}\"'{st}/lib/libuiw'\n\
              export LD_PRELOAD=\"${{LD_PRELOAD:+$LD_PRELOAD }}\"'{st}/lib/libuiw_preload.so'\n\
-             export LD_LIBRARY_PATH='{}/rdmacm'\"${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}\"\n",
+             export LD_LIBRARY_PATH='{}/rdmacm'\"${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}\"\n\
+             [ -n \"${{FI_OFI_RXM_SAR_LIMIT+set}}\" ] || export FI_OFI_RXM_SAR_LIMIT='16384'\n",
             libs.display()
         )
     );
@@ -402,14 +403,21 @@ fn env_output() {
     // The lines work in a POSIX shell, keeping what was there.
     let o = Command::new("sh")
         .arg("-c")
-        .arg(format!("LD_PRELOAD=/x/a.so; eval \"$('{UIW}' env)\"; echo \"$LD_PRELOAD|$SYSFS_PATH|$RDMAV_DRIVERS\""))
+        .arg(format!(
+            "LD_PRELOAD=/x/a.so; eval \"$('{UIW}' env)\"; echo \"$LD_PRELOAD|$SYSFS_PATH|$RDMAV_DRIVERS|$FI_OFI_RXM_SAR_LIMIT\"; \
+             FI_OFI_RXM_SAR_LIMIT=0; eval \"$('{UIW}' env)\"; echo \"$FI_OFI_RXM_SAR_LIMIT\""
+        ))
         .env("UIW_STATE_DIR", &s)
         .env("UIW_LIBDIR", &libs)
         .env("UIW_INSTALL_ROOT", e.t.p("root"))
         .env_remove("RDMAV_DRIVERS")
         .output()
         .unwrap();
-    assert_eq!(String::from_utf8_lossy(&o.stdout), format!("/x/a.so {st}/lib/libuiw_preload.so|{st}/sysfs|{st}/lib/libuiw\n"));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        format!("/x/a.so {st}/lib/libuiw_preload.so|{st}/sysfs|{st}/lib/libuiw|16384\n0\n"),
+        "a value the user set is kept"
+    );
     e.ok(&["down"]);
 }
 
@@ -437,6 +445,18 @@ fn run_sets_environment() {
             st.display()
         )
     );
+    // rxm's SAR limit: uiw's default where none is set, the user's own kept.
+    let sar = |set: Option<&str>| {
+        let mut c = e.cmd(&["run", "--", "sh", "-c", "printf '%s' \"${FI_OFI_RXM_SAR_LIMIT-unset}\""]);
+        match set {
+            Some(v) => c.env("FI_OFI_RXM_SAR_LIMIT", v),
+            None => c.env_remove("FI_OFI_RXM_SAR_LIMIT"),
+        };
+        String::from_utf8_lossy(&c.output().unwrap().stdout).into_owned()
+    };
+    assert_eq!(sar(None), "16384");
+    assert_eq!(sar(Some("131072")), "131072");
+    assert_eq!(sar(Some("")), "", "a variable set empty is the user's too");
     let o = e.run(&["run", "--", "/nonexistent/program"]);
     assert_eq!(o.status.code(), Some(127));
     let o = e.run(&["run"]);
