@@ -145,6 +145,8 @@ fn open_mpi_two_ranks_over_verbs_ofi_rxm() {
         let mut c = std::process::Command::new("ip");
         c.args(["netns", "exec", &ns.0]).arg(&a.uiw).args(args);
         c.env("UIW_STATE_DIR", &dev.state_dir).env("UIW_LIBDIR", &a.dir).stdin(std::process::Stdio::null());
+        // The test's own choice of rxm protocol, whatever the caller's environment says.
+        c.env_remove("FI_OFI_RXM_SAR_LIMIT");
         c
     };
     for args in [["up", "--netdev", "v0"], ["down", "--netdev", "lo"]] {
@@ -152,27 +154,46 @@ fn open_mpi_two_ranks_over_verbs_ofi_rxm() {
         assert!(o.status.success(), "uiw {args:?}: {}", text(&o));
     }
     let exe = exe.display().to_string();
-    let mut c = in_ns(&[
-        "run", "--", "mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
-        "--mca", "pml", "cm", "--mca", "mtl", "ofi", "--mca", "btl", "self",
-        "--mca", "oob_tcp_if_include", "v0",
-        "-x", "FI_PROVIDER=verbs;ofi_rxm", "-x", "UIW_RDMACM_DEBUG=1", &exe,
-    ]);
-    c.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
-    let (o, timed_out) = finish(c.spawn().expect("start mpirun"), Duration::from_secs(300));
-    let out = String::from_utf8_lossy(&o.stdout);
-    let err = String::from_utf8_lossy(&o.stderr);
-    println!("{out}");
-    let summary = uiw_examples::parse_summary(&out);
-    assert!(
-        !timed_out && o.status.success() && summary.is_some_and(|s| s.failed == 0 && s.passed >= 40),
-        "{TEST}: mpirun failed (timed out: {timed_out}, summary {summary:?})\n{}",
-        text(&o)
-    );
-    // Proof of path: uiw's librdmacm accepted the ranks' connections and the uiw provider
-    // reported their MPA exchanges (UIW_RDMACM_DEBUG, rdmacm/src/cm.rs).
-    let accepted = err.lines().filter(|l| l.starts_with("uiw-rdmacm[") && l.contains(": accepted ")).count();
-    let provider = err.lines().filter(|l| l.starts_with("uiw-rdmacm[") && l.contains("provider event")).count();
-    println!("uiw-rdmacm: {accepted} connection(s) accepted, {provider} provider event(s)");
-    assert!(accepted >= 1 && provider >= 2, "{TEST}: no trace of uiw carrying the ranks' connections\n{}", text(&o));
+    // Both of rxm's protocols above its 16 KiB eager limit: rendezvous (one RDMA Read), which
+    // `uiw run` selects with FI_OFI_RXM_SAR_LIMIT=16384, and rxm's own segmentation into 16 KiB
+    // Sends up to 128 KiB, which a user who sets the variable gets. rxm's log of the value it
+    // read shows which one ran.
+    for (how, sar) in [("uiw run's default (rendezvous)", None), ("rxm's SAR up to 128 KiB", Some("131072"))] {
+        let sar_x = sar.map(|v| format!("FI_OFI_RXM_SAR_LIMIT={v}"));
+        let mut args = vec![
+            "run", "--", "mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
+            "--mca", "pml", "cm", "--mca", "mtl", "ofi", "--mca", "btl", "self",
+            "--mca", "oob_tcp_if_include", "v0",
+            "-x", "FI_PROVIDER=verbs;ofi_rxm", "-x", "UIW_RDMACM_DEBUG=1",
+            "-x", "FI_LOG_LEVEL=info", "-x", "FI_LOG_PROV=ofi_rxm",
+        ];
+        if let Some(x) = &sar_x {
+            args.extend(["-x", x.as_str()]);
+        }
+        args.push(&exe);
+        let mut c = in_ns(&args);
+        c.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+        let (o, timed_out) = finish(c.spawn().expect("start mpirun"), Duration::from_secs(300));
+        let out = String::from_utf8_lossy(&o.stdout);
+        let err = String::from_utf8_lossy(&o.stderr);
+        println!("{how}:\n{out}");
+        let summary = uiw_examples::parse_summary(&out);
+        assert!(
+            !timed_out && o.status.success() && summary.is_some_and(|s| s.failed == 0 && s.passed >= 40),
+            "{TEST}, {how}: mpirun failed (timed out: {timed_out}, summary {summary:?})\n{}",
+            text(&o)
+        );
+        let limit = format!("sar_limit={}", sar.unwrap_or("16384"));
+        assert!(
+            err.lines().any(|l| l.contains("ofi_rxm") && l.ends_with(&limit)),
+            "{TEST}, {how}: rxm did not report {limit}\n{}",
+            text(&o)
+        );
+        // Proof of path: uiw's librdmacm accepted the ranks' connections and the uiw provider
+        // reported their MPA exchanges (UIW_RDMACM_DEBUG, rdmacm/src/cm.rs).
+        let accepted = err.lines().filter(|l| l.starts_with("uiw-rdmacm[") && l.contains(": accepted ")).count();
+        let provider = err.lines().filter(|l| l.starts_with("uiw-rdmacm[") && l.contains("provider event")).count();
+        println!("uiw-rdmacm: {accepted} connection(s) accepted, {provider} provider event(s)");
+        assert!(accepted >= 1 && provider >= 2, "{TEST}, {how}: no trace of uiw carrying the ranks' connections\n{}", text(&o));
+    }
 }
