@@ -143,8 +143,10 @@ ROWS
                                flight, timed at rank 0 until rank 1's acknowledgement),
                                every message (lat) or a window after the timed ones (bw)
                                checked. uiw: `uiw run -- mpirun ... -x
-                               FI_PROVIDER=verbs;ofi_rxm`; peer: the same with
-                               FI_PROVIDER=tcp FI_TCP_NODELAY=1; and, informational, Open
+                               FI_PROVIDER=verbs;ofi_rxm` (uiw run sets
+                               FI_OFI_RXM_SAR_LIMIT=16384: rxm's rendezvous above
+                               16 KiB); peer: the same with FI_PROVIDER=tcp
+                               FI_TCP_NODELAY=1 (libfabric's defaults); and, informational, Open
                                MPI's own TCP (--mca pml ob1 --mca btl self,tcp). All in a
                                network namespace of the run's own (uiw-bench-PID: a veth,
                                v0 10.77.0.1/24, uiw_v0 published there from
