@@ -1590,6 +1590,23 @@ impl Connection {
         k
     }
 
+    /// The stream's MSS is now `mss`: messages segmented from here on use FPDUs up to the
+    /// MULPDU it gives ([`mpa::mulpdu`]); one already in segmentation keeps its FPDU size.
+    /// MULPDU follows the current EMSS (RFC 5044 §4.1), which grows over a connection's
+    /// life: Linux bounds the MSS by half the largest window the peer has offered, 32 KiB on
+    /// a fresh loopback connection and 64 KiB once data has flowed. siw likewise sizes each
+    /// FPDU from the socket's current `mss_cache` (`siw_update_tcpseg`). Receivers take FPDUs
+    /// of any size up to their own limit ([`Config::max_rx_ulpdu`]), so the sender alone
+    /// decides.
+    pub fn set_mss(&mut self, mss: usize) {
+        self.mulpdu = mpa::mulpdu(mss);
+    }
+
+    /// The largest ULPDU this side puts in one FPDU now (see [`Connection::set_mss`]).
+    pub fn mulpdu(&self) -> usize {
+        self.mulpdu
+    }
+
     /// Whether MPA CRC32c is in use on this connection (known once
     /// established).
     pub fn crc(&self) -> bool {

@@ -1167,6 +1167,49 @@ fn ulpdu_longer_than_accepted_is_terminated() {
     assert_eq!(b.completions()[0].status, WcStatus::WrFlushErr);
 }
 
+/// A larger MSS learnt mid-connection (`set_mss`, as the TCP window opens) makes the messages
+/// segmented after it use larger FPDUs — Sends, Writes and Read Responses alike —, and the
+/// peer places them all intact; a smaller one shrinks them again. (Tagged FPDUs carry 14
+/// header bytes, untagged ones 18: see `large_messages_segmented_by_mss`.)
+#[test]
+fn fpdus_follow_the_mss_set_mid_connection() {
+    const N: usize = 200_000;
+    let (mut a, mut b) = default_pair();
+    let tagged = |mss: usize| N.div_ceil(mpa::mulpdu(mss) - 14);
+    let untagged = |mss: usize| N.div_ceil(mpa::mulpdu(mss) - 18);
+    assert_eq!(a.c.mulpdu(), mpa::mulpdu(1460));
+    a.m.region(0xa00, 0x5000_0000, N, ALL);
+    b.m.region(0xb00, 0x4000_0000, N, ALL);
+    let mut id = 0;
+    let mut send = |a: &mut Peer, b: &mut Peer| {
+        id += 1;
+        b.post_recv(id, N);
+        a.post_send(id, &pattern(N, id as u8), SendFlags::default());
+        let (na, _) = pump(a, b);
+        assert!(b.m.recvs[&id] == pattern(N, id as u8), "Send {id} placed intact");
+        assert_eq!(b.completions()[0].status, WcStatus::Success);
+        a.completions();
+        na
+    };
+    assert_eq!(send(&mut a, &mut b), untagged(1460));
+    a.c.set_mss(32741);
+    assert_eq!(a.c.mulpdu(), mpa::mulpdu(32741));
+    assert_eq!(send(&mut a, &mut b), untagged(32741));
+    a.m.sends.insert(100, pattern(N, 5));
+    a.c.post_write(100, 0xb00, 0x4000_0000, N as u32, None).unwrap();
+    assert_eq!(pump(&mut a, &mut b).0, tagged(32741));
+    assert!(b.m.bytes(0xb00) == &pattern(N, 5)[..], "Write placed intact");
+    // A Read Response is segmented by the responder's MSS.
+    b.m.fill(0xb00, 9);
+    b.c.set_mss(65483);
+    a.c.post_read(101, 0xa00, 0x5000_0000, 0xb00, 0x4000_0000, N as u32).unwrap();
+    assert_eq!(pump(&mut a, &mut b).1, tagged(65483));
+    assert!(a.m.bytes(0xa00) == b.m.bytes(0xb00), "Read Response placed intact");
+    a.completions();
+    a.c.set_mss(1460);
+    assert_eq!(send(&mut a, &mut b), untagged(1460), "a smaller MSS shrinks the FPDUs again");
+}
+
 /// Traffic counters: messages, FPDUs and payload bytes on both sides agree with what was
 /// posted; the RTR is not traffic; a Terminate counts on both sides.
 #[test]
