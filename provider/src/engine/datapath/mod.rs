@@ -65,6 +65,9 @@ const TX_BYTES: u64 = 1 << 20;
 const TX_COPY_MAX: usize = 512;
 /// Largest run of engine-owned bytes one backlog piece grows to.
 const TX_RUN_MAX: usize = 64 << 10;
+/// Bytes sent between two looks at the stream's MSS ([`Link::follow_mss`]): one
+/// `getsockopt` per quarter MiB.
+const MSS_RECHECK: u64 = 256 << 10;
 /// Bytes one pump may receive before the QP is let go (other QPs get their turn, a thread
 /// posting to this QP gets in): about 50 µs of copying.
 pub const RX_BUDGET: usize = 256 << 10;
@@ -138,6 +141,8 @@ pub struct Link {
     tx_skip: usize,
     tx_queued: u64,
     tx_sent: u64,
+    /// `tx_sent` when the stream's MSS was last read ([`Link::follow_mss`]).
+    mss_checked_at: u64,
     /// Send-queue completions waiting until `tx_sent` reaches their mark.
     held: VecDeque<(u64, Completion)>,
     /// Engine-owned buffers sent and emptied, for the next pieces: a stream of small
@@ -175,6 +180,7 @@ impl Link {
             tx_skip: 0,
             tx_queued: 0,
             tx_sent: 0,
+            mss_checked_at: 0,
             held: VecDeque::new(),
             spare: Vec::new(),
             stage: vec![0u8; stage].into_boxed_slice(),
@@ -185,6 +191,24 @@ impl Link {
             drained: false,
             tx_blocked: false,
             stats_seen: Default::default(),
+        }
+    }
+
+    /// Every [`MSS_RECHECK`] bytes sent, reads the stream's MSS again and has the protocol
+    /// core size the FPDUs of messages it starts from then on by it (`Connection::set_mss`,
+    /// RFC 5044 §4.1: MULPDU follows the current EMSS). A kernel TCP connection's MSS grows
+    /// as the peer's window opens — on loopback from 32 KiB at the handshake to 64 KiB once
+    /// data flowed —, and FPDUs twice as large halve the per-FPDU work on both sides: 1 MiB
+    /// `ib_write_bw` 7.34-7.63 against 6.06-6.59 GB/s, `ib_read_bw` 6.77-6.79 against
+    /// 5.69-6.64 (interleaved runs with the MSS forced to 64 KiB).
+    fn follow_mss(&mut self) {
+        if self.tx_sent < self.mss_checked_at + MSS_RECHECK {
+            return;
+        }
+        self.mss_checked_at = self.tx_sent;
+        let mss = self.stream.mss();
+        if uiw_wire::mpa::mulpdu(mss) != self.conn.mulpdu() {
+            self.conn.set_mss(mss);
         }
     }
 

@@ -5,6 +5,7 @@
 //! off and on (RFC 5044 §6: then checksummed in place on both sides, and a byte corrupted in
 //! flight fails the stream instead of completing).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use uiw_wire::conn::{Connection, Role};
@@ -93,10 +94,10 @@ enum Crc {
 }
 
 /// Negotiates MPA between an initiator `a` and a responder `b` over `max_io`-byte pieces;
-/// returns the wire from `a` to `b` and from `b` to `a`.
-fn connect(mem: &Arena, a: &mut Side, b: &mut Side, max_io: usize, crc: Crc) -> (Tap, Tap) {
+/// returns the wire from `a` to `b` and from `b` to `a`, and the MSS `a`'s stream reports.
+fn connect(mem: &Arena, a: &mut Side, b: &mut Side, max_io: usize, crc: Crc) -> (Tap, Tap, Arc<AtomicUsize>) {
     let (sa, sb) = memory::pair(max_io, 4096);
-    let taps = (sa.tap(), sb.tap());
+    let taps = (sa.tap(), sb.tap(), sa.mss_knob());
     let mut ca = config(Role::Initiator, 4, 4, b"hello".to_vec(), sa.mss());
     ca.first_fpdu_hold_ms = 0;
     ca.crc = crc == Crc::Initiator;
@@ -235,6 +236,41 @@ fn transfer_crc(max_io: usize, len: usize, crc: Crc) {
     }
 }
 
+/// The data path follows the stream's MSS as it changes (a kernel connection's grows as the
+/// peer's window opens): after the next quarter MiB sent, the messages it starts use FPDUs of
+/// the new size, and they are placed intact.
+#[test]
+fn fpdus_grow_with_the_stream_mss() {
+    let mem = Arena::new(ARENA);
+    let (a_addr, b_addr) = (BASE, BASE + (ARENA / 2) as u64);
+    let half = (ARENA / 2) as u64;
+    let (mut a, mut b) = (Side::new(a_addr, half), Side::new(b_addr, half));
+    let (_, _, mss) = connect(&mem, &mut a, &mut b, 4096, Crc::Off);
+    let (a_key, b_key) = (a.mr.stag, b.mr.stag);
+    const LEN: usize = 16 << 10;
+    let fpdus = |a: &Side| a.dp.link.as_ref().unwrap().conn.counters().tx_fpdus;
+    let write = |a: &mut Side, b: &mut Side, id: u64| {
+        let data = pattern(LEN, id as u8);
+        mem.set(a_addr, &data);
+        let before = fpdus(a);
+        a.post_send(&mem, send_wqe(id, opcode::RDMA_WRITE, Sge { addr: a_addr, length: LEN as u32, lkey: a_key }, b_addr, b_key));
+        run(&mem, a, b, |a, _| !Side::completions(&a.scq).is_empty());
+        run(&mem, a, b, |_, _| mem.get(b_addr, LEN) == data);
+        fpdus(a) - before
+    };
+    let at = |mss: usize| LEN.div_ceil(uiw_wire::mpa::mulpdu(mss) - 14) as u64;
+    assert_eq!(write(&mut a, &mut b, 1), at(1460));
+    mss.store(9000, Ordering::Relaxed);
+    // Up to a quarter MiB goes before the data path looks again; then the FPDUs grow.
+    let mut sizes = Vec::new();
+    for id in 2..=20 {
+        sizes.push(write(&mut a, &mut b, id));
+    }
+    assert_eq!(sizes[0], at(1460), "the first Write after the change: not looked at yet");
+    assert_eq!(*sizes.last().unwrap(), at(9000), "{sizes:?}");
+    assert!(sizes.iter().position(|&n| n == at(9000)).is_some_and(|i| i <= (256 << 10) / LEN), "{sizes:?}");
+}
+
 #[test]
 fn send_write_read_whole_segments() {
     transfer(64 << 10, 3000);
@@ -358,7 +394,7 @@ fn corrupted_in_flight(op: u32, max_io: usize, at: usize) {
     let half = (ARENA / 2) as u64;
     let mut a = Side::new(a_addr, half);
     let mut b = Side::new(b_addr, half);
-    let (to_b, to_a) = connect(&mem, &mut a, &mut b, max_io, Crc::Initiator);
+    let (to_b, to_a, _) = connect(&mem, &mut a, &mut b, max_io, Crc::Initiator);
     let len = 4000;
     mem.set(a_addr, &pattern(len, 5));
     let recv = RecvWqe { wr_id: 7, sges: vec![Sge { addr: b_addr, length: len as u32, lkey: b.mr.stag }] };

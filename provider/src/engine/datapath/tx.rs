@@ -149,6 +149,7 @@ impl DataPath {
                 Ok(mut n) => {
                     l.tx_sent += n as u64;
                     l.tx_blocked = false;
+                    l.follow_mss();
                     while n > 0 {
                         let left = l.tx.front().map(|p| p.len() - l.tx_skip).unwrap_or(0);
                         if n >= left {

@@ -57,8 +57,11 @@ impl Stream for KernelStream {
         let _ = self.sock.shutdown(std::net::Shutdown::Both);
     }
 
+    /// The connection's MSS now (`TCP_MAXSEG`: Linux bounds it by half the largest window the
+    /// peer has offered, so it grows as the window opens); the one read at setup if the
+    /// socket cannot say.
     fn mss(&self) -> usize {
-        self.mss
+        uiw_kabi::sys::tcp_maxseg(&self.sock).map_or(self.mss, |m| m as usize)
     }
 
     fn peer(&self) -> Option<SocketAddr> {

@@ -7,6 +7,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -29,12 +30,15 @@ pub struct MemStream {
     /// What [`Stream::readiness`] reports: none (-1), unless a test gives a descriptor for the
     /// progress thread's epoll to hold (it never fires: the test drives both ends).
     readiness: RawFd,
+    /// What [`Stream::mss`] reports (1460 unless a test changes it: [`MemStream::mss_knob`]).
+    mss: Arc<AtomicUsize>,
 }
 
 /// Two connected ends.
 pub fn pair(max_io: usize, capacity: usize) -> (MemStream, MemStream) {
     let (a, b) = (Arc::new(Mutex::new(Pipe::default())), Arc::new(Mutex::new(Pipe::default())));
-    (MemStream { rx: a.clone(), tx: b.clone(), max_io, capacity, readiness: -1 }, MemStream { rx: b, tx: a, max_io, capacity, readiness: -1 })
+    let end = |rx, tx| MemStream { rx, tx, max_io, capacity, readiness: -1, mss: Arc::new(AtomicUsize::new(1460)) };
+    (end(a.clone(), b.clone()), end(b, a))
 }
 
 /// A test's hand on the bytes one end sent and the other has not received yet: the wire,
@@ -65,6 +69,12 @@ impl MemStream {
     pub fn with_readiness(mut self, fd: RawFd) -> MemStream {
         self.readiness = fd;
         self
+    }
+
+    /// A test's hand on the MSS this end reports from now on (a kernel connection's grows as
+    /// the peer's window opens).
+    pub fn mss_knob(&self) -> Arc<AtomicUsize> {
+        self.mss.clone()
     }
 
     /// The bytes this end sends, as they wait for the other end.
@@ -161,7 +171,7 @@ impl Stream for MemStream {
     }
 
     fn mss(&self) -> usize {
-        1460
+        self.mss.load(Ordering::Relaxed)
     }
 
     fn peer(&self) -> Option<SocketAddr> {

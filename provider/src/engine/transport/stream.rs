@@ -47,7 +47,9 @@ pub trait Stream: Send {
     /// connection from an application thread, which may wait a little.
     fn close_with(&mut self, bytes: &[u8], timeout: Duration);
 
-    /// Payload bytes per segment towards the peer (MPA's FPDU size, RFC 5044 §8).
+    /// Payload bytes per segment towards the peer now (MPA's FPDU size, RFC 5044 §8). It may
+    /// change over the stream's life (a kernel TCP connection's grows as the peer's window
+    /// opens): the data path asks again now and then (`Link::follow_mss`).
     fn mss(&self) -> usize;
 
     /// Who is at the other end.
