@@ -248,8 +248,9 @@ SYNOPSIS
 DESCRIPTION
     Executes CMD with the variables `uiw env` describes set (an existing
     LD_PRELOAD is kept, the shim is appended; an existing RDMAV_DRIVERS is kept,
-    uiw's is appended; an existing FI_OFI_RXM_SAR_LIMIT is left as it is). If no device is published yet, publishes uiw_lo first
-    (`uiw up`; rootless mode when not root).
+    uiw's is appended; an existing FI_OFI_RXM_SAR_LIMIT is left as it is). If
+    no device is published yet, publishes uiw_lo first (`uiw up`; rootless mode
+    when not root).
 
 EXAMPLES
     uiw run -- ibv_devinfo -v
