@@ -98,7 +98,6 @@ int main(int argc, char **argv)
 	struct ibv_context *ctx;
 	struct ibv_pd *pd;
 	struct ibv_cq *acq, *bcq;
-	struct ibv_qp_init_attr ia;
 	struct ibv_qp *a, *b;
 	struct ibv_mr *mr;
 	static char buf[2][64];
@@ -124,19 +123,8 @@ int main(int argc, char **argv)
 	mr = bcq ? ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE) : NULL;
 	if (!check(mr && !ibv_query_gid(ctx, 1, 0, &gid), "device, PD, channel, CQs, MR, GID 0", strerror(errno)))
 		goto out;
-	memset(&ia, 0, sizeof(ia));
-	ia.qp_type = IBV_QPT_RC;
-	ia.cap.max_send_wr = 4;
-	ia.cap.max_recv_wr = 4;
-	ia.cap.max_send_sge = 1;
-	ia.cap.max_recv_sge = 1;
-	ia.send_cq = acq;
-	ia.recv_cq = acq;
-	a = ibv_create_qp(pd, &ia);
-	ia.send_cq = bcq;
-	ia.recv_cq = bcq;
-	b = a ? ibv_create_qp(pd, &ia) : NULL;
-	if (!check(b && !connect_qps(a, b), "two RC QPs connected, B's CQ on the channel", strerror(errno)))
+	if (!check(!connected_pair(pd, acq, bcq, NULL, &a, &b), "two RC QPs connected, B's CQ on the channel",
+		   strerror(errno)))
 		goto out;
 
 	ssge.addr = (uintptr_t)buf[0];

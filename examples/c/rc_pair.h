@@ -107,4 +107,27 @@ static int connect_qps(struct ibv_qp *a, struct ibv_qp *b)
 	return to_init(a) || to_init(b) || to_rtr(a, b->qp_num) || to_rtr(b, a->qp_num) || to_rts(a) || to_rts(b);
 }
 
+/* Creates RC QPs *a on CQ acq and *b on CQ bcq (receiving from srq unless it is NULL), 4 WRs
+ * and 1 SGE each way, and connects them (connect_qps); 0 on success. A QP not created is NULL. */
+static int connected_pair(struct ibv_pd *pd, struct ibv_cq *acq, struct ibv_cq *bcq, struct ibv_srq *srq,
+			  struct ibv_qp **a, struct ibv_qp **b)
+{
+	struct ibv_qp_init_attr ia;
+
+	memset(&ia, 0, sizeof(ia));
+	ia.qp_type = IBV_QPT_RC;
+	ia.cap.max_send_wr = 4;
+	ia.cap.max_recv_wr = 4;
+	ia.cap.max_send_sge = 1;
+	ia.cap.max_recv_sge = 1;
+	ia.send_cq = acq;
+	ia.recv_cq = acq;
+	*a = ibv_create_qp(pd, &ia);
+	ia.send_cq = bcq;
+	ia.recv_cq = bcq;
+	ia.srq = srq;
+	*b = *a ? ibv_create_qp(pd, &ia) : NULL;
+	return !*b || connect_qps(*a, *b);
+}
+
 #endif

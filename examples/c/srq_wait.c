@@ -46,7 +46,6 @@ int main(int argc, char **argv)
 	struct ibv_cq *acq, *bcq, *ev_cq;
 	struct ibv_srq *srq;
 	struct ibv_srq_init_attr si = { .attr = { .max_wr = 8, .max_sge = 1 } };
-	struct ibv_qp_init_attr ia;
 	struct ibv_qp *a, *b, *a2, *b2;
 	struct ibv_mr *mr;
 	static char buf[4][64];
@@ -73,20 +72,8 @@ int main(int argc, char **argv)
 	if (!check(mr && !ibv_query_gid(ctx, 1, 0, &gid), "device, PD, channel, CQs, SRQ, MR, GID 0",
 		   strerror(errno)))
 		goto out;
-	memset(&ia, 0, sizeof(ia));
-	ia.qp_type = IBV_QPT_RC;
-	ia.cap.max_send_wr = 4;
-	ia.cap.max_recv_wr = 4;
-	ia.cap.max_send_sge = 1;
-	ia.cap.max_recv_sge = 1;
-	ia.send_cq = acq;
-	ia.recv_cq = acq;
-	a = ibv_create_qp(pd, &ia);
-	ia.send_cq = bcq;
-	ia.recv_cq = bcq;
-	ia.srq = srq;
-	b = a ? ibv_create_qp(pd, &ia) : NULL;
-	if (!check(b && !connect_qps(a, b), "two RC QPs connected, B's receives from the SRQ", strerror(errno)))
+	if (!check(!connected_pair(pd, acq, bcq, srq, &a, &b), "two RC QPs connected, B's receives from the SRQ",
+		   strerror(errno)))
 		goto out;
 	if (!check(!ibv_req_notify_cq(bcq, 0), "ibv_req_notify_cq on B's CQ", strerror(errno)))
 		goto out;
@@ -129,15 +116,8 @@ int main(int argc, char **argv)
 		goto out;
 
 	/* Second part: no receive may stay with a QP that does not need it. */
-	ia.send_cq = acq;
-	ia.recv_cq = acq;
-	ia.srq = NULL;
-	a2 = ibv_create_qp(pd, &ia);
-	ia.send_cq = bcq;
-	ia.recv_cq = bcq;
-	ia.srq = srq;
-	b2 = a2 ? ibv_create_qp(pd, &ia) : NULL;
-	if (!check(b2 && !connect_qps(a2, b2), "a second pair A2 -> B2, B2 on the same SRQ", strerror(errno)))
+	if (!check(!connected_pair(pd, acq, bcq, srq, &a2, &b2), "a second pair A2 -> B2, B2 on the same SRQ",
+		   strerror(errno)))
 		goto out;
 	for (i = 0; i < 2; i++) {
 		sge.addr = (uintptr_t)buf[2 + i];
