@@ -206,10 +206,7 @@ impl Link {
             return;
         }
         self.mss_checked_at = self.tx_sent;
-        let mss = self.stream.mss();
-        if uiw_wire::mpa::mulpdu(mss) != self.conn.mulpdu() {
-            self.conn.set_mss(mss);
-        }
+        self.conn.set_mss(self.stream.mss());
     }
 
     /// Successful send completions held until their bytes leave: flushed if the stream closes
