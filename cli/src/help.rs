@@ -70,7 +70,9 @@ ENVIRONMENT
                        is level 4
     UIW_PROGRESS_CPUS  CPUs (a list such as 0,2-3) of a program's uiw progress
                        thread; default: those the process may use minus the
-                       CPUs of the thread that created the first QP
+                       CPUs of the thread that created the first QP, and
+                       minus the CPU the program polls on once the progress
+                       thread keeps finding itself there
     UIW_CRC=1          connections ask for MPA CRC32c (off by default; a peer
                        that asks gets it either way, RFC 5044 §7.1)
     UIW_LIBDIR         colon-separated directories searched first for

@@ -491,6 +491,14 @@ pub fn thread_affinity(tid: i32) -> io::Result<Vec<usize>> {
     }
 }
 
+/// The CPU the calling thread runs on now (`sched_getcpu`: glibc reads it from the thread's
+/// rseq area, no system call), or `None` where the kernel cannot say.
+pub fn current_cpu() -> Option<usize> {
+    // SAFETY: sched_getcpu takes no arguments and touches no caller memory.
+    let c = unsafe { libc::sched_getcpu() };
+    usize::try_from(c).ok()
+}
+
 /// Restricts the calling thread to `cpus` (`sched_setaffinity(0, …)`). `EINVAL` when none of
 /// them is one the thread may use (its cpuset, the online CPUs).
 pub fn set_thread_affinity(cpus: &[usize]) -> io::Result<()> {

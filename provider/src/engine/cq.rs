@@ -298,6 +298,7 @@ impl CqObj {
     /// posted between its polls go out together at the next).
     pub fn polling(&self, empty: bool) {
         self.polls.fetch_add(1, Ordering::Relaxed);
+        super::affinity::note_app_cpu();
         let now = super::clock::now_us();
         let previous = self.polled_at.swap(now, Ordering::Relaxed);
         if empty {

@@ -605,6 +605,8 @@ impl Net {
         // Read before each poll of a window (see `spin::crowded`); none with the window off.
         let mut loadavg = if spin.enabled() { std::fs::File::open("/proc/loadavg").ok() } else { None };
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // Keeps this thread off the CPU the application polls on (see `affinity`).
+        let mut dodge = super::affinity::Dodge::from_env();
         while !self.stop.load(Ordering::Acquire) {
             evs.clear();
             let mut polled = false;
@@ -622,6 +624,11 @@ impl Net {
                 std::thread::sleep(Duration::from_millis(10));
             }
             let qp_traffic = !evs.is_empty();
+            if qp_traffic {
+                if let Some(d) = dodge.as_mut() {
+                    d.turn(now_us());
+                }
+            }
             for &(tok, flags) in &evs {
                 match ready.iter_mut().find(|r| r.0 == tok) {
                     Some(r) => r.1 |= flags,
