@@ -209,7 +209,8 @@ pub trait PolledQp: Send + Sync {
     /// the QP over from the progress thread for a while (see `lease`). Returns whether the
     /// stream's buffer is full (its last send said `WouldBlock`): nothing more can be sent on
     /// it until the peer reads.
-    fn try_progress(&self, poller: Poller) -> bool;
+    /// `now`: the poll's reading of the engine clock (µs).
+    fn try_progress(&self, poller: Poller, now: u64) -> bool;
     /// The application is going to sleep on the CQ's channel: the progress thread takes the
     /// QP back.
     fn hand_back(&self);
@@ -345,7 +346,7 @@ impl CqObj {
         let qps = self.polled_qps();
         let mut full = !qps.is_empty();
         for qp in &qps {
-            full &= qp.try_progress(poller);
+            full &= qp.try_progress(poller, now);
         }
         if let Some(qp) = qps.first() {
             qp.serve_others(&|n| qps.iter().any(|q| q.qpn() == n), previous);
@@ -381,7 +382,8 @@ impl CqObj {
         }
     }
 
-    fn polled_qps(&self) -> Vec<Arc<dyn PolledQp>> {
+    /// The CQ's QPs (taken on every poll: a CQ serves one QP or a few, kept without allocating).
+    fn polled_qps(&self) -> smallvec::SmallVec<[Arc<dyn PolledQp>; 4]> {
         self.qps.lock().iter().filter_map(Weak::upgrade).collect()
     }
 
@@ -490,7 +492,7 @@ mod tests {
         fn qpn(&self) -> u32 {
             1
         }
-        fn try_progress(&self, _: Poller) -> bool {
+        fn try_progress(&self, _: Poller, _: u64) -> bool {
             self.driven.fetch_add(1, Ordering::Relaxed);
             self.full
         }

@@ -529,15 +529,15 @@ impl Qp {
     /// at it. A poller that keeps polling (`Poller::Claims`) takes the QP over from the progress
     /// thread for the lease its polls renew (see `lease`); `Poller::Renews` only renews a lease
     /// already held.
-    pub fn try_progress(&self, poller: Poller) -> bool {
+    pub fn try_progress(&self, poller: Poller, now: u64) -> bool {
         match poller {
             Poller::Claims if lease_enabled() => {
-                if self.lease.renew(now_us()) {
+                if self.lease.renew(now) {
                     self.lease.claim(|a| self.net.apply_arming(self.qpn, a));
                 }
             }
             Poller::Renews if self.lease.held() => {
-                self.lease.renew(now_us());
+                self.lease.renew(now);
             }
             _ => {}
         }
@@ -1274,8 +1274,8 @@ impl PolledQp for Qp {
     fn qpn(&self) -> u32 {
         self.qpn
     }
-    fn try_progress(&self, poller: Poller) -> bool {
-        Qp::try_progress(self, poller)
+    fn try_progress(&self, poller: Poller, now: u64) -> bool {
+        Qp::try_progress(self, poller, now)
     }
     fn hand_back(&self) {
         Qp::hand_back(self)
@@ -1354,7 +1354,7 @@ mod tests {
             let qp = self.qp.lock().unwrap().upgrade();
             if let Some(qp) = qp {
                 if self.polls.fetch_add(1, Ordering::SeqCst) < POLLS {
-                    qp.try_progress(crate::engine::cq::Poller::Renews);
+                    qp.try_progress(crate::engine::cq::Poller::Renews, now_us());
                 }
             }
             Err(io::ErrorKind::WouldBlock.into())
