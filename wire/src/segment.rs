@@ -507,13 +507,20 @@ impl Deframer {
     /// most one event; call again with the rest.
     pub fn feed(&mut self, data: &[u8]) -> Result<(usize, Option<RxEvent>), FrameError> {
         match self.st {
-            St::Header { need } => {
-                let take = (need - self.hdr.len()).min(data.len());
-                self.hdr.push(&data[..take]);
-                if self.hdr.len() < need {
-                    return Ok((take, None));
-                }
-                if need == PROBE {
+            St::Header { mut need } => {
+                let mut take = 0;
+                // The probe (length and control bytes) tells how long the header is; the rest
+                // of it usually came with the probe, and is taken in the same call.
+                loop {
+                    let more = (need - self.hdr.len()).min(data.len() - take);
+                    self.hdr.push(&data[take..take + more]);
+                    take += more;
+                    if self.hdr.len() < need {
+                        return Ok((take, None));
+                    }
+                    if need != PROBE {
+                        break;
+                    }
                     let h = self.hdr.as_slice();
                     let ul = u16::from_be_bytes([h[0], h[1]]);
                     if ul as usize > self.max_ulpdu {
@@ -535,10 +542,11 @@ impl Deframer {
                     }
                     self.ulpdu_len = ul;
                     let full = LEN_FIELD + dl + ctl;
-                    if full > need {
-                        self.st = St::Header { need: full };
-                        return Ok((take, None));
+                    if full <= need {
+                        break;
                     }
+                    need = full;
+                    self.st = St::Header { need };
                 }
                 // Header complete.
                 let h = self.hdr.as_slice();
@@ -790,6 +798,29 @@ mod tests {
             c = &c[n..];
         }
         assert!(saw_bad);
+    }
+
+    /// A header that arrived whole is taken in one call, probe and rest: an FPDU is three
+    /// calls (header, payload, trailer), never a fourth for the header's second part.
+    #[test]
+    fn deframer_takes_a_whole_header_in_one_call() {
+        let (stream, _) = send_stream();
+        let mut d = Deframer::new(true);
+        let mut c = &stream[..];
+        let mut calls = 0;
+        let mut headers = Vec::new();
+        while !c.is_empty() {
+            let (n, ev) = d.feed(c).unwrap();
+            calls += 1;
+            if let Some(RxEvent::Segment(seg)) = ev {
+                headers.push(n);
+                assert_eq!(LEN_FIELD + seg.ddp.len() + seg.control.len(), n);
+            }
+            c = &c[n..];
+        }
+        assert_eq!(headers.len(), 4);
+        assert_eq!(calls, 3 * 4);
+        assert!(d.at_boundary());
     }
 
     /// The FPDUs of a 1000-byte Send in 300-byte segments, payload bytes `i as u8`, with CRC.
