@@ -686,7 +686,8 @@ impl DataPath {
             ..Default::default()
         };
         match self.link.as_mut() {
-            Some(l) if l.backlog() > 0 => l.held.push_back((l.tx_queued, out)),
+            // Behind completions still held: after them, in posting order.
+            Some(l) if l.backlog() > 0 || !l.held.is_empty() => l.held.push_back((l.tx_queued, out)),
             _ => env.send_cq.push(out),
         }
     }

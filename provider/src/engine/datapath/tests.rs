@@ -497,3 +497,30 @@ fn a_full_stream_is_reported_until_bytes_go_again() {
     assert!(!a.dp.tx_blocked(), "everything went: the stream is not full");
     assert_eq!(mem.get(b_addr, len), pattern(len, 3));
 }
+
+/// Send completions keep posting order when one waits for its bytes to leave: a Write whose
+/// tail is still queued when the stream fills, then a small Write whose bytes leave together
+/// with that tail (its completion is taken after that send, with nothing left queued).
+#[test]
+fn send_completions_keep_posting_order_across_a_full_stream() {
+    let (mem, mut a, mut b, a_addr, b_addr) = connected_pair(1 << 20, Crc::Off);
+    let big = 6 << 10;
+    mem.set(a_addr, &pattern(big, 5));
+    mem.set(a_addr + big as u64, &pattern(8, 9));
+    let w = |id, off: usize, len: usize| {
+        send_wqe(id, opcode::RDMA_WRITE, Sge { addr: a_addr + off as u64, length: len as u32, lkey: a.mr.stag }, b_addr + off as u64, b.mr.stag)
+    };
+    let (w1, w2) = (w(1, 0, big), w(2, big, 8));
+    a.post_send(&mem, w1);
+    assert!(a.dp.tx_blocked(), "the 4 KiB pipe took part of the first Write");
+    b.pump(&mem);
+    a.post_send(&mem, w2);
+    let mut done = Vec::new();
+    run(&mem, &mut a, &mut b, |a, _| {
+        done.extend(Side::completions(&a.scq));
+        done.len() == 2
+    });
+    assert_eq!(done.iter().map(|c| c.wr_id).collect::<Vec<_>>(), vec![1, 2], "completions out of posting order");
+    assert!(done.iter().all(|c| c.status == wc_status::SUCCESS));
+    assert_eq!(mem.get(b_addr, big + 8), [pattern(big, 5), pattern(8, 9)].concat());
+}

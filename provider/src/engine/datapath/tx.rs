@@ -51,6 +51,11 @@ const IOV_MAX: usize = 64;
 
 impl DataPath {
     /// Moves transmit units from the protocol core to the socket until it would block.
+    ///
+    /// The core's events (send completions, a Terminate it framed) are taken once the batch
+    /// queued with them went to the socket, not before: a send completion waits for its
+    /// bytes anyway (`Link::held`, released once the batch has left), and building it ahead
+    /// of the `sendmsg` only delayed the message.
     pub fn pump_tx(&mut self, env: &Env) -> Option<Fatal> {
         loop {
             // Fill the backlog.
@@ -104,14 +109,14 @@ impl DataPath {
                         }
                     }
                 }
-                if let Some(f) = self.drain_events(env) {
-                    return Some(f);
-                }
             }
             let l = self.link.as_mut()?;
             if l.tx.is_empty() {
-                release_held(l, env);
-                return None;
+                let f = self.drain_events(env);
+                if let Some(l) = self.link.as_mut() {
+                    release_held(l, env);
+                }
+                return f;
             }
             // Pin the application memory this sendmsg sends from, for its duration. A region
             // deregistered after its piece was queued (the application freed memory of a WR in
@@ -163,11 +168,16 @@ impl DataPath {
                             n = 0;
                         }
                     }
-                    release_held(l, env);
+                    // What the core reported while this batch was framed: its send
+                    // completions wait for the batch to have left (`held`, in order).
+                    if let Some(f) = self.drain_events(env) {
+                        return Some(f);
+                    }
+                    release_held(self.link.as_mut()?, env);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     l.tx_blocked = true;
-                    return None;
+                    return self.drain_events(env);
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
