@@ -31,10 +31,11 @@
 //! (ib_write_lat spins on memory on both sides) a spinning progress thread would take one
 //! of their CPUs for the whole window. It then sleeps at once and skips the next windows
 //! (doubling, up to [`MAX_SKIP`] messages), so that a contended machine pays one look at
-//! the run queue per many messages, not one per message.
+//! the run queue per many messages, not one per message. An uncontended one looks at most
+//! every [`CROWD_CHECK_US`]: the look is a system call (more, in a guest, than the
+//! `epoll_wait` of a poll), and taken before every poll it made a poll three times as long,
+//! a message that arrived during it waiting for its end.
 #![forbid(unsafe_code)]
-
-use std::io::Read;
 
 /// The window measured (engine µs): long enough for the next Read of an `ib_read_lat`
 /// requester or the next message of a ping-pong on loopback.
@@ -43,6 +44,10 @@ pub const SUGGESTED_WINDOW_US: u64 = 50;
 /// The most windows skipped in a row after spinning was found to take a CPU someone waits
 /// for.
 pub const MAX_SKIP: u32 = 1024;
+
+/// The longest a spinning thread goes without looking at the run queue (engine µs): a
+/// thread that starts waiting for a CPU meanwhile waits at most that long for it.
+pub const CROWD_CHECK_US: u64 = 20;
 
 /// The busy-poll policy of one progress thread.
 #[derive(Debug)]
@@ -54,12 +59,14 @@ pub struct Spin {
     skip: u32,
     /// How many the next contention skips.
     backoff: u32,
+    /// When the run queue was last found uncrowded (engine µs; `None`: not in this window).
+    uncrowded_at: Option<u64>,
 }
 
 impl Spin {
     /// A policy with this window (0: never spin).
     pub fn new(window_us: u64) -> Spin {
-        Spin { window_us, until: 0, skip: 0, backoff: 0 }
+        Spin { window_us, until: 0, skip: 0, backoff: 0, uncrowded_at: None }
     }
 
     /// The window from the environment: `UIW_PROGRESS_SPIN_US` (µs; 0: never spin), unset
@@ -101,16 +108,24 @@ impl Spin {
 
     /// Whether the next wait at `now` polls (`true`) or sleeps. `crowded` tells whether a
     /// thread waits for a CPU (see [`crowded`]); it is asked only inside a window.
+    /// Within a window it is asked at the window's first poll and then every
+    /// [`CROWD_CHECK_US`].
     pub fn poll(&mut self, now: u64, crowded: impl FnOnce() -> bool) -> bool {
         if now >= self.until {
+            self.uncrowded_at = None;
             return false;
+        }
+        if self.uncrowded_at.is_some_and(|t| now.saturating_sub(t) < CROWD_CHECK_US) {
+            return true;
         }
         if crowded() {
             self.until = 0;
+            self.uncrowded_at = None;
             self.backoff = (self.backoff * 2).clamp(1, MAX_SKIP);
             self.skip = self.backoff;
             return false;
         }
+        self.uncrowded_at = Some(now);
         true
     }
 }
@@ -124,10 +139,11 @@ fn window_from(v: Option<&str>) -> u64 {
 /// running count of `/proc/loadavg` (`R/T`, which counts the caller) against `cpus`.
 /// Unreadable: crowded (never spin blind).
 pub fn crowded(loadavg: &mut Option<std::fs::File>, cpus: usize) -> bool {
-    use std::io::Seek;
+    use std::os::unix::fs::FileExt;
     let Some(f) = loadavg.as_mut() else { return true };
     let mut b = [0u8; 128];
-    let n = match f.rewind().and_then(|_| f.read(&mut b)) {
+    // One pread from the start: a procfs file is generated anew at offset 0.
+    let n = match f.read_at(&mut b, 0) {
         Ok(n) => n,
         Err(_) => return true,
     };
@@ -158,6 +174,31 @@ mod tests {
         s.traffic(120, true);
         assert!(s.poll(169, || false));
         assert!(!s.poll(170, || false));
+    }
+
+    /// The run queue is read at a window's first poll, then once per [`CROWD_CHECK_US`], not
+    /// before every poll; a window opened anew reads it at its first poll again.
+    #[test]
+    fn the_run_queue_is_read_every_crowd_check_interval() {
+        let mut s = Spin::new(SUGGESTED_WINDOW_US);
+        s.traffic(100, false);
+        let mut reads = 0;
+        for now in 100..150 {
+            assert!(s.poll(now, || {
+                reads += 1;
+                false
+            }));
+        }
+        assert_eq!(reads, 3, "at 100, 120 and 140");
+        assert!(!s.poll(150, || panic!("outside the window the run queue is not read")));
+        s.traffic(300, false);
+        assert!(s.poll(301, || {
+            reads += 1;
+            false
+        }));
+        assert_eq!(reads, 4, "a new window reads it at its first poll");
+        // Found crowded at a later read: the window ends there.
+        assert!(!s.poll(321, || true));
     }
 
     #[test]
