@@ -31,7 +31,8 @@ DESCRIPTION
 
     Every probe runs N times, interleaved: repetition 1 runs every probe once, uiw and
     its peers alternating, then repetition 2, and so on. The table shows medians with
-    min-max, the ratio uiw/peer of the medians, and the issue's targets as pass/miss:
+    min-max, the ratio uiw/peer of the medians, the ratio within each repetition, and
+    the issue's targets as pass/miss (judged on the ratio of the medians):
         ib_write_bw 64 KiB and 1 MiB  >= 0.9 x raw single-stream TCP, > UCX put_bw
         ib_write_lat, ib_send_lat 8 B <= 1.2 x TCP busy-poll half round trip,
                                       <  UCX am_lat, < libfabric fi_pingpong

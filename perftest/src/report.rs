@@ -80,6 +80,9 @@ pub struct Comparison<'a> {
     pub peer: Against<'a>,
     pub scale: f64,
     pub ratio: Option<f64>,
+    /// The ratio within each repetition that measured both (uiw's figure and the peer's,
+    /// taken minutes apart at most): see [`paired_ratios`].
+    pub per_rep: Vec<f64>,
     pub verdict: crate::stats::Verdict,
     pub target: Option<crate::stats::Target>,
 }
@@ -100,6 +103,23 @@ fn scaled(s: Summary, k: f64) -> Summary {
     }
 }
 
+/// uiw's figure over the peer's (times `scale`) in each repetition where both ran. The
+/// ratio of medians can pair figures from different moments when the machine changes speed
+/// during a run (these 2-vCPU guests do, within seconds); the ratios within repetitions show
+/// it as a spread.
+pub fn paired_ratios(uiw: &ProbeResult, peer: &ProbeResult, scale: f64) -> Vec<f64> {
+    uiw.samples
+        .iter()
+        .filter_map(|u| {
+            let p = peer.samples.iter().find(|p| p.rep == u.rep)?;
+            match (&u.value, &p.value) {
+                (Ok(a), Ok(b)) if *b * scale > 0.0 => Some(a / (b * scale)),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
 pub fn comparisons<'a>(rows: &'a [Row], results: &'a [ProbeResult]) -> Vec<Comparison<'a>> {
     let mut v = Vec::new();
     for row in rows {
@@ -116,6 +136,7 @@ pub fn comparisons<'a>(rows: &'a [Row], results: &'a [ProbeResult]) -> Vec<Compa
                 peer: Against::Peer(peer),
                 scale: p.scale,
                 ratio,
+                per_rep: if peer.unavailable.is_none() { paired_ratios(uiw, peer, p.scale) } else { Vec::new() },
                 verdict: judge(p.target, ratio),
                 target: p.target,
             });
@@ -132,6 +153,7 @@ pub fn comparisons<'a>(rows: &'a [Row], results: &'a [ProbeResult]) -> Vec<Compa
                 peer: against,
                 scale: 1.0,
                 ratio,
+                per_rep: Vec::new(),
                 verdict: judge(Some(b.target), ratio),
                 target: Some(b.target),
             });
@@ -203,13 +225,16 @@ pub fn markdown(
     );
     s.push_str(
         "- **Ratio** = uiw median / peer median (or / the issue's bound, for a row judged on its own \
-         figure); the issue's targets are marked pass/miss on it\n",
+         figure); the issue's targets are marked pass/miss on it. **Per repetition**: the ratio \
+         within each repetition (uiw's figure and the peer's, minutes apart at most); a spread there \
+         means the machine changed speed during the run, and the medians may pair different \
+         moments\n",
     );
     for n in &meta.notes {
         s.push_str(&format!("- {}\n", md_cell(n)));
     }
-    s.push_str("\n| row | uiw | uiw side | peer | peer figure | peer side | uiw/peer | target | verdict |\n");
-    s.push_str("|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str("\n| row | uiw | uiw side | peer | peer figure | peer side | uiw/peer | per repetition | target | verdict |\n");
+    s.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
     let mut last_row = String::new();
     for c in comparisons(rows, results) {
         let first = c.row.name != last_row;
@@ -227,8 +252,13 @@ pub fn markdown(
         if c.scale != 1.0 {
             peer.push_str(&format!(" ×{}", crate::stats::trim_float(c.scale)));
         }
+        let per_rep = if c.per_rep.len() > 1 {
+            c.per_rep.iter().map(|r| fmt_num(*r)).collect::<Vec<_>>().join(" ")
+        } else {
+            "—".into()
+        };
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             name,
             md_cell(&uiw),
             uside,
@@ -242,6 +272,7 @@ pub fn markdown(
                 c.peer.side().to_string()
             },
             c.ratio.map_or("n/a".into(), |r| format!("{}×", fmt_num(r))),
+            per_rep,
             c.target.map_or("—".into(), |t| t.label()),
             c.verdict.label()
         ));
@@ -406,6 +437,7 @@ pub fn json(meta: &Meta, rows: &[Row], results: &[ProbeResult], sweep: &[SweepSe
                 ("peer", Json::str(c.peer.id())),
                 ("peer_scale", Json::Num(c.scale)),
                 ("ratio", Json::opt_num(c.ratio)),
+                ("ratios_per_repetition", Json::Arr(c.per_rep.iter().map(|r| Json::Num(*r)).collect())),
                 (
                     "target",
                     c.target.map_or(Json::Null, |t| Json::str(t.label())),
@@ -533,8 +565,8 @@ mod tests {
         assert_eq!(c[2].ratio, None, "unavailable peer");
         assert_eq!(c[4].verdict, crate::stats::Verdict::Unjudged);
         let md = markdown(&meta(), &rows, &results, &[]);
-        assert!(md.contains("| **write_bw_64k** | 3.00 GB/s (2.80–3.20) | requester | TCP single stream 64 KiB (tcpbench bw) | 4.00 GB/s (4.00–4.00) | receiver | 0.75× | ≥ 0.9× | **miss** |"), "{md}");
-        assert!(md.contains("| 〃 |  | UCX UCT tcp put_bw zcopy 64 KiB | 1.00 GB/s (1.00–1.00) | initiator | 3.00× | > 1× | **pass** |"), "{md}");
+        assert!(md.contains("| **write_bw_64k** | 3.00 GB/s (2.80–3.20) | requester | TCP single stream 64 KiB (tcpbench bw) | 4.00 GB/s (4.00–4.00) | receiver | 0.75× | 0.75 0.80 0.70 | ≥ 0.9× | **miss** |"), "{md}");
+        assert!(md.contains("| 〃 |  | UCX UCT tcp put_bw zcopy 64 KiB | 1.00 GB/s (1.00–1.00) | initiator | 3.00× | 3.00 3.20 2.80 | > 1× | **pass** |"), "{md}");
         assert!(md.contains("unavailable: not packaged"));
         assert!(md.contains("| **write_lat** | failed: exit status 1: Couldn't post send |"));
         assert!(md.contains("`cubic` for every row"));
@@ -545,6 +577,16 @@ mod tests {
         assert!(csv.contains(",1,,failed,exit status 1: Couldn't post send\n"));
         let j = json(&meta(), &rows, &results, &[]).to_pretty();
         assert!(j.contains("\"verdict\": \"miss\""));
+        assert!(j.contains("\"ratios_per_repetition\": [\n"), "{j}");
+        // A repetition that failed on either side has no ratio of its own.
+        let lat = results_for(&rows, |p| match p.id().as_str() {
+            "uiw.ib_write_lat.8" => vec![Ok(8.0), Err("exit status 1".into()), Ok(12.0)],
+            _ => vec![Ok(4.0), Ok(4.0), Err("timeout".into())],
+        });
+        let u = lat.iter().find(|r| r.probe.id() == "uiw.ib_write_lat.8").unwrap();
+        let t = lat.iter().find(|r| r.probe.id().starts_with("tcp.pp_busy")).expect("the TCP ping-pong peer");
+        assert_eq!(paired_ratios(u, t, 1.0), vec![2.0]);
+        assert_eq!(paired_ratios(u, t, 2.0), vec![1.0]);
         assert!(j.contains("\"median\": 3"));
     }
 
@@ -576,7 +618,7 @@ mod tests {
         assert_eq!(c[0].ratio, Some(0.6));
         assert_eq!(c[0].verdict, crate::stats::Verdict::Pass);
         let md = markdown(&meta(), &rows, &results, &[]);
-        assert!(md.contains("| **placement_lag** | p99 60.0 µs (40.0–250); p50 2.00 µs, p99.9 900 µs, max 3000 µs (medians) | initiator's completion to data seen at the passive target, p99 | bound (issue 9: p99 well under 100 µs) | 100 µs | — | 0.60× | ≤ 1× | **pass** |"), "{md}");
+        assert!(md.contains("| **placement_lag** | p99 60.0 µs (40.0–250); p50 2.00 µs, p99.9 900 µs, max 3000 µs (medians) | initiator's completion to data seen at the passive target, p99 | bound (issue 9: p99 well under 100 µs) | 100 µs | — | 0.60× | — | ≤ 1× | **pass** |"), "{md}");
         results[0].samples.truncate(2);
         results[0].samples[0].value = Ok(300.0);
         let c = comparisons(&rows, &results);
