@@ -602,7 +602,8 @@ impl Net {
         let mut next_lease: Option<u64> = None;
         // Polls without sleeping for a few µs after answered traffic (see `spin`).
         let mut spin = Spin::from_env();
-        // Read before each poll of a window (see `spin::crowded`); none with the window off.
+        // Read inside a window, every `spin::CROWD_CHECK_US` (see `spin::crowded`); none with
+        // the window off.
         let mut loadavg = if spin.enabled() { std::fs::File::open("/proc/loadavg").ok() } else { None };
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         // Keeps this thread off the CPU the application polls on (see `affinity`).
@@ -624,10 +625,8 @@ impl Net {
                 std::thread::sleep(Duration::from_millis(10));
             }
             let qp_traffic = !evs.is_empty();
-            if qp_traffic {
-                if let Some(d) = dodge.as_mut() {
-                    d.turn(now_us());
-                }
+            if let Some(d) = dodge.as_mut().filter(|_| evs.iter().any(|&(tok, _)| tok & KIND_MASK == KIND_QP)) {
+                d.turn(now_us());
             }
             for &(tok, flags) in &evs {
                 match ready.iter_mut().find(|r| r.0 == tok) {
