@@ -444,15 +444,20 @@ pub(super) unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr,
         let obj = &unsafe { uiw_qp(qp) }.obj;
         // One doorbell for the chain: its WRs' FPDUs leave in as few sendmsg calls as the
         // socket takes (also when the chain stops at a bad WR: those before it are posted).
+        // A single WR (ping-pongs, perftest) rings as it is posted: one hold of the QP.
+        // SAFETY: wr is the caller's chain (null or a valid ibv_send_wr).
+        let single = !wr.is_null() && unsafe { (*wr).next.is_null() };
         let r = post_chain(wr, bad, |w| {
-            let r = send_wqe(w, obj.cap.max_inline_data).and_then(|s| obj.post_send_deferred(s));
+            let r = send_wqe(w, obj.cap.max_inline_data).and_then(|s| if single { obj.post_send(s) } else { obj.post_send_deferred(s) });
             if let Err(e) = &r {
                 let c = &obj.cap;
                 explain_post("ibv_post_send", obj.qpn, e, c.max_send_wr, c.max_send_sge, w.num_sge, obj.state());
             }
             r
         });
-        obj.doorbell();
+        if !single {
+            obj.doorbell();
+        }
         r
     })
 }
