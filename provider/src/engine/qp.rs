@@ -990,9 +990,12 @@ impl Qp {
         }
     }
 
-    /// `ibv_post_send` for one WR: checked as the kernel's providers check at post time. In
-    /// ERROR the WR completes at once, flushed; before RTR it is refused (EINVAL). Posted before
-    /// the stream is up, it waits.
+    /// `ibv_post_send` for one WR, or for the last WR of a chain whose others went through
+    /// [`Qp::post_send_deferred`]: the chain's doorbell rings here, for all of its bytes,
+    /// under the hold that queues this WR. Checked as the kernel's providers check at post
+    /// time. In ERROR the WR completes at once, flushed; before RTR it is refused (EINVAL).
+    /// Posted before the stream is up, it waits. A chain that stops at a WR that fails needs
+    /// [`Qp::doorbell`] for the WRs before it.
     pub fn post_send(&self, wqe: SendWqe) -> std::result::Result<(), PostError> {
         let r = self.post_send_unsettled(wqe, true);
         self.settle();
@@ -1002,8 +1005,8 @@ impl Qp {
         r.map(|_| ())
     }
 
-    /// One WR of a posted chain: queued, sent by [`Qp::doorbell`] at the end of the chain
-    /// (one `sendmsg` for many WRs' FPDUs).
+    /// One WR of a posted chain: queued, sent when the chain's last WR is posted
+    /// ([`Qp::post_send`]) or by [`Qp::doorbell`] (one `sendmsg` for many WRs' FPDUs).
     pub fn post_send_deferred(&self, wqe: SendWqe) -> std::result::Result<(), PostError> {
         let r = self.post_send_unsettled(wqe, false);
         self.settle();
@@ -1124,12 +1127,18 @@ impl Qp {
         let len = wqe.payload.len();
         let chained = !ring;
         // Decided before the QP is taken: a doorbell that rings now rings the waiting ones of
-        // other QPs first (see `ring_waiting_doorbells`).
-        let ring = ring && (len > DEFER_MAX_BYTES || !self.defer_doorbell());
+        // other QPs first (see `ring_waiting_doorbells`). The last WR of a chain rings for
+        // the chain's bytes, as `doorbell` does.
+        let bytes = len + if ring { self.chain_bytes.load(Ordering::Relaxed) } else { 0 };
+        let ring = ring && (bytes > DEFER_MAX_BYTES || !self.defer_doorbell());
         if ring {
             self.ring_waiting_doorbells();
         }
         let mut inner = self.inner.lock();
+        if !chained {
+            // The chain ends here, whatever becomes of this WR.
+            self.chain_bytes.store(0, Ordering::Relaxed);
+        }
         match inner.attrs.qp_state {
             QpState::Err => {
                 drop(inner);

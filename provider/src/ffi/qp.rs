@@ -442,20 +442,18 @@ pub(super) unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr,
     guard(libc::EFAULT, || {
         // SAFETY: qp is ours.
         let obj = &unsafe { uiw_qp(qp) }.obj;
-        // One doorbell for the chain: its WRs' FPDUs leave in as few sendmsg calls as the
-        // socket takes (also when the chain stops at a bad WR: those before it are posted).
-        // A single WR (ping-pongs, perftest) rings as it is posted: one hold of the QP.
-        // SAFETY: wr is the caller's chain (null or a valid ibv_send_wr).
-        let single = !wr.is_null() && unsafe { (*wr).next.is_null() };
+        // One doorbell for the chain, rung as its last WR is posted (under the same hold of
+        // the QP): its WRs' FPDUs leave in as few sendmsg calls as the socket takes. A chain
+        // that stops at a bad WR rings for those before it.
         let r = post_chain(wr, bad, |w| {
-            let r = send_wqe(w, obj.cap.max_inline_data).and_then(|s| if single { obj.post_send(s) } else { obj.post_send_deferred(s) });
+            let r = send_wqe(w, obj.cap.max_inline_data).and_then(|s| if w.next.is_null() { obj.post_send(s) } else { obj.post_send_deferred(s) });
             if let Err(e) = &r {
                 let c = &obj.cap;
                 explain_post("ibv_post_send", obj.qpn, e, c.max_send_wr, c.max_send_sge, w.num_sge, obj.state());
             }
             r
         });
-        if !single {
+        if wr.is_null() || r != 0 {
             obj.doorbell();
         }
         r
@@ -512,16 +510,20 @@ unsafe extern "C" fn wr_complete(qx: *mut ibv_qp_ex) -> c_int {
     guard(libc::EFAULT, || {
         let u = unsafe { uiw_qp(qx as *mut ibv_qp) };
         let list = std::mem::take(&mut *u.building.lock());
-        let mut r = 0;
-        for w in list {
-            if let Err(e) = u.obj.post_send_deferred(w) {
-                r = e.errno();
-                break;
+        // One doorbell for the batch, as for an ibv_post_send chain: rung as its last WR is
+        // posted, or here for the WRs before one that failed.
+        let n = list.len();
+        for (i, w) in list.into_iter().enumerate() {
+            let r = if i + 1 == n { u.obj.post_send(w) } else { u.obj.post_send_deferred(w) };
+            if let Err(e) = r {
+                u.obj.doorbell();
+                return e.errno();
             }
         }
-        // One doorbell for the batch, as for an ibv_post_send chain.
-        u.obj.doorbell();
-        r
+        if n == 0 {
+            u.obj.doorbell();
+        }
+        0
     })
 }
 unsafe extern "C" fn wr_abort(qx: *mut ibv_qp_ex) {
