@@ -495,14 +495,23 @@ impl Net {
         let token = KIND_QP | u64::from(qpn);
         match a {
             Arming::Disarm(fd) => {
-                let _ = self.epoll.modify(fd, token, (libc::EPOLLOUT | libc::EPOLLET) as u32);
+                let _ = self.epoll.delete(fd);
                 self.raw_lease_start(qpn, fd);
                 self.leased.lock().insert(qpn);
                 self.lease_news.store(true, Ordering::Release);
                 self.wake();
             }
+            Arming::Room { fd, on: true } => {
+                // Reported at once if the socket takes bytes already.
+                let room = (libc::EPOLLOUT | libc::EPOLLET) as u32;
+                let _ = self.epoll.add(fd, token, room).or_else(|_| self.epoll.modify(fd, token, room));
+            }
+            Arming::Room { fd, on: false } => {
+                let _ = self.epoll.delete(fd);
+            }
             Arming::Rearm(fd) => {
-                let _ = self.epoll.modify(fd, token, EPOLL_SOCKET_EDGE);
+                // Back with its pending readiness reported at once (arrivals while leased).
+                let _ = self.epoll.add(fd, token, EPOLL_SOCKET_EDGE).or_else(|_| self.epoll.modify(fd, token, EPOLL_SOCKET_EDGE));
                 self.raw_lease_end(qpn);
                 self.leased.lock().remove(&qpn);
             }
@@ -1132,12 +1141,12 @@ mod tests {
         assert_eq!(uiw_kabi::sys::recv_dontwait(&w.rx, &mut b).unwrap(), 0, "drain takes every wake");
     }
 
-    /// A leased QP's socket leaves the progress thread's interest in arrivals, not in room to
-    /// send: the progress thread must still hear when a socket the poller found full (and
-    /// stopped offering bytes to) takes bytes again, or nobody may send them until the poller
-    /// is back on its CPU.
+    /// A leased QP's socket leaves the progress thread's set — but while its stream is full,
+    /// the progress thread must still hear when the socket takes bytes again (the poller
+    /// stopped offering them), or nobody may send them until the poller is back on its CPU.
+    /// Handed back, it reports the arrivals of the lease at once.
     #[test]
-    fn a_leased_socket_still_reports_room_to_send() {
+    fn a_leased_socket_reports_room_to_send_only_while_full() {
         let mem: &'static crate::engine::datapath::testkit::Arena = Box::leak(Box::new(crate::engine::datapath::testkit::Arena::new(0)));
         let net = Net::start(mem, &[Ipv4Addr::LOCALHOST]).expect("a transport on loopback");
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -1148,14 +1157,27 @@ mod tests {
         let token = KIND_QP | 7;
         let mut evs = Vec::new();
         net.epoll.wait_for(&mut evs, Some(Duration::ZERO)).unwrap();
-        net.apply_arming(7, Arming::Disarm(stream.readiness()));
-        // An arrival is not reported while leased; room to send is.
+        let fd = stream.readiness();
+        let flags = |evs: &mut Vec<(u64, u32)>| {
+            evs.clear();
+            net.epoll.wait_for(evs, Some(Duration::ZERO)).unwrap();
+            evs.iter().filter(|e| e.0 == token).map(|e| e.1).fold(0, |a, b| a | b)
+        };
+        net.apply_arming(7, Arming::Disarm(fd));
+        // Neither an arrival nor room is reported while leased…
         (&theirs).write_all(b"x").unwrap();
-        evs.clear();
-        net.epoll.wait_for(&mut evs, Some(Duration::ZERO)).unwrap();
-        let flags: u32 = evs.iter().filter(|e| e.0 == token).map(|e| e.1).fold(0, |a, b| a | b);
-        assert_eq!(flags & libc::EPOLLIN as u32, 0, "a leased socket's arrivals wake the progress thread");
-        assert_ne!(flags & libc::EPOLLOUT as u32, 0, "a leased socket's room to send is not reported");
+        assert_eq!(flags(&mut evs), 0, "a leased socket woke the progress thread");
+        // …but room is while the stream is full.
+        net.apply_arming(7, Arming::Room { fd, on: true });
+        let f = flags(&mut evs);
+        assert_eq!(f & libc::EPOLLIN as u32, 0, "a leased socket's arrivals wake the progress thread");
+        assert_ne!(f & libc::EPOLLOUT as u32, 0, "a full leased socket's room to send is not reported");
+        net.apply_arming(7, Arming::Room { fd, on: false });
+        (&theirs).write_all(b"y").unwrap();
+        assert_eq!(flags(&mut evs), 0, "a leased socket with room woke the progress thread");
+        // Handed back: what arrived meanwhile is reported.
+        net.apply_arming(7, Arming::Rearm(fd));
+        assert_ne!(flags(&mut evs) & libc::EPOLLIN as u32, 0, "the lease's arrivals are lost");
         drop(theirs);
     }
 }

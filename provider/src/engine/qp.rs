@@ -649,7 +649,12 @@ impl Qp {
                 return Some((false, None));
             }
         }
-        self.tx_full.store(inner.dp.tx_blocked(), Ordering::Relaxed);
+        let full = inner.dp.tx_blocked();
+        self.tx_full.store(full, Ordering::Release);
+        if full && self.lease.held() {
+            // Leased, the socket is out of the progress thread's set: it must hear of room.
+            self.lease.track_room(&self.tx_full, |a| self.net.apply_arming(self.qpn, a));
+        }
         self.sync_stats(inner);
         self.after(inner);
         if !stalled && inner.dp.link.as_ref().is_some_and(|l| l.conn.rx_stalled()) {
@@ -1230,7 +1235,11 @@ impl Endpoint for Qp {
         }
         if self.lease.held() && !(writable && self.tx_full.load(Ordering::Relaxed)) {
             // An application thread drives the stream (a readiness reported before its claim,
-            // or a hang-up): it serves this, or the lease's check hands the QP back.
+            // or a hang-up): it serves this, or the lease's check hands the QP back. Room on a
+            // stream that is no longer full: the socket leaves the set again.
+            if writable {
+                self.lease.track_room(&self.tx_full, |a| self.net.apply_arming(self.qpn, a));
+            }
             return Progress::Done;
         }
         // Room on a leased stream that the poller found full (`Net::apply_arming`): the poller
