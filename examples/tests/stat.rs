@@ -85,8 +85,10 @@ fn finish(srv: Running, cli: Running) {
 /// completion channel): under `uiw run` that read serves the QP's stream in the waiting
 /// thread, woken by the arrival itself, instead of waiting for the progress thread to be woken
 /// and to wake it (two wake-ups per message). `reader_serves` counts those services; without
-/// them it stays 0 (the progress thread serves every arrival). The run's messages all arrive
-/// intact either way.
+/// them it stays 0 (the progress thread serves every arrival), and while the progress thread
+/// also watched the stream during the sleep it won most races (about 15 %). Now the sleep
+/// holds the QP and the waiting thread serves nearly every message. The run's messages all
+/// arrive intact either way.
 #[test]
 fn a_thread_waiting_in_ibv_get_cq_event_serves_its_qp() {
     let test = "a_thread_waiting_in_ibv_get_cq_event_serves_its_qp";
@@ -108,7 +110,10 @@ fn a_thread_waiting_in_ibv_get_cq_event_serves_its_qp() {
         let l = lines.iter().find(|l| l.pid() == pid).unwrap_or_else(|| panic!("pid {pid}'s QP: {lines:?}"));
         assert!(l.n("rx_msgs") >= iters, "{l:?}");
         assert_eq!((l.n("tx_terminates"), l.n("rx_terminates"), l.n("conn_errors")), (0, 0, 0), "{l:?}");
-        assert!(l.n("reader_serves") > 0, "no arrival was served by the thread waiting on the channel: {l:?}");
+        assert!(
+            l.n("reader_serves") * 2 >= iters,
+            "fewer than half the arrivals were served by the thread waiting on the channel: {l:?}"
+        );
     }
 }
 

@@ -564,3 +564,17 @@ mod affinity_tests {
         assert!(std::thread::spawn(|| set_thread_affinity(&[1 << 20])).join().unwrap().is_err());
     }
 }
+
+/// The calling thread's id (`gettid`).
+pub fn current_tid() -> i32 {
+    // SAFETY: gettid takes no arguments and touches no caller memory.
+    unsafe { libc::gettid() }
+}
+
+/// Whether thread `tid` of this process still exists (`tgkill(getpid(), tid, 0)`: no signal
+/// is sent). A thread that was cancelled or exited is gone; its id may be reused later.
+pub fn thread_alive(tid: i32) -> bool {
+    // SAFETY: signal 0 only checks that the thread exists; no memory is passed.
+    let r = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, 0) };
+    r == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}

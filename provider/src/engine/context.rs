@@ -180,6 +180,26 @@ impl Context {
         });
     }
 
+    /// A thread goes to sleep reading channel `ch`: it holds the channel's QPs, so that their
+    /// arrivals wake it alone (see `lease`).
+    pub fn channel_reader_sleeps(&self, ch: &ChannelSink) {
+        self.for_channel_qps(ch, &|qp| qp.reader_sleeps());
+    }
+
+    /// The thread that slept reading channel `ch` goes back to the application.
+    pub fn channel_reader_woke(&self, ch: &ChannelSink) {
+        self.for_channel_qps(ch, &|qp| qp.reader_woke());
+    }
+
+    fn for_channel_qps(&self, ch: &ChannelSink, f: &dyn Fn(&dyn super::net::Endpoint)) {
+        let Some(net) = self.net.lock().clone() else { return };
+        for qpn in ch.watched_qps() {
+            if let Some(qp) = net.lookup(qpn) {
+                f(&*qp);
+            }
+        }
+    }
+
     /// The read fds of the channels created so far (unregistered from the launcher's shim
     /// when the context goes).
     pub fn channel_fds(&self) -> Vec<i32> {

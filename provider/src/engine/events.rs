@@ -37,6 +37,8 @@ pub struct EventQueue {
     /// A completion channel's: what a thread blocked in `read()` of the channel waits on
     /// (see [`EventQueue::wait_fd`]).
     waiters: Option<Epoll>,
+    /// The streams in `waiters` (socket, QP number).
+    watched: Mutex<Vec<(RawFd, u32)>>,
 }
 
 /// The wait set's token for the channel itself (QP streams report their QP number).
@@ -54,7 +56,7 @@ impl EventQueue {
     /// `tx` is our end; `unread` another descriptor of the application's end.
     pub fn new(tx: UnixStream, unread: UnixStream, record: usize) -> EventQueue {
         let _ = tx.set_nonblocking(true);
-        EventQueue { tx: Mutex::new(tx), unread, record, waiters: None }
+        EventQueue { tx: Mutex::new(tx), unread, record, waiters: None, watched: Mutex::new(Vec::new()) }
     }
 
     /// A completion channel's queue (8-byte records), with the wait set a reader of the
@@ -70,7 +72,9 @@ impl EventQueue {
     /// (one of whose CQs completes into the channel). Watching a stream twice is harmless.
     pub fn watch_stream(&self, fd: RawFd, qpn: u32) {
         if let Some(w) = &self.waiters {
-            let _ = w.add(fd, u64::from(qpn), STREAM_INPUT);
+            if w.add(fd, u64::from(qpn), STREAM_INPUT).is_ok() {
+                self.watched.lock().push((fd, qpn));
+            }
         }
     }
 
@@ -78,7 +82,13 @@ impl EventQueue {
     pub fn unwatch_stream(&self, fd: RawFd) {
         if let Some(w) = &self.waiters {
             let _ = w.delete(fd);
+            self.watched.lock().retain(|&(f, _)| f != fd);
         }
+    }
+
+    /// The QPs whose streams wake a reader of this channel.
+    pub fn watched_qps(&self) -> smallvec::SmallVec<[u32; 4]> {
+        self.watched.lock().iter().map(|&(_, q)| q).collect()
     }
 
     /// The descriptor a thread reading this channel (`ibv_get_cq_event`) that found no event
@@ -91,11 +101,11 @@ impl EventQueue {
 
     /// After the reader's sleep on [`EventQueue::wait_fd`] ended: serves, right here
     /// (`serve(qpn)`), the QPs whose streams woke it — their completions then notify the
-    /// channel from this thread. The progress thread is woken by the same arrivals and serves
-    /// whichever QP it finds free; the application is no longer woken second, by the
-    /// progress thread's notification: one wake-up per message, as a blocking `recv` has
-    /// (`ib_send_lat -e`: 32.5-37.9 µs typical half round trip, against 47.2-48.7 with two
-    /// wake-ups; a blocking TCP ping-pong 26-28). Never blocks.
+    /// channel from this thread. While the reader sleeps the progress thread does not watch
+    /// those streams (the sleep holds their QPs: see `lease`), so the arrival wakes this thread
+    /// alone: one wake-up per message, as a blocking `recv` has (`ib_send_lat -e`: 32.5-37.9 µs
+    /// typical half round trip, against 47.2-48.7 with the progress thread waking the reader
+    /// second; a blocking TCP ping-pong 26-28). Never blocks.
     pub fn serve_ready(&self, serve: &mut dyn FnMut(u32)) {
         let Some(w) = &self.waiters else { return };
         let mut evs = Vec::new();
@@ -198,6 +208,7 @@ mod tests {
         let (mut peer, stream) = UnixStream::pair().unwrap();
         ch.watch_stream(stream.as_raw_fd(), 7);
         ch.watch_stream(stream.as_raw_fd(), 7); // twice: harmless
+        assert_eq!(ch.watched_qps().as_slice(), &[7], "a sleeping reader holds each watched QP once");
         let mut served = Vec::new();
         assert!(!readable_within(wait, 20), "nothing came yet");
         ch.serve_ready(&mut |q| served.push(q));
@@ -224,6 +235,7 @@ mod tests {
 
         // Unwatched, the stream's input wakes nobody.
         ch.unwatch_stream(stream.as_raw_fd());
+        assert!(ch.watched_qps().is_empty());
         peer.write_all(b"more").unwrap();
         assert!(!readable_within(wait, 50), "an unwatched stream woke the reader");
     }

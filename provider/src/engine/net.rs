@@ -62,6 +62,10 @@ pub trait Endpoint: Send + Sync {
     /// A thread waiting on a completion channel of the QP's CQs was woken by the stream:
     /// it serves the stream as a poller would ([`Endpoint::serve_aside`]), counted apart.
     fn serve_for_reader(&self);
+    /// A thread reading a completion channel whose reader serves this QP goes to sleep.
+    fn reader_sleeps(&self);
+    /// That thread woke and goes back to the application.
+    fn reader_woke(&self);
     /// When its lease was last renewed (engine µs, see `lease`).
     fn lease_renewed_at(&self) -> u64;
     /// Whether a doorbell of the QP waits for its poller's next poll (`Qp::defer_doorbell`).
@@ -501,6 +505,12 @@ impl Net {
                 self.lease_news.store(true, Ordering::Release);
                 self.wake();
             }
+            Arming::DisarmWhileAsleep(fd) => {
+                // No check to schedule: the sleeper hands the QP back as it wakes.
+                let _ = self.epoll.delete(fd);
+                self.raw_lease_start(qpn, fd);
+                self.leased.lock().insert(qpn);
+            }
             Arming::Room { fd, on: true } => {
                 // Reported at once if the socket takes bytes already.
                 let room = (libc::EPOLLOUT | libc::EPOLLET) as u32;
@@ -576,6 +586,11 @@ impl Net {
         }
     }
 
+    /// Whether QP `qpn` is leased on a raw transport's stream.
+    pub fn raw_leased(&self, qpn: u32) -> bool {
+        self.raw_leases.lock().0.contains_key(&qpn)
+    }
+
     /// Looks at the leases (due or new) at `now` (engine µs): the QPs handed back are queued
     /// to be served at once; returns when the next lease is due.
     fn check_leases(&self, now: u64, ready: &mut VecDeque<(u64, u32)>) -> Option<u64> {
@@ -589,6 +604,7 @@ impl Net {
             };
             match qp.lease_check(now) {
                 Check::HeldUntil(t) => next = earliest(next, Some(t)),
+                Check::Asleep => {}
                 Check::Free => {
                     let tok = KIND_QP | u64::from(qpn);
                     if !ready.iter().any(|r| r.0 == tok) {
@@ -1178,6 +1194,14 @@ mod tests {
         // Handed back: what arrived meanwhile is reported.
         net.apply_arming(7, Arming::Rearm(fd));
         assert_ne!(flags(&mut evs) & libc::EPOLLIN as u32, 0, "the lease's arrivals are lost");
+        // A reader's sleep takes it out of the set too, with no lease check to schedule: the
+        // progress thread is not woken for it.
+        net.waker.drain();
+        net.apply_arming(7, Arming::DisarmWhileAsleep(fd));
+        (&theirs).write_all(b"z").unwrap();
+        assert_eq!(flags(&mut evs), 0, "a socket held by a sleeping reader woke the progress thread");
+        let mut b = [0u8; 1];
+        assert_eq!(uiw_kabi::sys::recv_dontwait(&net.waker.rx, &mut b).unwrap(), 0, "the progress thread was woken for a sleeper's hold");
         drop(theirs);
     }
 }

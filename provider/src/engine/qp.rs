@@ -578,7 +578,7 @@ impl Qp {
     /// The application is going to sleep on a completion channel: the progress thread serves
     /// the stream again.
     pub fn hand_back(&self) {
-        if self.lease.hand_back(|a| self.net.apply_arming(self.qpn, a)) {
+        if self.lease.hand_back(uiw_kabi::sys::thread_alive, |a| self.net.apply_arming(self.qpn, a)) {
             // Arrivals the progress thread's stack turns took for the QP while it was leased
             // were left to the poller, and a raw transport's turns signal nothing for a QP
             // they serve themselves (`Net::turn_and_serve`): serve the stream once now.
@@ -1253,6 +1253,19 @@ impl Endpoint for Qp {
     fn serve_for_reader(&self) {
         self.stats.reader_served();
         Qp::serve_aside(self)
+    }
+    fn reader_sleeps(&self) {
+        if lease_enabled() {
+            self.lease.reader_sleeps(uiw_kabi::sys::current_tid(), |a| self.net.apply_arming(self.qpn, a));
+        }
+    }
+    fn reader_woke(&self) {
+        let raw = self.net.raw_leased(self.qpn);
+        self.lease.reader_woke(uiw_kabi::sys::current_tid(), |a| self.net.apply_arming(self.qpn, a));
+        if raw && !self.lease.held() {
+            // What the raw transport's turns took for the QP meanwhile (see `hand_back`).
+            self.net.requeue(self.qpn);
+        }
     }
     fn lease_renewed_at(&self) -> u64 {
         self.lease.renewed_at()

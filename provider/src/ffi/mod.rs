@@ -480,42 +480,57 @@ unsafe extern "C" fn read_channel(engine: *mut c_void, fd: c_int, buf: *mut c_vo
         let engine = unsafe { &*(engine as *const Context) };
         // Not a channel of this context (any more): a plain read.
         let Some(ch) = engine.channel(fd) else { return READ_PLAIN };
-        match why {
-            WHY_WOKEN => engine.serve_channel_ready(&ch),
-            // As a read(2) would: restarted after SA_RESTART handlers, EINTR otherwise.
-            WHY_INTERRUPTED if !uiw_kabi::sys::interrupted_reads_restart() => {
-                set_errno(libc::EINTR);
-                return -1;
-            }
+        // Called again after a sleep on the wait fd: this thread holds the channel's QPs
+        // (see `engine::lease`) until it returns anything but READ_WAIT.
+        let slept = why == WHY_WOKEN || why == WHY_INTERRUPTED;
+        let r = read_or_wait(engine, &ch, fd, buf, len, why, wait_fd);
+        match (slept, r == READ_WAIT) {
+            (false, true) => engine.channel_reader_sleeps(&ch),
+            (true, false) => engine.channel_reader_woke(&ch),
             _ => {}
         }
-        loop {
-            // SAFETY: the caller's buffer and length, as read() was given them.
-            let n = unsafe { libc::recv(fd, buf, len, libc::MSG_DONTWAIT) };
-            if n >= 0 {
-                return n as isize;
-            }
-            match std::io::Error::last_os_error().raw_os_error() {
-                Some(libc::EINTR) => continue,
-                Some(libc::EAGAIN) => break,
-                // Not our socket any more (replaced behind the shim's back): a plain read.
-                _ => return READ_PLAIN,
-            }
-        }
-        // SAFETY: F_GETFL on the caller's fd has no memory arguments.
-        if unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0 {
-            set_errno(libc::EAGAIN);
+        r
+    })
+}
+
+/// `read_channel`'s work: an event read, an error, `READ_PLAIN`, or `READ_WAIT` with
+/// `*wait_fd` set.
+fn read_or_wait(engine: &Context, ch: &EventQueue, fd: c_int, buf: *mut c_void, len: usize, why: c_int, wait_fd: *mut c_int) -> isize {
+    match why {
+        WHY_WOKEN => engine.serve_channel_ready(ch),
+        // As a read(2) would: restarted after SA_RESTART handlers, EINTR otherwise.
+        WHY_INTERRUPTED if !uiw_kabi::sys::interrupted_reads_restart() => {
+            set_errno(libc::EINTR);
             return -1;
         }
-        match ch.wait_fd() {
-            Some(w) => {
-                // SAFETY: the shim passes a valid out pointer.
-                unsafe { *wait_fd = w };
-                READ_WAIT
-            }
-            None => READ_PLAIN,
+        _ => {}
+    }
+    loop {
+        // SAFETY: the caller's buffer and length, as read() was given them.
+        let n = unsafe { libc::recv(fd, buf, len, libc::MSG_DONTWAIT) };
+        if n >= 0 {
+            return n as isize;
         }
-    })
+        match std::io::Error::last_os_error().raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EAGAIN) => break,
+            // Not our socket any more (replaced behind the shim's back): a plain read.
+            _ => return READ_PLAIN,
+        }
+    }
+    // SAFETY: F_GETFL on the caller's fd has no memory arguments.
+    if unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0 {
+        set_errno(libc::EAGAIN);
+        return -1;
+    }
+    match ch.wait_fd() {
+        Some(w) => {
+            // SAFETY: the shim passes a valid out pointer.
+            unsafe { *wait_fd = w };
+            READ_WAIT
+        }
+        None => READ_PLAIN,
+    }
 }
 
 /// Reads a C string field into a `String` (for messages).
