@@ -170,14 +170,15 @@ impl Context {
     }
 
     /// The reader of channel `ch` woke: serves the channel's QPs whose streams have input, in
-    /// its thread (see `EventQueue::serve_ready`).
-    pub fn serve_channel_ready(&self, ch: &ChannelSink) {
+    /// its thread, and returns the first completion event that raised for the channel (see
+    /// `EventQueue::serve_ready`).
+    pub fn serve_channel_ready(&self, ch: &ChannelSink) -> Option<super::events::CompEvent> {
         let net = self.net.lock().clone();
         ch.serve_ready(&mut |qpn| {
             if let Some(qp) = net.as_ref().and_then(|n| n.lookup(qpn)) {
                 qp.serve_for_reader();
             }
-        });
+        })
     }
 
     /// A thread goes to sleep reading channel `ch`: it holds the channel's QPs, so that their

@@ -497,7 +497,16 @@ unsafe extern "C" fn read_channel(engine: *mut c_void, fd: c_int, buf: *mut c_vo
 /// `*wait_fd` set.
 fn read_or_wait(engine: &Context, ch: &EventQueue, fd: c_int, buf: *mut c_void, len: usize, why: c_int, wait_fd: *mut c_int) -> isize {
     match why {
-        WHY_WOKEN => engine.serve_channel_ready(ch),
+        WHY_WOKEN => {
+            if let Some(rec) = engine.serve_channel_ready(ch) {
+                if len >= rec.len() {
+                    // SAFETY: the caller's buffer, of `len` bytes (read()'s arguments).
+                    unsafe { ptr::copy_nonoverlapping(rec.as_ptr(), buf as *mut u8, rec.len()) };
+                    return rec.len() as isize;
+                }
+                ch.requeue(&rec);
+            }
+        }
         // As a read(2) would: restarted after SA_RESTART handlers, EINTR otherwise.
         WHY_INTERRUPTED if !uiw_kabi::sys::interrupted_reads_restart() => {
             set_errno(libc::EINTR);
