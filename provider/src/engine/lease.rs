@@ -184,10 +184,12 @@ impl Lease {
 
     /// Thread `tid` goes to sleep on a completion channel whose reader serves this QP: the QP
     /// is held until the last such thread wakes (`apply(DisarmWhileAsleep(fd))` if it was
-    /// free; a poller's lease it finds is kept, and ends with the sleep).
-    pub fn reader_sleeps(&self, tid: i32, apply: impl FnOnce(Arming)) {
+    /// free; a poller's lease it finds is kept, and ends with the sleep) — unless the stream
+    /// cannot be held by a sleeper (`holdable(fd)`: a raw transport's, whose frames only the
+    /// progress thread's turns would receive meanwhile).
+    pub fn reader_sleeps(&self, tid: i32, holdable: impl FnOnce(i32) -> bool, apply: impl FnOnce(Arming)) {
         let mut s = self.state.lock();
-        let Some(fd) = s.fd else { return };
+        let Some(fd) = s.fd.filter(|&fd| holdable(fd)) else { return };
         s.sleepers.push(tid);
         if s.leased {
             return;
@@ -348,10 +350,10 @@ mod tests {
         let log = RefCell::new(Vec::new());
         let push = |a| log.borrow_mut().push(a);
         let l = Lease::default();
-        l.reader_sleeps(1, |_| panic!("no stream: nothing to hold"));
+        l.reader_sleeps(1, |_| true, |_| panic!("no stream: nothing to hold"));
         l.attach(6);
-        l.reader_sleeps(1, push);
-        l.reader_sleeps(2, |_| panic!("held already"));
+        l.reader_sleeps(1, |_| true, push);
+        l.reader_sleeps(2, |_| true, |_| panic!("held already"));
         assert!(l.held());
         assert_eq!(l.check(1_000_000, |_| panic!("a sleeper's hold is not checked")), Check::Asleep);
         assert!(!l.hand_back(|_| true, |_| panic!("sleepers serve the QP")));
@@ -362,11 +364,17 @@ mod tests {
         // A poller's lease a reader finds is kept while it sleeps and ends with the sleep.
         l.renew(0);
         l.claim(push);
-        l.reader_sleeps(1, |_| panic!("held already"));
+        l.reader_sleeps(1, |_| true, |_| panic!("held already"));
         assert_eq!(l.check(1_000_000, |_| panic!("kept")), Check::Asleep);
         l.reader_woke(1, push);
         assert!(!l.held());
         assert_eq!(*log.borrow(), vec![Arming::DisarmWhileAsleep(6), Arming::Rearm(6), Arming::Disarm(6), Arming::Rearm(6)]);
+        // A stream a sleeper cannot hold stays with the progress thread, and no sleep counts.
+        l.reader_sleeps(1, |fd| fd != 6, |_| panic!("an unholdable stream was held"));
+        assert!(!l.held());
+        l.renew(10);
+        l.claim(|_| {});
+        assert!(l.hand_back(|_| true, |_| {}), "a sleep that held nothing kept a poller's lease from its hand-back");
     }
 
     /// A sleeper that is gone (cancelled in `ibv_get_cq_event`, it never woke) does not keep
@@ -376,12 +384,12 @@ mod tests {
         let log = RefCell::new(Vec::new());
         let l = Lease::default();
         l.attach(8);
-        l.reader_sleeps(41, |a| log.borrow_mut().push(a));
-        l.reader_sleeps(42, |_| panic!("held already"));
+        l.reader_sleeps(41, |_| true, |a| log.borrow_mut().push(a));
+        l.reader_sleeps(42, |_| true, |_| panic!("held already"));
         assert!(!l.hand_back(|t| t == 42, |_| panic!("thread 42 still sleeps")));
         l.reader_woke(42, |a| log.borrow_mut().push(a));
         assert!(!l.held(), "the last live sleeper woke");
-        l.reader_sleeps(43, |a| log.borrow_mut().push(a));
+        l.reader_sleeps(43, |_| true, |a| log.borrow_mut().push(a));
         assert!(l.hand_back(|_| false, |a| log.borrow_mut().push(a)), "a gone sleeper kept the QP");
         assert!(!l.held());
         assert_eq!(*log.borrow(), vec![Arming::DisarmWhileAsleep(8), Arming::Rearm(8), Arming::DisarmWhileAsleep(8), Arming::Rearm(8)]);

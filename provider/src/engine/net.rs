@@ -60,7 +60,9 @@ pub trait Endpoint: Send + Sync {
     /// another thread is at it (see [`Net::serve_leased`]).
     fn serve_aside(&self);
     /// A thread waiting on a completion channel of the QP's CQs was woken by the stream:
-    /// it serves the stream as a poller would ([`Endpoint::serve_aside`]), counted apart.
+    /// it serves the stream as the progress thread does on readiness (news a thread holding
+    /// the QP must serve before it lets go, not a poll: while the sleep held the QP, nobody
+    /// else heard of the arrival), counted apart.
     fn serve_for_reader(&self);
     /// A thread reading a completion channel whose reader serves this QP goes to sleep.
     fn reader_sleeps(&self);
@@ -498,18 +500,15 @@ impl Net {
     pub fn apply_arming(&self, qpn: u32, a: Arming) {
         let token = KIND_QP | u64::from(qpn);
         match a {
-            Arming::Disarm(fd) => {
+            Arming::Disarm(fd) | Arming::DisarmWhileAsleep(fd) => {
                 let _ = self.epoll.delete(fd);
                 self.raw_lease_start(qpn, fd);
                 self.leased.lock().insert(qpn);
-                self.lease_news.store(true, Ordering::Release);
-                self.wake();
-            }
-            Arming::DisarmWhileAsleep(fd) => {
-                // No check to schedule: the sleeper hands the QP back as it wakes.
-                let _ = self.epoll.delete(fd);
-                self.raw_lease_start(qpn, fd);
-                self.leased.lock().insert(qpn);
+                // A poller's lease is checked when due; a sleeper hands the QP back as it wakes.
+                if matches!(a, Arming::Disarm(_)) {
+                    self.lease_news.store(true, Ordering::Release);
+                    self.wake();
+                }
             }
             Arming::Room { fd, on: true } => {
                 // Reported at once if the socket takes bytes already.
@@ -586,9 +585,10 @@ impl Net {
         }
     }
 
-    /// Whether QP `qpn` is leased on a raw transport's stream.
-    pub fn raw_leased(&self, qpn: u32) -> bool {
-        self.raw_leases.lock().0.contains_key(&qpn)
+    /// Whether the stream that signals on `fd` is a raw transport's: its frames reach it only
+    /// through the turns of that transport's stack.
+    pub fn raw_stream(&self, fd: i32) -> bool {
+        self.raw_turn.read().iter().any(|t| t.owns_readiness(fd))
     }
 
     /// Looks at the leases (due or new) at `now` (engine µs): the QPs handed back are queued

@@ -1252,20 +1252,19 @@ impl Endpoint for Qp {
     }
     fn serve_for_reader(&self) {
         self.stats.reader_served();
-        Qp::serve_aside(self)
+        // News, as readiness is for the progress thread (not a poll): the arrival woke this
+        // thread alone while its sleep held the QP, so a thread that holds the QP now (one
+        // posting to it) must read it before it lets go (`kick`, `settle`).
+        Qp::serve(self, false);
     }
     fn reader_sleeps(&self) {
         if lease_enabled() {
-            self.lease.reader_sleeps(uiw_kabi::sys::current_tid(), |a| self.net.apply_arming(self.qpn, a));
+            let tid = uiw_kabi::sys::current_tid();
+            self.lease.reader_sleeps(tid, |fd| !self.net.raw_stream(fd), |a| self.net.apply_arming(self.qpn, a));
         }
     }
     fn reader_woke(&self) {
-        let raw = self.net.raw_leased(self.qpn);
         self.lease.reader_woke(uiw_kabi::sys::current_tid(), |a| self.net.apply_arming(self.qpn, a));
-        if raw && !self.lease.held() {
-            // What the raw transport's turns took for the QP meanwhile (see `hand_back`).
-            self.net.requeue(self.qpn);
-        }
     }
     fn lease_renewed_at(&self) -> u64 {
         self.lease.renewed_at()
