@@ -151,7 +151,7 @@ tool_cmd() {
 # error (a bad MPA CRC is one), and MPA CRCs checked exactly when CRC was negotiated ($2).
 tshark_check() {
 	local pcap=$1 want_crc=$2 row
-	row=$(tshark -r "$pcap" -q --disable-heuristic rpcrdma_iwarp --disable-heuristic smb_direct_iwarp \
+	row=$(tshark -r "$pcap" -q -o tcp.try_heuristic_first:TRUE --disable-heuristic rpcrdma_iwarp --disable-heuristic smb_direct_iwarp \
 		-z 'io,stat,0,iwarp_mpa.key.req,iwarp_mpa.key.rep,iwarp_ddp_rdmap,_ws.malformed,_ws.expert.severity >= "Error",tcp.analysis.lost_segment,iwarp_mpa.crc_check' \
 		2>/dev/null | grep -E '^\| *[0-9.]+ <>' | tail -1)
 	local -a f

@@ -64,7 +64,7 @@ if [[ -z $pcap ]]; then
 fi
 
 tsh() {
-	tshark -r "$pcap" --disable-heuristic rpcrdma_iwarp --disable-heuristic smb_direct_iwarp \
+	tshark -r "$pcap" -o tcp.try_heuristic_first:TRUE --disable-heuristic rpcrdma_iwarp --disable-heuristic smb_direct_iwarp \
 		-T fields -e frame.number "$@" 2>/dev/null | grep -c . || true
 }
 frames=$(tsh)
@@ -76,7 +76,7 @@ mpa_rep=$(tsh -Y 'iwarp_mpa.key.rep')
 ddp=$(tsh -Y 'iwarp_ddp_rdmap')
 # tshark 4.0 has no CRC status field (iwarp_mpa.crc_check.status is refused as a filter):
 # its verdict is only in the CRC item's text.
-crc_bad=$(tshark -r "$pcap" --disable-heuristic rpcrdma_iwarp --disable-heuristic smb_direct_iwarp \
+crc_bad=$(tshark -r "$pcap" -o tcp.try_heuristic_first:TRUE --disable-heuristic rpcrdma_iwarp --disable-heuristic smb_direct_iwarp \
 	-V 2>/dev/null | grep -c 'Bad CRC32' || true)
 lost=$(tsh -Y 'tcp.analysis.lost_segment')
 
@@ -94,7 +94,7 @@ if [[ $malformed -ne 0 || $errors -ne 0 ]]; then
 			"capture was too slow; rerun with shorter runs (perftest -n 100)" >&2
 	fi
 	echo "tshark-check: FAIL: malformed or expert-error frames:" >&2
-	tshark -r "$pcap" --disable-heuristic rpcrdma_iwarp --disable-heuristic smb_direct_iwarp \
+	tshark -r "$pcap" -o tcp.try_heuristic_first:TRUE --disable-heuristic rpcrdma_iwarp --disable-heuristic smb_direct_iwarp \
 		-Y '_ws.malformed || _ws.expert.severity >= "Error"' 2>/dev/null | head -20 >&2
 	fail=1
 fi

@@ -553,7 +553,7 @@ fn terminates_decode_in_tshark() {
     let o = std::process::Command::new("tshark")
         .arg("-r")
         .arg(&pcap)
-        .args(["--disable-heuristic", "rpcrdma_iwarp", "--disable-heuristic", "smb_direct_iwarp", "-Y", "iwarp_rdma.opcode == 7", "-T", "fields"])
+        .args(["-o", "tcp.try_heuristic_first:TRUE", "--disable-heuristic", "rpcrdma_iwarp", "--disable-heuristic", "smb_direct_iwarp", "-Y", "iwarp_rdma.opcode == 7", "-T", "fields"])
         // The dissector names the type and code fields by layer: the first non-empty of each
         // group is the one that applies.
         .args(["-e", "iwarp_rdma.term_layer"])

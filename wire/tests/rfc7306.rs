@@ -340,7 +340,7 @@ fn tshark(pcap: &PathBuf, fields: &[&str], filter: &str) -> Vec<Vec<String>> {
     let mut cmd = Command::new("tshark");
     cmd.args(["-r"]).arg(pcap);
     // As ci/tshark-check.sh: these heuristics misread small Sends.
-    cmd.args(["--disable-heuristic", "rpcrdma_iwarp", "--disable-heuristic", "smb_direct_iwarp"]);
+    cmd.args(["-o", "tcp.try_heuristic_first:TRUE", "--disable-heuristic", "rpcrdma_iwarp", "--disable-heuristic", "smb_direct_iwarp"]);
     cmd.args(["-Y", filter, "-T", "fields", "-E", "separator=|", "-E", "occurrence=a"]);
     for f in fields {
         cmd.args(["-e", f]);
