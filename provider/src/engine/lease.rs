@@ -195,7 +195,6 @@ impl Lease {
             return;
         }
         s.leased = true;
-        s.room = false;
         self.leased.store(true, Ordering::Release);
         apply(Arming::DisarmWhileAsleep(fd));
     }
