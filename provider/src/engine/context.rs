@@ -328,6 +328,8 @@ impl Context {
             hup: AtomicBool::new(false),
             writable: AtomicBool::new(false),
             tx_full: AtomicBool::new(false),
+            awaits_answer: AtomicBool::new(false),
+            answer_gave_up: AtomicBool::new(false),
             lease: Default::default(),
             polls_at_post: AtomicU64::new(u64::MAX),
             chain_bytes: AtomicU64::new(0),

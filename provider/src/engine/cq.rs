@@ -214,6 +214,10 @@ pub trait PolledQp: Send + Sync {
     /// The application is going to sleep on the CQ's channel: the progress thread takes the
     /// QP back.
     fn hand_back(&self);
+    /// A lone RDMA Write's completion waits for the peer's answer (see `datapath::answer`).
+    fn awaits_answer(&self) -> bool;
+    /// The CQ was armed: a completion waiting for an answer goes now (no thread polls).
+    fn end_answer_wait(&self);
     /// A poll of this CQ drove its QPs (`own`): other QPs are served from it too — those whose
     /// raw streams its stack turns fed, and, when `renewed_before` is not 0 (a poll that found
     /// nothing), the QPs of other CQs leased to a poller whose lease was renewed before
@@ -344,6 +348,12 @@ impl CqObj {
         let poller = if self.q.lock().armed() { Poller::Sleeps } else { poller };
         self.renew_at.store(now + super::lease::LEASE_US / 2, Ordering::Relaxed);
         let qps = self.polled_qps();
+        // A poller waiting for a Write's completion that waits for the answer reads the answer
+        // itself: it takes the QP at once, not after a streak of empty polls.
+        let poller = match poller {
+            Poller::Renews if qps.iter().any(|q| q.awaits_answer()) => Poller::Claims,
+            p => p,
+        };
         let mut full = !qps.is_empty();
         for qp in &qps {
             full &= qp.try_progress(poller, now);
@@ -360,7 +370,15 @@ impl CqObj {
         self.q.lock().arm(solicited_only);
         for qp in self.polled_qps() {
             qp.hand_back();
+            qp.end_answer_wait();
         }
+    }
+
+    /// The engine clock now if a thread polls this CQ for its completions — one polled it
+    /// lately and it is not armed for an event —, else `None` (see `datapath::answer`).
+    pub fn poller_clock(&self) -> Option<u64> {
+        let now = super::clock::now_us();
+        (self.polled_lately(now) && !self.q.lock().armed()).then_some(now)
     }
 
     /// Whether a thread polled this CQ within the last [`super::lease::CHECK_MAX_US`]: it is
@@ -486,17 +504,29 @@ mod tests {
         /// What the last `serve_others` asked for: the poll time before which a lease
         /// must have been renewed, and whether QP 1 (every fake's number) was named as the CQ's own.
         aside: Mutex<Option<(u64, bool)>>,
+        /// Whether its lone Write's completion waits for the answer; how the last drive meant
+        /// to poll; how often the CQ's arming ended the wait.
+        awaits: AtomicBool,
+        last_poller: Mutex<Option<Poller>>,
+        ended: AtomicU32,
     }
 
     impl PolledQp for Fake {
         fn qpn(&self) -> u32 {
             1
         }
-        fn try_progress(&self, _: Poller, _: u64) -> bool {
+        fn try_progress(&self, poller: Poller, _: u64) -> bool {
             self.driven.fetch_add(1, Ordering::Relaxed);
+            *self.last_poller.lock() = Some(poller);
             self.full
         }
         fn hand_back(&self) {}
+        fn awaits_answer(&self) -> bool {
+            self.awaits.load(Ordering::Relaxed)
+        }
+        fn end_answer_wait(&self) {
+            self.ended.fetch_add(1, Ordering::Relaxed);
+        }
         fn serve_others(&self, own: &dyn Fn(u32) -> bool, renewed_before: u64) {
             *self.aside.lock() = Some((renewed_before, own(1)));
         }
@@ -506,12 +536,28 @@ mod tests {
     fn cq_with(full: &[bool]) -> (CqObj, Vec<Arc<Fake>>) {
         let (tx, rx) = std::os::unix::net::UnixStream::pair().unwrap();
         let cq = CqObj::new(8, None, Arc::new(AsyncSink::new(tx, rx, 16)));
-        let qps: Vec<Arc<Fake>> = full.iter().map(|&f| Arc::new(Fake { full: f, driven: AtomicU32::new(0), aside: Mutex::new(None) })).collect();
+        let qps: Vec<Arc<Fake>> = full.iter().map(|&f| Arc::new(Fake { full: f, driven: AtomicU32::new(0), aside: Mutex::new(None), awaits: AtomicBool::new(false), last_poller: Mutex::new(None), ended: AtomicU32::new(0) })).collect();
         for q in &qps {
             let w: Weak<dyn PolledQp> = Arc::downgrade(&(q.clone() as Arc<dyn PolledQp>));
             cq.qps.lock().push(w);
         }
         (cq, qps)
+    }
+
+    /// A poll of an empty CQ claims a QP whose lone Write's completion waits for the answer at
+    /// once (the poller reads the answer itself), where it would otherwise only renew; arming
+    /// the CQ ends the wait (nobody polls for the completion any more).
+    #[test]
+    fn a_poller_waiting_for_an_answer_claims_at_once_and_arming_ends_the_wait() {
+        let (cq, qps) = cq_with(&[false]);
+        cq.polling(true);
+        assert_eq!(*qps[0].last_poller.lock(), Some(Poller::Renews), "the first empty poll only renews");
+        qps[0].awaits.store(true, Ordering::Relaxed);
+        cq.polling(true);
+        assert_eq!(*qps[0].last_poller.lock(), Some(Poller::Claims));
+        cq.arm(false);
+        assert_eq!(qps[0].ended.load(Ordering::Relaxed), 1);
+        assert!(cq.poller_clock().is_none(), "an armed CQ has no poller to wait for");
     }
 
     /// A poll can do nothing (and gives its CPU away) only when every QP it drives has a full

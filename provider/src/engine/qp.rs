@@ -95,6 +95,12 @@ pub struct Qp {
     /// The stream's buffer was full at the end of the last pump (`DataPath::tx_blocked`): a
     /// poll of the QP's CQ that finds nothing can do nothing for it either (`CqObj::drive`).
     pub(crate) tx_full: AtomicBool,
+    /// A lone RDMA Write's completion waits for the peer's answer (`datapath::answer`): a poll
+    /// of its CQ that finds nothing claims the QP, to read the answer itself.
+    pub(crate) awaits_answer: AtomicBool,
+    /// A wait for an answer ended without one: the poller hands the QP back (it will wait by
+    /// other means, and the progress thread must serve the answer).
+    pub(crate) answer_gave_up: AtomicBool,
     /// Counters `uiw stat` reads (see `stats`).
     pub(crate) stats: QpStats,
     /// Whether an application thread that polls drives the stream instead of the progress
@@ -258,6 +264,7 @@ impl Qp {
             send_cq: &self.send_cq,
             recv_cq: &self.recv_cq,
             srq: self.srq.as_deref(),
+            poller_clock: CqObj::poller_clock,
         }
     }
 
@@ -542,6 +549,11 @@ impl Qp {
             _ => {}
         }
         self.serve_aside();
+        if self.answer_gave_up.swap(false, Ordering::Relaxed) {
+            // The poll is about to return the completion that waited in vain: the application
+            // waits for the answer by other means now (see `datapath::answer`).
+            self.hand_back();
+        }
         self.tx_full.load(Ordering::Relaxed)
     }
 
@@ -633,6 +645,7 @@ impl Qp {
         let msgs = |inner: &QpInner| inner.dp.link.as_ref().map_or((0, 0), |l| (l.conn.counters().rx_msgs, l.conn.counters().tx_msgs));
         let before = msgs(inner);
         let r = inner.dp.pump(&env);
+        self.note_answer_wait(inner);
         let after = msgs(inner);
         if after.0 != before.0 && after.1 != before.1 {
             // Took a message in and sent one out (a Read Response to its Request): an answer.
@@ -667,6 +680,15 @@ impl Qp {
             self.net.wake();
         }
         Some(r)
+    }
+
+    /// Mirrors the data path's wait for an answer (`datapath::answer`) where polls see it.
+    fn note_answer_wait(&self, inner: &mut QpInner) {
+        let Some(l) = inner.dp.link.as_mut() else { return };
+        self.awaits_answer.store(l.awaits_answer(), Ordering::Relaxed);
+        if l.answer_gave_up() {
+            self.answer_gave_up.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Reports what negotiation produced to connection management (rdma_cm): ESTABLISHED
@@ -1161,6 +1183,7 @@ impl Qp {
                     self.chain_bytes.fetch_add(len, Ordering::Relaxed);
                 }
                 let r = inner.dp.post_send(&env, wqe, self.cap.max_send_wr, ring);
+                self.note_answer_wait(&mut inner);
                 // An idle stream sends at once, from here.
                 self.sync_stats(&mut inner);
                 if let Some(f) = r? {
@@ -1306,6 +1329,15 @@ impl PolledQp for Qp {
     }
     fn try_progress(&self, poller: Poller, now: u64) -> bool {
         Qp::try_progress(self, poller, now)
+    }
+    fn awaits_answer(&self) -> bool {
+        self.awaits_answer.load(Ordering::Relaxed)
+    }
+    fn end_answer_wait(&self) {
+        if self.awaits_answer.load(Ordering::Relaxed) {
+            // The progress thread's pump finds the CQ armed: the completion goes at once.
+            self.net.requeue(self.qpn);
+        }
     }
     fn hand_back(&self) {
         Qp::hand_back(self)
@@ -1718,7 +1750,7 @@ mod tests {
         let peer_mrs = MrTable::new(4);
         let pmr = peer_mrs.register(1, peer_addr, HALF, peer_addr, access::LOCAL_WRITE).unwrap();
         let (pscq, prcq) = (cq(), cq());
-        let penv = Env { qpn: 0x1001, pd: 1, sq_sig_all: false, qp_access: 0, mrs: &peer_mrs, user_mem: mem, send_cq: &pscq, recv_cq: &prcq, srq: None };
+        let penv = Env { qpn: 0x1001, pd: 1, sq_sig_all: false, qp_access: 0, mrs: &peer_mrs, user_mem: mem, send_cq: &pscq, recv_cq: &prcq, srq: None, poller_clock: |_| None };
         let mut peer = DataPath::default();
         let (sa, sb) = memory::pair(WRITE, 4 << 20);
         let mut ca = config(Role::Initiator, 4, 4, b"hi".to_vec(), 1460);

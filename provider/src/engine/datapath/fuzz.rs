@@ -438,6 +438,7 @@ impl Harness {
             send_cq: scq,
             recv_cq: rcq,
             srq: srq.as_ref(),
+            poller_clock: |_| None,
         };
         f(dp, &env)
     }

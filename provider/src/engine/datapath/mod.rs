@@ -9,7 +9,9 @@
 //! payload goes to `sendmsg` straight from registered memory. Receive places payload straight
 //! into registered memory with `readv` (what follows the payload lands in a small staging
 //! buffer, so a stream of small messages costs one system call per batch). Completions follow the verbs rules: a send
-//! queue completion is released only once its last byte has been handed to TCP.
+//! queue completion is released only once its last byte has been handed to TCP — and a lone
+//! RDMA Write's, while a thread polls for it, once the peer answered or a bound passed
+//! (`answer`; the clock is the poller's, asked through `Env::poller_clock`).
 
 use std::collections::{HashMap, VecDeque};
 
@@ -27,6 +29,7 @@ use super::transport::Stream;
 use super::user_memory::UserMemory;
 use super::wr::{opcode, send_flags, Payload, PostError, RecvWqe, SendWqe, Sge};
 
+mod answer;
 mod rx;
 mod tx;
 mod wr_table;
@@ -111,6 +114,11 @@ pub struct Env<'a> {
     pub send_cq: &'a CqObj,
     pub recv_cq: &'a CqObj,
     pub srq: Option<&'a SrqObj>,
+    /// Asked of `send_cq` when a completion may wait for the peer's answer (see `answer`): the
+    /// engine clock (µs) if a thread polls the CQ for completions and it is not armed for an
+    /// event, else `None` (`CqObj::poller_clock`; asked only then, being a clock read and a
+    /// lock: not on every pump of a stream of small messages).
+    pub poller_clock: fn(&CqObj) -> Option<u64>,
 }
 
 /// Why a QP's data path stopped: the QP goes to ERROR.
@@ -143,8 +151,10 @@ pub struct Link {
     tx_sent: u64,
     /// `tx_sent` when the stream's MSS was last read ([`Link::follow_mss`]).
     mss_checked_at: u64,
-    /// Send-queue completions waiting until `tx_sent` reaches their mark.
+    /// Send-queue completions waiting until `tx_sent` reaches their mark (and the first one,
+    /// a lone RDMA Write's, maybe for the peer's answer: `answer`).
     held: VecDeque<(u64, Completion)>,
+    answer: answer::AnswerWait,
     /// Engine-owned buffers sent and emptied, for the next pieces: a stream of small
     /// messages queues one run (or a small payload's copy) per message, and a fresh 4 KiB
     /// allocation for each was 6 % of a 64-byte `ib_send_bw` requester in `malloc`/`free`.
@@ -182,6 +192,7 @@ impl Link {
             tx_sent: 0,
             mss_checked_at: 0,
             held: VecDeque::new(),
+            answer: Default::default(),
             spare: Vec::new(),
             stage: vec![0u8; stage].into_boxed_slice(),
             st_lo: 0,
@@ -212,7 +223,18 @@ impl Link {
     /// Successful send completions held until their bytes leave: flushed if the stream closes
     /// first (see `DataPath::shutdown`).
     pub fn held_successes(&self) -> usize {
-        self.held.iter().filter(|(_, c)| c.status == wc_status::SUCCESS).count()
+        self.held.iter().filter(|(mark, c)| c.status == wc_status::SUCCESS && *mark > self.tx_sent).count()
+    }
+
+    /// Whether a lone RDMA Write's completion waits for the peer's answer (its poller should
+    /// hold the QP and read the stream itself: see `answer`).
+    pub fn awaits_answer(&self) -> bool {
+        self.answer.waiting()
+    }
+
+    /// Whether a wait for an answer ended without one since the last call (see `answer`).
+    pub fn answer_gave_up(&mut self) -> bool {
+        self.answer.take_gave_up()
     }
 
     /// Queues application memory to be sent from where it is.
@@ -685,10 +707,18 @@ impl DataPath {
             qp_num: env.qpn,
             ..Default::default()
         };
-        match self.link.as_mut() {
+        let lone_write = out.opcode == wc_opcode::RDMA_WRITE && c.status == WcStatus::Success && self.sq.is_empty();
+        let Some(l) = self.link.as_mut() else {
+            env.send_cq.push(out);
+            return;
+        };
+        // The application's only WR, polled for: it may wait for the peer's answer.
+        let waits = lone_write && l.held.is_empty() && (env.poller_clock)(env.send_cq).is_some_and(|now| l.answer.start(now, l.conn.counters().rx_msgs));
+        if waits || l.backlog() > 0 || !l.held.is_empty() {
             // Behind completions still held: after them, in posting order.
-            Some(l) if l.backlog() > 0 || !l.held.is_empty() => l.held.push_back((l.tx_queued, out)),
-            _ => env.send_cq.push(out),
+            l.held.push_back((l.tx_queued, out));
+        } else {
+            env.send_cq.push(out);
         }
     }
 
@@ -741,8 +771,10 @@ impl DataPath {
         let _ = self.drain_events(env);
         let mut closing = None;
         if let Some(mut l) = self.link.take() {
-            for (_, mut c) in l.held.drain(..) {
-                if c.status == wc_status::SUCCESS {
+            let sent = l.tx_sent;
+            for (mark, mut c) in l.held.drain(..) {
+                // A completion held past its bytes (waiting for an answer) reports them sent.
+                if c.status == wc_status::SUCCESS && mark > sent {
                     c.status = wc_status::WR_FLUSH_ERR;
                 }
                 if deliver {

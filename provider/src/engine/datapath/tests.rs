@@ -24,6 +24,20 @@ use crate::engine::wr::{opcode, send_flags, Payload, RecvWqe, SendWqe, Sge};
 
 const ARENA: usize = 64 << 10;
 
+thread_local! {
+    /// What `Env::poller_clock` says in this test's thread (both sides): `None`, no thread
+    /// polls the send CQs.
+    static POLLER_CLOCK: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+fn poller_clock(_: &CqObj) -> Option<u64> {
+    POLLER_CLOCK.with(|c| c.get())
+}
+
+fn set_poller_clock(t: Option<u64>) {
+    POLLER_CLOCK.with(|c| c.set(t));
+}
+
 /// One side: its data path, its regions, its CQs.
 struct Side {
     dp: DataPath,
@@ -55,6 +69,7 @@ impl Side {
             send_cq: scq,
             recv_cq: rcq,
             srq: None,
+            poller_clock,
         };
         f(dp, &env)
     }
@@ -523,4 +538,112 @@ fn send_completions_keep_posting_order_across_a_full_stream() {
     assert_eq!(done.iter().map(|c| c.wr_id).collect::<Vec<_>>(), vec![1, 2], "completions out of posting order");
     assert!(done.iter().all(|c| c.status == wc_status::SUCCESS));
     assert_eq!(mem.get(b_addr, big + 8), [pattern(big, 5), pattern(8, 9)].concat());
+}
+
+/// A lone RDMA Write's completion, polled for, waits for the peer's answer (`answer`): placed at
+/// the target, it is still not reported; the peer's Send arrives, and the Write's completion
+/// comes with it.
+#[test]
+fn a_lone_writes_completion_waits_for_the_peers_answer() {
+    let (mem, mut a, mut b, a_addr, b_addr) = connected_pair(4096, Crc::Off);
+    let (a_key, b_key) = (a.mr.stag, b.mr.stag);
+    set_poller_clock(Some(1_000));
+    let data = pattern(64, 5);
+    mem.set(a_addr, &data);
+    a.post_send(&mem, send_wqe(1, opcode::RDMA_WRITE, Sge { addr: a_addr, length: 64, lkey: a_key }, b_addr, b_key));
+    run(&mem, &mut a, &mut b, |_, _| mem.get(b_addr, 64) == data);
+    for _ in 0..100 {
+        a.pump(&mem);
+        b.pump(&mem);
+    }
+    assert!(Side::completions(&a.scq).is_empty(), "the Write's completion must wait for the answer");
+    assert!(a.dp.link.as_ref().unwrap().awaits_answer());
+    // The answer: a Send from B into a receive of A's.
+    let recv = RecvWqe { wr_id: 9, sges: vec![Sge { addr: a_addr + 4096, length: 64, lkey: a_key }] };
+    assert_eq!(a.with(&mem, |dp, env| dp.post_recv(env, recv, false)), None);
+    b.post_send(&mem, send_wqe(2, opcode::SEND, Sge { addr: b_addr + 1024, length: 8, lkey: b_key }, 0, 0));
+    let (mut writes, mut recvs) = (Vec::new(), Vec::new());
+    run(&mem, &mut a, &mut b, |a, _| {
+        recvs.extend(Side::completions(&a.rcq));
+        writes.extend(Side::completions(&a.scq));
+        !writes.is_empty()
+    });
+    assert_eq!(recvs.len(), 1, "the answer arrived with (or before) the Write's completion");
+    assert_eq!((writes[0].wr_id, writes[0].status, writes[0].opcode), (1, wc_status::SUCCESS, wc_opcode::RDMA_WRITE));
+    let l = a.dp.link.as_mut().unwrap();
+    assert!(!l.awaits_answer());
+    assert!(!l.answer_gave_up());
+    set_poller_clock(None);
+}
+
+/// Without an answer the completion goes at the bound, the wait reports it gave up (the poller
+/// hands the QP back), and the next lone Write does not wait.
+#[test]
+fn a_wait_without_answer_ends_at_the_bound() {
+    let (mem, mut a, mut b, a_addr, b_addr) = connected_pair(4096, Crc::Off);
+    let (a_key, b_key) = (a.mr.stag, b.mr.stag);
+    set_poller_clock(Some(1_000));
+    let write = |id: u64| send_wqe(id, opcode::RDMA_WRITE, Sge { addr: a_addr, length: 32, lkey: a_key }, b_addr, b_key);
+    a.post_send(&mem, write(1));
+    for _ in 0..200 {
+        a.pump(&mem);
+        b.pump(&mem);
+    }
+    assert!(Side::completions(&a.scq).is_empty());
+    set_poller_clock(Some(1_000 + super::answer::ANSWER_WAIT_US - 1));
+    a.pump(&mem);
+    assert!(Side::completions(&a.scq).is_empty(), "still within the wait");
+    set_poller_clock(Some(1_000 + super::answer::ANSWER_WAIT_US));
+    a.pump(&mem);
+    let got = Side::completions(&a.scq);
+    assert_eq!((got.len(), got[0].wr_id, got[0].status), (1, 1, wc_status::SUCCESS));
+    assert!(a.dp.link.as_mut().unwrap().answer_gave_up());
+    // The next lone Write's completion is reported as soon as its bytes left.
+    a.post_send(&mem, write(2));
+    let mut got = Vec::new();
+    run(&mem, &mut a, &mut b, |a, _| {
+        got.extend(Side::completions(&a.scq));
+        !got.is_empty()
+    });
+    assert_eq!(got[0].wr_id, 2);
+    set_poller_clock(None);
+}
+
+/// Nobody polls (the CQ is armed, or not polled lately): the completion is reported at once;
+/// and a completion left waiting when the QP stops reports the Write done, not flushed — its
+/// bytes left.
+#[test]
+fn a_completion_waits_only_for_a_poller_and_survives_shutdown() {
+    let (mem, mut a, mut b, a_addr, b_addr) = connected_pair(4096, Crc::Off);
+    let (a_key, b_key) = (a.mr.stag, b.mr.stag);
+    let write = |id: u64| send_wqe(id, opcode::RDMA_WRITE, Sge { addr: a_addr, length: 32, lkey: a_key }, b_addr, b_key);
+    set_poller_clock(None);
+    a.post_send(&mem, write(1));
+    let mut got = Vec::new();
+    run(&mem, &mut a, &mut b, |a, _| {
+        got.extend(Side::completions(&a.scq));
+        !got.is_empty()
+    });
+    assert_eq!(got[0].wr_id, 1);
+    set_poller_clock(Some(5_000));
+    a.post_send(&mem, write(2));
+    for _ in 0..200 {
+        a.pump(&mem);
+        b.pump(&mem);
+    }
+    assert!(Side::completions(&a.scq).is_empty());
+    // The poller goes away (the CQ is armed): the next pump reports it.
+    set_poller_clock(None);
+    a.pump(&mem);
+    assert_eq!(Side::completions(&a.scq).iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), vec![(2, wc_status::SUCCESS)]);
+    set_poller_clock(Some(6_000));
+    a.post_send(&mem, write(3));
+    for _ in 0..200 {
+        a.pump(&mem);
+        b.pump(&mem);
+    }
+    assert!(Side::completions(&a.scq).is_empty());
+    assert!(a.with(&mem, |dp, env| dp.shutdown(env, true)).is_some());
+    assert_eq!(Side::completions(&a.scq).iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), vec![(3, wc_status::SUCCESS)]);
+    set_poller_clock(None);
 }

@@ -114,7 +114,7 @@ impl DataPath {
             if l.tx.is_empty() {
                 let f = self.drain_events(env);
                 if let Some(l) = self.link.as_mut() {
-                    release_held(l, env);
+                    release_held(l, env, self.sq.is_empty());
                 }
                 return f;
             }
@@ -173,7 +173,7 @@ impl DataPath {
                     if let Some(f) = self.drain_events(env) {
                         return Some(f);
                     }
-                    release_held(self.link.as_mut()?, env);
+                    release_held(self.link.as_mut()?, env, self.sq.is_empty());
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     l.tx_blocked = true;
@@ -190,9 +190,11 @@ impl DataPath {
     }
 }
 
-pub(super) fn release_held(l: &mut Link, env: &Env) {
+/// Reports the held completions whose bytes left — the first not before the peer's answer, if
+/// it waits for one (see `answer`). `alone`: no WR is outstanding on the send queue.
+pub(super) fn release_held(l: &mut Link, env: &Env, alone: bool) {
     while let Some(&(mark, c)) = l.held.front() {
-        if mark > l.tx_sent {
+        if mark > l.tx_sent || (l.answer.waiting() && !l.answer.release((env.poller_clock)(env.send_cq), l.conn.counters().rx_msgs, alone)) {
             break;
         }
         l.held.pop_front();
