@@ -256,6 +256,9 @@ pub struct CqObj {
     /// half lease.
     pub(crate) renew_at: AtomicU64,
     /// A doorbell of one of the QPs waits for the next poll of this CQ (see `Qp::post_send`).
+    /// When polls began to find the CQ empty while one of its QPs' lone Write waits for the
+    /// answer (engine µs; 0: none is waiting, or a poll returned completions since).
+    awaiting_since: AtomicU64,
     pub(crate) deferred: AtomicBool,
     /// Polls so far: a QP tells by it whether the application polled since its last post.
     pub(crate) polls: AtomicU64,
@@ -279,6 +282,7 @@ impl CqObj {
             qps: Mutex::new(Vec::new()),
             renew_at: AtomicU64::new(0),
             deferred: AtomicBool::new(false),
+            awaiting_since: AtomicU64::new(0),
             polls: AtomicU64::new(0),
             empty_since: AtomicU64::new(0),
             polled_at: AtomicU64::new(0),
@@ -318,7 +322,7 @@ impl CqObj {
                 t => t,
             };
             let claim = now.saturating_sub(since) >= super::lease::CLAIM_AFTER_US;
-            if self.drive(if claim { Poller::Claims } else { Poller::Renews }, now, previous) {
+            if self.drive(if claim { Poller::Claims } else { Poller::Renews }, now, previous, true) {
                 // Nothing to reap and no stream to write to: the poller gives its CPU to
                 // whoever waits for it (on a machine with few cores, the thread that reads what
                 // these streams carry — the progress thread of the peer — is the one thread
@@ -330,7 +334,7 @@ impl CqObj {
         }
         self.empty_since.store(0, Ordering::Relaxed);
         if self.deferred.swap(false, Ordering::AcqRel) || now >= self.renew_at.load(Ordering::Relaxed) {
-            let _ = self.drive(Poller::Renews, now, 0);
+            let _ = self.drive(Poller::Renews, now, 0, false);
         }
     }
 
@@ -340,18 +344,31 @@ impl CqObj {
     /// A CQ nobody armed is polled by a thread that keeps polling: it may claim its QPs, and
     /// renews the leases it holds (see `lease`). An armed CQ's poller is about to sleep on the
     /// channel: it claims nothing.
-    /// `now`: the poll's reading of the engine clock (µs).
+    /// `now`: the poll's reading of the engine clock (µs); `empty`: the poll found the CQ empty.
     ///
     /// Returns whether the poll can do nothing now: the CQ has QPs, every one's stream is full
     /// (see [`PolledQp::try_progress`]), and still nothing was completed.
-    fn drive(&self, poller: Poller, now: u64, previous: u64) -> bool {
+    fn drive(&self, poller: Poller, now: u64, previous: u64, empty: bool) -> bool {
         let poller = if self.q.lock().armed() { Poller::Sleeps } else { poller };
         self.renew_at.store(now + super::lease::LEASE_US / 2, Ordering::Relaxed);
         let qps = self.polled_qps();
-        // A poller waiting for a Write's completion that waits for the answer reads the answer
-        // itself: it takes the QP at once, not after a streak of empty polls.
+        // A poller that keeps waiting for a Write's completion that waits for the answer reads
+        // the answer itself: it takes the QP after a short run of empty polls (see `reaped`).
         let poller = match poller {
-            Poller::Renews if qps.iter().any(|q| q.awaits_answer()) => Poller::Claims,
+            Poller::Renews if empty && qps.iter().any(|q| q.awaits_answer()) => {
+                let since = match self.awaiting_since.load(Ordering::Relaxed) {
+                    0 => {
+                        self.awaiting_since.store(now.max(1), Ordering::Relaxed);
+                        now
+                    }
+                    t => t,
+                };
+                if now.saturating_sub(since) >= super::lease::CLAIM_AWAITING_ANSWER_US {
+                    Poller::Claims
+                } else {
+                    Poller::Renews
+                }
+            }
             p => p,
         };
         let mut full = !qps.is_empty();
@@ -362,6 +379,13 @@ impl CqObj {
             qp.serve_others(&|n| qps.iter().any(|q| q.qpn() == n), previous);
         }
         full && self.q.lock().is_empty()
+    }
+
+    /// A poll returned completions: a run of polls waiting for a completion that waits for
+    /// the answer ends there, though the poll found the CQ empty when it began (its drive
+    /// released the completion: see `datapath::answer`). The next wait starts a new run.
+    pub fn reaped(&self) {
+        self.awaiting_since.store(0, Ordering::Relaxed);
     }
 
     /// `ibv_req_notify_cq`: the application will sleep until a completion event, so the
@@ -544,17 +568,27 @@ mod tests {
         (cq, qps)
     }
 
-    /// A poll of an empty CQ claims a QP whose lone Write's completion waits for the answer at
-    /// once (the poller reads the answer itself), where it would otherwise only renew; arming
-    /// the CQ ends the wait (nobody polls for the completion any more).
+    /// Polls that keep finding the CQ empty claim a QP whose lone Write's completion waits for
+    /// the answer after a short streak (the poller reads the answer itself), where they would
+    /// otherwise only renew; arming the CQ ends the wait (nobody polls for it any more).
     #[test]
-    fn a_poller_waiting_for_an_answer_claims_at_once_and_arming_ends_the_wait() {
+    fn a_poller_that_keeps_waiting_for_an_answer_claims_and_arming_ends_the_wait() {
         let (cq, qps) = cq_with(&[false]);
         cq.polling(true);
         assert_eq!(*qps[0].last_poller.lock(), Some(Poller::Renews), "the first empty poll only renews");
         qps[0].awaits.store(true, Ordering::Relaxed);
+        // (A poll that finds completions ends the run of empty ones the general claim counts.)
+        cq.polling(false);
         cq.polling(true);
-        assert_eq!(*qps[0].last_poller.lock(), Some(Poller::Claims));
+        assert_eq!(*qps[0].last_poller.lock(), Some(Poller::Renews), "a streak's first poll does not claim");
+        std::thread::sleep(std::time::Duration::from_micros(2 * super::super::lease::CLAIM_AWAITING_ANSWER_US));
+        cq.polling(true);
+        assert_eq!(*qps[0].last_poller.lock(), Some(Poller::Claims), "a poller that keeps waiting claims");
+        // A poll that returned completions ends the run (the next empty one starts anew).
+        cq.reaped();
+        cq.polling(false);
+        cq.polling(true);
+        assert_eq!(*qps[0].last_poller.lock(), Some(Poller::Renews));
         cq.arm(false);
         assert_eq!(qps[0].ended.load(Ordering::Relaxed), 1);
         assert!(cq.poller_clock().is_none(), "an armed CQ has no poller to wait for");
@@ -566,14 +600,14 @@ mod tests {
     #[test]
     fn a_poll_is_idle_only_when_every_stream_is_full_and_nothing_completed() {
         let (cq, qps) = cq_with(&[true, true]);
-        assert!(cq.drive(Poller::Renews, 1, 0), "both streams full, nothing completed");
+        assert!(cq.drive(Poller::Renews, 1, 0, true), "both streams full, nothing completed");
         assert!(qps.iter().all(|q| q.driven.load(Ordering::Relaxed) == 1), "every QP is driven");
         cq.push(c(1));
-        assert!(!cq.drive(Poller::Renews, 2, 0), "a completion waits to be reaped");
+        assert!(!cq.drive(Poller::Renews, 2, 0, true), "a completion waits to be reaped");
         let (cq, _qps) = cq_with(&[true, false]);
-        assert!(!cq.drive(Poller::Renews, 1, 0), "one stream can still take bytes");
+        assert!(!cq.drive(Poller::Renews, 1, 0, true), "one stream can still take bytes");
         let (cq, _qps) = cq_with(&[]);
-        assert!(!cq.drive(Poller::Renews, 1, 0), "no QP: nothing says the poll is idle");
+        assert!(!cq.drive(Poller::Renews, 1, 0, true), "no QP: nothing says the poll is idle");
     }
 
     /// An empty poll serves, besides the CQ's own QPs, the leased QPs of other CQs whose lease

@@ -56,6 +56,12 @@ pub const LEASE_US: u64 = 50;
 /// How long a thread must have found its CQ empty before its polls claim the QP: a thread
 /// that polls once and then waits by other means never holds it.
 pub const CLAIM_AFTER_US: u64 = 20;
+/// How long a thread must have found its CQ empty, while one of its QPs' lone RDMA Write waits
+/// for the peer's answer (`datapath::answer`), before its polls claim the QP: the thread polls
+/// for that completion, and reads the answer itself once it holds the QP. A thread that polls
+/// once and then spins on memory — the completion released in that poll, or not — never holds
+/// it.
+pub const CLAIM_AWAITING_ANSWER_US: u64 = 2;
 /// The longest pause between two checks of a lease that keeps being renewed.
 pub const CHECK_MAX_US: u64 = 1_000;
 

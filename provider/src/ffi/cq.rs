@@ -205,6 +205,9 @@ pub(super) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
             got += 1;
         }
         drop(q);
+        if got > 0 {
+            obj.reaped();
+        }
         for &qpn in &delivered[..n_delivered] {
             obj.delivered(qpn);
         }
@@ -264,7 +267,11 @@ unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, _attr: *mut ibv_poll_cq_attr
         let obj = &uiw_cq(cq).obj;
         let empty = obj.q.lock().is_empty();
         obj.polling(empty);
-        advance(cq, 0)
+        let r = advance(cq, 0);
+        if r == 0 {
+            obj.reaped();
+        }
+        r
     })
 }
 unsafe extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
