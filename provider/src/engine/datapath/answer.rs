@@ -19,8 +19,9 @@
 //! it, and the Write's completion follows in the same poll. A thread that polls once and then
 //! spins on memory claims nothing: the QP held by a thread that no longer polls, the answer
 //! waited for the lease to lapse (qperf `rc_rdma_write_poll_lat` went from 11 to 350 µs).
-//! Measured on the 2-vCPU development machine, `ib_write_lat -s 8` typical 5.0–5.4 µs against
-//! 9.5–11.0 without (3 alternating pairs; TCP's busy-poll half round trip 4.05–4.28 µs then).
+//! Measured on the 2-vCPU development machine, `ib_write_lat -s 8` typical 5.5–6.3 µs against
+//! 6.9–11.3 without (6 interleaved pairs, median ratio 0.66; mean 6.1 against 12.2 µs), and
+//! 1.36× TCP's busy-poll half round trip in session 15's `uiw-bench` run, against 1.86–1.92×.
 //!
 //! A wait that ends without an answer — a one-way stream, a peer in the same process, an
 //! application that polls for each Write — skips the next waits, doubling up to [`MAX_SKIP`]
