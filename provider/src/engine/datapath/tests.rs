@@ -540,6 +540,24 @@ fn send_completions_keep_posting_order_across_a_full_stream() {
     assert_eq!(mem.get(b_addr, big + 8), [pattern(big, 5), pattern(8, 9)].concat());
 }
 
+/// Pumps both sides until A's send CQ has a completion; returns the first.
+fn next_send_completion(mem: &Arena, a: &mut Side, b: &mut Side) -> Completion {
+    let mut got = Vec::new();
+    run(mem, a, b, |a, _| {
+        got.extend(Side::completions(&a.scq));
+        !got.is_empty()
+    });
+    got[0]
+}
+
+/// Pumps both sides `n` times.
+fn pump_both(mem: &Arena, a: &mut Side, b: &mut Side, n: usize) {
+    for _ in 0..n {
+        a.pump(mem);
+        b.pump(mem);
+    }
+}
+
 /// A lone RDMA Write's completion, polled for, waits for the peer's answer (`answer`): placed at
 /// the target, it is still not reported; the peer's Send arrives, and the Write's completion
 /// comes with it.
@@ -552,10 +570,7 @@ fn a_lone_writes_completion_waits_for_the_peers_answer() {
     mem.set(a_addr, &data);
     a.post_send(&mem, send_wqe(1, opcode::RDMA_WRITE, Sge { addr: a_addr, length: 64, lkey: a_key }, b_addr, b_key));
     run(&mem, &mut a, &mut b, |_, _| mem.get(b_addr, 64) == data);
-    for _ in 0..100 {
-        a.pump(&mem);
-        b.pump(&mem);
-    }
+    pump_both(&mem, &mut a, &mut b, 100);
     assert!(Side::completions(&a.scq).is_empty(), "the Write's completion must wait for the answer");
     assert!(a.dp.link.as_ref().unwrap().awaits_answer());
     // The answer: a Send from B into a receive of A's.
@@ -585,10 +600,7 @@ fn a_wait_without_answer_ends_at_the_bound() {
     set_poller_clock(Some(1_000));
     let write = |id: u64| send_wqe(id, opcode::RDMA_WRITE, Sge { addr: a_addr, length: 32, lkey: a_key }, b_addr, b_key);
     a.post_send(&mem, write(1));
-    for _ in 0..200 {
-        a.pump(&mem);
-        b.pump(&mem);
-    }
+    pump_both(&mem, &mut a, &mut b, 200);
     assert!(Side::completions(&a.scq).is_empty());
     set_poller_clock(Some(1_000 + super::answer::ANSWER_WAIT_US - 1));
     a.pump(&mem);
@@ -600,12 +612,7 @@ fn a_wait_without_answer_ends_at_the_bound() {
     assert!(a.dp.link.as_mut().unwrap().answer_gave_up());
     // The next lone Write's completion is reported as soon as its bytes left.
     a.post_send(&mem, write(2));
-    let mut got = Vec::new();
-    run(&mem, &mut a, &mut b, |a, _| {
-        got.extend(Side::completions(&a.scq));
-        !got.is_empty()
-    });
-    assert_eq!(got[0].wr_id, 2);
+    assert_eq!(next_send_completion(&mem, &mut a, &mut b).wr_id, 2);
     set_poller_clock(None);
 }
 
@@ -619,18 +626,10 @@ fn a_completion_waits_only_for_a_poller_and_survives_shutdown() {
     let write = |id: u64| send_wqe(id, opcode::RDMA_WRITE, Sge { addr: a_addr, length: 32, lkey: a_key }, b_addr, b_key);
     set_poller_clock(None);
     a.post_send(&mem, write(1));
-    let mut got = Vec::new();
-    run(&mem, &mut a, &mut b, |a, _| {
-        got.extend(Side::completions(&a.scq));
-        !got.is_empty()
-    });
-    assert_eq!(got[0].wr_id, 1);
+    assert_eq!(next_send_completion(&mem, &mut a, &mut b).wr_id, 1);
     set_poller_clock(Some(5_000));
     a.post_send(&mem, write(2));
-    for _ in 0..200 {
-        a.pump(&mem);
-        b.pump(&mem);
-    }
+    pump_both(&mem, &mut a, &mut b, 200);
     assert!(Side::completions(&a.scq).is_empty());
     // The poller goes away (the CQ is armed): the next pump reports it.
     set_poller_clock(None);
@@ -638,10 +637,7 @@ fn a_completion_waits_only_for_a_poller_and_survives_shutdown() {
     assert_eq!(Side::completions(&a.scq).iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), vec![(2, wc_status::SUCCESS)]);
     set_poller_clock(Some(6_000));
     a.post_send(&mem, write(3));
-    for _ in 0..200 {
-        a.pump(&mem);
-        b.pump(&mem);
-    }
+    pump_both(&mem, &mut a, &mut b, 200);
     assert!(Side::completions(&a.scq).is_empty());
     assert!(a.with(&mem, |dp, env| dp.shutdown(env, true)).is_some());
     assert_eq!(Side::completions(&a.scq).iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), vec![(3, wc_status::SUCCESS)]);
