@@ -95,8 +95,8 @@ pub struct Qp {
     /// The stream's buffer was full at the end of the last pump (`DataPath::tx_blocked`): a
     /// poll of the QP's CQ that finds nothing can do nothing for it either (`CqObj::drive`).
     pub(crate) tx_full: AtomicBool,
-    /// A lone RDMA Write's completion waits for the peer's answer (`datapath::answer`): a poll
-    /// of its CQ that finds nothing claims the QP, to read the answer itself.
+    /// A lone RDMA Write's completion waits for the peer's answer (`datapath::answer`): polls
+    /// of its CQ that keep finding nothing claim the QP, to read the answer themselves.
     pub(crate) awaits_answer: AtomicBool,
     /// A wait for an answer ended without one: the poller hands the QP back (it will wait by
     /// other means, and the progress thread must serve the answer).
