@@ -212,12 +212,10 @@ pub trait PolledQp: Send + Sync {
     /// `now`: the poll's reading of the engine clock (µs).
     fn try_progress(&self, poller: Poller, now: u64) -> bool;
     /// The application is going to sleep on the CQ's channel: the progress thread takes the
-    /// QP back.
+    /// QP back (and reports a completion that waited for the answer: nobody polls for it).
     fn hand_back(&self);
     /// A lone RDMA Write's completion waits for the peer's answer (see `datapath::answer`).
     fn awaits_answer(&self) -> bool;
-    /// The CQ was armed: a completion waiting for an answer goes now (no thread polls).
-    fn end_answer_wait(&self);
     /// A poll of this CQ drove its QPs (`own`): other QPs are served from it too — those whose
     /// raw streams its stack turns fed, and, when `renewed_before` is not 0 (a poll that found
     /// nothing), the QPs of other CQs leased to a poller whose lease was renewed before
@@ -394,7 +392,6 @@ impl CqObj {
         self.q.lock().arm(solicited_only);
         for qp in self.polled_qps() {
             qp.hand_back();
-            qp.end_answer_wait();
         }
     }
 
@@ -529,10 +526,10 @@ mod tests {
         /// must have been renewed, and whether QP 1 (every fake's number) was named as the CQ's own.
         aside: Mutex<Option<(u64, bool)>>,
         /// Whether its lone Write's completion waits for the answer; how the last drive meant
-        /// to poll; how often the CQ's arming ended the wait.
+        /// to poll; how often the CQ's arming handed it back (which ends such a wait).
         awaits: AtomicBool,
         last_poller: Mutex<Option<Poller>>,
-        ended: AtomicU32,
+        handed_back: AtomicU32,
     }
 
     impl PolledQp for Fake {
@@ -544,12 +541,11 @@ mod tests {
             *self.last_poller.lock() = Some(poller);
             self.full
         }
-        fn hand_back(&self) {}
+        fn hand_back(&self) {
+            self.handed_back.fetch_add(1, Ordering::Relaxed);
+        }
         fn awaits_answer(&self) -> bool {
             self.awaits.load(Ordering::Relaxed)
-        }
-        fn end_answer_wait(&self) {
-            self.ended.fetch_add(1, Ordering::Relaxed);
         }
         fn serve_others(&self, own: &dyn Fn(u32) -> bool, renewed_before: u64) {
             *self.aside.lock() = Some((renewed_before, own(1)));
@@ -560,7 +556,7 @@ mod tests {
     fn cq_with(full: &[bool]) -> (CqObj, Vec<Arc<Fake>>) {
         let (tx, rx) = std::os::unix::net::UnixStream::pair().unwrap();
         let cq = CqObj::new(8, None, Arc::new(AsyncSink::new(tx, rx, 16)));
-        let qps: Vec<Arc<Fake>> = full.iter().map(|&f| Arc::new(Fake { full: f, driven: AtomicU32::new(0), aside: Mutex::new(None), awaits: AtomicBool::new(false), last_poller: Mutex::new(None), ended: AtomicU32::new(0) })).collect();
+        let qps: Vec<Arc<Fake>> = full.iter().map(|&f| Arc::new(Fake { full: f, driven: AtomicU32::new(0), aside: Mutex::new(None), awaits: AtomicBool::new(false), last_poller: Mutex::new(None), handed_back: AtomicU32::new(0) })).collect();
         for q in &qps {
             let w: Weak<dyn PolledQp> = Arc::downgrade(&(q.clone() as Arc<dyn PolledQp>));
             cq.qps.lock().push(w);
@@ -590,7 +586,7 @@ mod tests {
         cq.polling(true);
         assert_eq!(*qps[0].last_poller.lock(), Some(Poller::Renews));
         cq.arm(false);
-        assert_eq!(qps[0].ended.load(Ordering::Relaxed), 1);
+        assert_eq!(qps[0].handed_back.load(Ordering::Relaxed), 1);
         assert!(cq.poller_clock().is_none(), "an armed CQ has no poller to wait for");
     }
 

@@ -587,13 +587,16 @@ impl Qp {
         }
     }
 
-    /// The application is going to sleep on a completion channel: the progress thread serves
-    /// the stream again.
+    /// The application is going to sleep on a completion channel (or waits for an answer by
+    /// other means: `try_progress`): the progress thread serves the stream again.
     pub fn hand_back(&self) {
-        if self.lease.hand_back(uiw_kabi::sys::thread_alive, |a| self.net.apply_arming(self.qpn, a)) {
-            // Arrivals the progress thread's stack turns took for the QP while it was leased
-            // were left to the poller, and a raw transport's turns signal nothing for a QP
-            // they serve themselves (`Net::turn_and_serve`): serve the stream once now.
+        let released = self.lease.hand_back(uiw_kabi::sys::thread_alive, |a| self.net.apply_arming(self.qpn, a));
+        // Arrivals the progress thread's stack turns took for the QP while it was leased were
+        // left to the poller, and a raw transport's turns signal nothing for a QP they serve
+        // themselves (`Net::turn_and_serve`); a Write's completion waiting for the answer
+        // (`datapath::answer`) has no poller any more — the pump finds the CQ armed and
+        // reports it: serve the stream once now.
+        if released || self.awaits_answer.load(Ordering::Relaxed) {
             self.net.requeue(self.qpn);
         }
     }
@@ -1332,12 +1335,6 @@ impl PolledQp for Qp {
     }
     fn awaits_answer(&self) -> bool {
         self.awaits_answer.load(Ordering::Relaxed)
-    }
-    fn end_answer_wait(&self) {
-        if self.awaits_answer.load(Ordering::Relaxed) {
-            // The progress thread's pump finds the CQ armed: the completion goes at once.
-            self.net.requeue(self.qpn);
-        }
     }
     fn hand_back(&self) {
         Qp::hand_back(self)
