@@ -147,9 +147,18 @@ impl Lease {
         true
     }
 
-    /// The progress thread's look at a due lease (at `now`): kept if renewed since, else
-    /// handed back (`apply(Rearm(fd))` under the lock).
-    pub fn check(&self, now: u64, apply: impl FnOnce(Arming)) -> Check {
+    /// The progress thread's look at a due lease (at `now`): kept if renewed since, or if an
+    /// application thread is inside the QP right now (`in_use`), else handed back
+    /// (`apply(Rearm(fd))` under the lock).
+    ///
+    /// A poll renews the lease when it starts and then serves the stream until the socket is
+    /// empty: receiving a 1 MiB Read Response that is still arriving takes longer than a
+    /// lease. Handed back in the middle of that poll, the stream went back to the progress
+    /// thread's set and every later segment woke it — to find the QP held by the poll — on
+    /// the CPU the poller needed (Open MPI's 1 MiB stream over libfabric's `ofi_rxm`, whose
+    /// receiver Reads each message: 22 K wake-ups/s of the receiver's progress thread, each
+    /// preempting the receiving rank). A poll that has not returned has not stopped polling.
+    pub fn check(&self, now: u64, in_use: bool, apply: impl FnOnce(Arming)) -> Check {
         let mut s = self.state.lock();
         if !s.leased {
             return Check::Free;
@@ -157,7 +166,10 @@ impl Lease {
         if !s.sleepers.is_empty() {
             return Check::Asleep;
         }
-        let until = self.until.load(Ordering::Acquire);
+        let until = match self.until.load(Ordering::Acquire) {
+            t if t <= now && in_use => now + LEASE_US,
+            t => t,
+        };
         if until > now {
             // Renewed: back off, so that a thread that polls for long costs few wake-ups.
             let at = until.max(now + s.check_every);
@@ -287,13 +299,13 @@ mod tests {
         assert!(!l.claim(|a| log.borrow_mut().push(a)));
         // Renewed: no claim needed.
         assert!(!l.renew(120));
-        assert_eq!(l.check(150, |a| log.borrow_mut().push(a)), Check::HeldUntil(200));
+        assert_eq!(l.check(150, false, |a| log.borrow_mut().push(a)), Check::HeldUntil(200));
         // Not renewed past its end: handed back.
-        assert_eq!(l.check(171, |a| log.borrow_mut().push(a)), Check::Free);
+        assert_eq!(l.check(171, false, |a| log.borrow_mut().push(a)), Check::Free);
         assert!(!l.held());
         assert_eq!(*log.borrow(), vec![Arming::Disarm(7), Arming::Rearm(7)]);
         // Free stays free.
-        assert_eq!(l.check(500, |_| panic!("no change")), Check::Free);
+        assert_eq!(l.check(500, false, |_| panic!("no change")), Check::Free);
     }
 
     #[test]
@@ -306,17 +318,33 @@ mod tests {
         let mut gaps = Vec::new();
         for _ in 0..8 {
             l.renew(now);
-            let Check::HeldUntil(at) = l.check(now, |_| {}) else { panic!("renewed lease released") };
+            let Check::HeldUntil(at) = l.check(now, false, |_| {}) else { panic!("renewed lease released") };
             gaps.push(at - now);
             now = at;
         }
         assert_eq!(gaps, vec![50, 100, 200, 400, 800, 1000, 1000, 1000]);
         // Claimed anew after a release, the checks start short again.
-        assert_eq!(l.check(now + CHECK_MAX_US, |_| {}), Check::Free);
+        assert_eq!(l.check(now + CHECK_MAX_US, false, |_| {}), Check::Free);
         l.renew(now);
         l.claim(|_| {});
         l.renew(now + 10);
-        assert_eq!(l.check(now + 10, |_| {}), Check::HeldUntil(now + 60));
+        assert_eq!(l.check(now + 10, false, |_| {}), Check::HeldUntil(now + 60));
+    }
+
+    /// A poll that is still serving the stream (it renewed when it started, a lease ago) has
+    /// not stopped polling: the lease is kept; once the poll returned and none followed, it
+    /// lapses as ever.
+    #[test]
+    fn a_poll_still_serving_keeps_the_lease() {
+        let log = RefCell::new(Vec::new());
+        let l = Lease::default();
+        l.attach(9);
+        l.renew(100);
+        l.claim(|a| log.borrow_mut().push(a));
+        assert_eq!(l.check(400, true, |a| log.borrow_mut().push(a)), Check::HeldUntil(450));
+        assert!(l.held());
+        assert_eq!(l.check(450, false, |a| log.borrow_mut().push(a)), Check::Free);
+        assert_eq!(*log.borrow(), vec![Arming::Disarm(9), Arming::Rearm(9)]);
     }
 
     #[test]
@@ -343,7 +371,7 @@ mod tests {
         assert_eq!(*log.borrow(), vec![Arming::Forget]);
         assert!(!l.held());
         assert!(!l.hand_back(|_| true, |_| panic!("a detached socket is never re-armed")));
-        assert_eq!(l.check(1_000_000, |_| panic!("a detached socket is never re-armed")), Check::Free);
+        assert_eq!(l.check(1_000_000, false, |_| panic!("a detached socket is never re-armed")), Check::Free);
         assert!(!l.claim(|_| panic!("nothing to claim")));
         l.track_room(&AtomicBool::new(true), |_| panic!("a detached socket is never watched"));
     }
@@ -360,7 +388,7 @@ mod tests {
         l.reader_sleeps(1, |_| true, push);
         l.reader_sleeps(2, |_| true, |_| panic!("held already"));
         assert!(l.held());
-        assert_eq!(l.check(1_000_000, |_| panic!("a sleeper's hold is not checked")), Check::Asleep);
+        assert_eq!(l.check(1_000_000, false, |_| panic!("a sleeper's hold is not checked")), Check::Asleep);
         assert!(!l.hand_back(|_| true, |_| panic!("sleepers serve the QP")));
         l.reader_woke(2, |_| panic!("thread 1 still sleeps"));
         l.reader_woke(3, |_| panic!("thread 3 never slept"));
@@ -370,7 +398,7 @@ mod tests {
         l.renew(0);
         l.claim(push);
         l.reader_sleeps(1, |_| true, |_| panic!("held already"));
-        assert_eq!(l.check(1_000_000, |_| panic!("kept")), Check::Asleep);
+        assert_eq!(l.check(1_000_000, false, |_| panic!("kept")), Check::Asleep);
         l.reader_woke(1, push);
         assert!(!l.held());
         assert_eq!(*log.borrow(), vec![Arming::DisarmWhileAsleep(6), Arming::Rearm(6), Arming::Disarm(6), Arming::Rearm(6)]);

@@ -1299,7 +1299,9 @@ impl Endpoint for Qp {
         self.doorbell_waits.load(Ordering::Relaxed)
     }
     fn lease_check(&self, now_us: u64) -> Check {
-        self.lease.check(now_us, |a: Arming| self.net.apply_arming(self.qpn, a))
+        // The progress thread holds no QP's lock when it checks: a holder is an application
+        // thread — a poll still serving, or a post.
+        self.lease.check(now_us, self.inner.is_locked(), |a: Arming| self.net.apply_arming(self.qpn, a))
     }
     fn offer(&self, net: &Net, hello: QpHello, p: Pending) -> std::result::Result<(), Pending> {
         Qp::offer(self, net, hello, p)
