@@ -122,6 +122,11 @@ impl Lease {
         self.leased.load(Ordering::Acquire)
     }
 
+    /// Whether a thread asleep on a completion channel holds the QP ([`Lease::reader_sleeps`]).
+    pub fn sleeping(&self) -> bool {
+        self.held() && !self.state.lock().sleepers.is_empty()
+    }
+
     /// When the lease was last renewed (engine µs; 0 if never).
     pub fn renewed_at(&self) -> u64 {
         self.until.load(Ordering::Acquire).saturating_sub(LEASE_US)
