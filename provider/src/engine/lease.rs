@@ -157,8 +157,8 @@ impl Lease {
     /// (`apply(Rearm(fd))` under the lock).
     ///
     /// A poll renews the lease when it starts and then serves the stream until the socket is
-    /// empty: receiving a 1 MiB Read Response that is still arriving takes longer than a
-    /// lease. Handed back in the middle of that poll, the stream went back to the progress
+    /// empty (or up to 1 MiB: `qp::APP_RX_BUDGETS`): receiving a 1 MiB Read Response that is
+    /// still arriving takes longer than a lease. Handed back in the middle of that poll, the stream went back to the progress
     /// thread's set and every later segment woke it — to find the QP held by the poll — on
     /// the CPU the poller needed (Open MPI's 1 MiB stream over libfabric's `ofi_rxm`, whose
     /// receiver Reads each message: 22 K wake-ups/s of the receiver's progress thread, each
