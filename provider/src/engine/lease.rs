@@ -341,24 +341,26 @@ mod tests {
     /// lapses as ever.
     #[test]
     fn a_poll_still_serving_keeps_the_lease() {
-        let log = RefCell::new(Vec::new());
-        let l = Lease::default();
-        l.attach(9);
-        l.renew(100);
-        l.claim(|a| log.borrow_mut().push(a));
+        let (l, log) = claimed(9, 100);
         assert_eq!(l.check(400, true, |a| log.borrow_mut().push(a)), Check::HeldUntil(450));
         assert!(l.held());
         assert_eq!(l.check(450, false, |a| log.borrow_mut().push(a)), Check::Free);
         assert_eq!(*log.borrow(), vec![Arming::Disarm(9), Arming::Rearm(9)]);
     }
 
-    #[test]
-    fn hand_back_rearms_at_once() {
+    /// A lease on socket `fd` claimed by a poll at `now`, and the log its transitions write.
+    fn claimed(fd: i32, now: u64) -> (Lease, RefCell<Vec<Arming>>) {
         let log = RefCell::new(Vec::new());
         let l = Lease::default();
-        l.attach(5);
-        l.renew(0);
+        l.attach(fd);
+        l.renew(now);
         l.claim(|a| log.borrow_mut().push(a));
+        (l, log)
+    }
+
+    #[test]
+    fn hand_back_rearms_at_once() {
+        let (l, log) = claimed(5, 0);
         assert!(l.hand_back(|_| true, |a| log.borrow_mut().push(a)));
         assert!(!l.held());
         assert!(!l.hand_back(|_| true, |_| panic!("not leased")));
