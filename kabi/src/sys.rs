@@ -318,6 +318,12 @@ fn setsockopt_int(fd: libc::c_int, level: libc::c_int, name: libc::c_int, v: lib
 /// fails the connection after `timeout_ms` (`TCP_USER_TIMEOUT`), and an idle connection is
 /// probed by keep-alives (first after a third of the timeout, then every sixth, three probes),
 /// so a peer that vanished is noticed within about `timeout_ms` whether or not data is flowing.
+/// `SO_RCVLOWAT`: readiness (`epoll`, `poll`) reports the socket readable only once `bytes`
+/// wait in it; a non-blocking receive still returns what is there.
+pub fn set_rcvlowat(s: &impl AsRawFd, bytes: usize) -> io::Result<()> {
+    setsockopt_int(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVLOWAT, bytes.clamp(1, i32::MAX as usize) as libc::c_int)
+}
+
 pub fn set_peer_timeout(s: &impl AsRawFd, timeout_ms: u32) -> io::Result<()> {
     let fd = s.as_raw_fd();
     let secs = |ms: u32| ((ms / 1000).max(1)) as libc::c_int;

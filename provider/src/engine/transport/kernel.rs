@@ -42,6 +42,11 @@ impl Stream for KernelStream {
         (&self.sock).read(buf)
     }
 
+    /// `SO_RCVLOWAT` (Linux signals `EPOLLIN` at once if lowering it uncovers waiting bytes).
+    fn wake_after(&mut self, bytes: usize) -> bool {
+        uiw_kabi::sys::set_rcvlowat(&self.sock, bytes).is_ok()
+    }
+
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         (&self.sock).write(buf)
     }

@@ -32,12 +32,14 @@ pub struct MemStream {
     readiness: RawFd,
     /// What [`Stream::mss`] reports (1460 unless a test changes it: [`MemStream::mss_knob`]).
     mss: Arc<AtomicUsize>,
+    /// Where [`Stream::wake_after`] is recorded, if a test asked ([`MemStream::record_wake_marks`]).
+    marks: Option<Arc<Mutex<Vec<usize>>>>,
 }
 
 /// Two connected ends.
 pub fn pair(max_io: usize, capacity: usize) -> (MemStream, MemStream) {
     let (a, b) = (Arc::new(Mutex::new(Pipe::default())), Arc::new(Mutex::new(Pipe::default())));
-    let end = |rx, tx| MemStream { rx, tx, max_io, capacity, readiness: -1, mss: Arc::new(AtomicUsize::new(1460)) };
+    let end = |rx, tx| MemStream { rx, tx, max_io, capacity, readiness: -1, mss: Arc::new(AtomicUsize::new(1460)), marks: None };
     (end(a.clone(), b.clone()), end(b, a))
 }
 
@@ -64,6 +66,14 @@ impl Tap {
 }
 
 impl MemStream {
+    /// From now on [`Stream::wake_after`] is taken (as a kernel socket takes `SO_RCVLOWAT`)
+    /// and each mark asked for is recorded in the list returned.
+    pub fn record_wake_marks(&mut self) -> Arc<Mutex<Vec<usize>>> {
+        let m = Arc::new(Mutex::new(Vec::new()));
+        self.marks = Some(m.clone());
+        m
+    }
+
     /// This end, reporting `fd` as its readiness: a QP can then watch it (`Net::watch`), as
     /// it watches a socket, where the test hands the stream to the QP's own code.
     pub fn with_readiness(mut self, fd: RawFd) -> MemStream {
@@ -172,6 +182,16 @@ impl Stream for MemStream {
 
     fn mss(&self) -> usize {
         self.mss.load(Ordering::Relaxed)
+    }
+
+    fn wake_after(&mut self, bytes: usize) -> bool {
+        match &self.marks {
+            Some(m) => {
+                m.lock().unwrap().push(bytes);
+                true
+            }
+            None => false,
+        }
     }
 
     fn peer(&self) -> Option<SocketAddr> {

@@ -61,6 +61,15 @@ pub trait Stream: Send {
     /// The descriptor the progress thread waits on, edge-triggered (see the module doc).
     fn readiness(&self) -> RawFd;
 
+    /// Readiness need not report arrivals until `bytes` wait (1: every arrival): the progress
+    /// thread paces a hot one-way stream and serves it again by a deadline of its own (see
+    /// `engine::pace`). Returns whether the transport does so; one that cannot tell ignores
+    /// it (the default).
+    fn wake_after(&mut self, bytes: usize) -> bool {
+        let _ = bytes;
+        false
+    }
+
     /// In a forked child: lets go of the parent's stream without touching anything the
     /// parent's threads may have held locked at the fork, and without ending the parent's
     /// connection. A kernel socket just closes this process's descriptor (the default).
