@@ -26,6 +26,7 @@ pub mod limits;
 pub mod log;
 pub mod mr;
 pub mod net;
+pub mod pace;
 pub mod qp;
 pub mod qp_state;
 pub mod random;

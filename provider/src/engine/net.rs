@@ -76,6 +76,9 @@ pub trait Endpoint: Send + Sync {
     /// only — no shutdown, which would end the parent's connection) without waiting for a
     /// lock another thread of the parent held when it forked.
     fn abandon(&self);
+    /// A paced stream's deadline came (see `pace`): its wake-up mark comes down, and the
+    /// progress thread serves it next. `false`: another thread holds the QP; ask again soon.
+    fn pace_due(&self) -> bool;
 }
 
 /// Accepted streams that may wait for their MPA Request at once (see [`Net::make_room`]).
@@ -178,6 +181,9 @@ pub struct Net {
     /// QPs to be served again (a pump outside the progress thread used up its receive
     /// budget, see [`Net::requeue`]).
     requeued: Mutex<Vec<u32>>,
+    /// Paced streams' QPs and when each must be served again (engine µs; see `pace`). Only
+    /// the progress thread adds to it (from its own serves) and takes from it.
+    paced: Mutex<Vec<(u32, u64)>>,
     /// The kernel's TCP: what `--transport tcp` devices' QPs connect over.
     kernel: Arc<dyn Connector>,
     /// The raw-frame transports of `--transport xdp|packet` devices, by netdev; the
@@ -363,6 +369,7 @@ impl Net {
             lease_news: AtomicBool::new(false),
             answered: AtomicBool::new(false),
             requeued: Mutex::new(Vec::new()),
+            paced: Mutex::new(Vec::new()),
             kernel: Arc::new(KernelTcp),
             raw: Mutex::new(HashMap::new()),
             raw_turn: RwLock::new(Vec::new()),
@@ -644,7 +651,8 @@ impl Net {
             } else {
                 let now = now_us();
                 let due = next_due.map(|t| t.saturating_mul(1000));
-                earliest(due, next_lease).map(|t| Duration::from_micros(t.saturating_sub(now)))
+                let paced = self.paced.lock().iter().map(|e| e.1).min();
+                earliest(earliest(due, next_lease), paced).map(|t| Duration::from_micros(t.saturating_sub(now)))
             };
             if self.epoll.wait_for(&mut evs, timeout).is_err() {
                 std::thread::sleep(Duration::from_millis(10));
@@ -721,6 +729,8 @@ impl Net {
             if self.lease_news.swap(false, Ordering::AcqRel) || next_lease.is_some_and(|t| t <= now) {
                 next_lease = self.check_leases(now, &mut ready);
             }
+            // Paced streams whose deadline came are served on the next turn (see `pace`).
+            self.serve_paced(now, &mut ready);
         }
     }
 
@@ -743,6 +753,43 @@ impl Net {
                 if !ready.iter().any(|r| r.0 == tok) {
                     ready.push_back((tok, 0));
                 }
+            }
+        }
+    }
+
+    /// QP `qpn`'s stream is paced (see `pace`): serve it again at `at` (engine µs) whatever
+    /// came. Called by the progress thread's own serves; a new entry also wakes the thread,
+    /// so that a caller elsewhere cannot leave it asleep past the deadline.
+    pub fn pace(&self, qpn: u32, at: u64) {
+        let mut p = self.paced.lock();
+        match p.iter_mut().find(|e| e.0 == qpn) {
+            Some(e) => e.1 = at,
+            None => {
+                p.push((qpn, at));
+                drop(p);
+                self.wake();
+            }
+        }
+    }
+
+    /// The paced streams due at `now` come down and are queued to be served (one whose QP
+    /// another thread holds is asked again a deadline later).
+    fn serve_paced(&self, now: u64, ready: &mut VecDeque<(u64, u32)>) {
+        let due: Vec<u32> = {
+            let mut p = self.paced.lock();
+            let due = p.iter().filter(|e| e.1 <= now).map(|e| e.0).collect();
+            p.retain(|e| e.1 > now);
+            due
+        };
+        for qpn in due {
+            let Some(qp) = self.lookup(qpn) else { continue };
+            if qp.pace_due() {
+                let tok = KIND_QP | u64::from(qpn);
+                if !ready.iter().any(|r| r.0 == tok) {
+                    ready.push_back((tok, 0));
+                }
+            } else {
+                self.pace(qpn, now + super::pace::DEADLINE_US);
             }
         }
     }

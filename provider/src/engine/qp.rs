@@ -585,6 +585,28 @@ impl Qp {
         self.tx_full.load(Ordering::Relaxed)
     }
 
+    /// After the progress thread served the stream: paces it, or stops pacing it (see
+    /// `engine::pace`). Skipped when an application thread holds the QP now (a raised mark
+    /// still has its deadline).
+    fn pace_after_serve(&self) {
+        use super::pace::{Step, DEADLINE_US, MARK};
+        let Some(mut inner) = self.inner.try_lock() else { return };
+        let Some(l) = inner.dp.link.as_mut() else { return };
+        let c = l.conn.counters();
+        match l.pace.served(c.rx_bytes, c.tx_msgs) {
+            Step::Raise if l.stream.wake_after(MARK) => self.net.pace(self.qpn, now_us() + DEADLINE_US),
+            Step::Raise => {
+                // The transport cannot pace: nothing to come back for.
+                l.pace.due();
+            }
+            Step::Keep => self.net.pace(self.qpn, now_us() + DEADLINE_US),
+            Step::Lower => {
+                l.stream.wake_after(1);
+            }
+            Step::Nothing => {}
+        }
+    }
+
     /// Serves the stream for a thread that polls (this QP's CQ, or another's: see
     /// `Net::serve_leased`). A poll is not news (see `serve_held`): it asks the holder for one
     /// more pump, and serves here only when the QP is free.
@@ -1299,7 +1321,18 @@ impl Endpoint for Qp {
         // Room on a leased stream that the poller found full (`Net::apply_arming`): the poller
         // may be off its CPU now (it gives it away while its streams are full, `CqObj::drive`),
         // so the bytes go at once, from here — or from the poller, if it holds the QP (`kick`).
-        self.serve(true)
+        let r = self.serve(true);
+        self.pace_after_serve();
+        r
+    }
+    fn pace_due(&self) -> bool {
+        let Some(mut inner) = self.inner.try_lock() else { return false };
+        if let Some(l) = inner.dp.link.as_mut() {
+            if l.pace.due() {
+                l.stream.wake_after(1);
+            }
+        }
+        true
     }
     fn serve_aside(&self) {
         Qp::serve_aside(self)
@@ -1739,7 +1772,7 @@ mod tests {
     /// the QP being queued for the progress thread can get the rest read.
     #[test]
     fn a_pump_that_uses_up_its_budget_leaves_the_rest_to_the_progress_thread() {
-        more_than_budgets_queued(1, true, |qp, bed| {
+        more_than_budgets_queued(1, true, false, |qp, bed| {
             qp.inner.lock().dp.pump(&qp.env(access::REMOTE_WRITE));
             assert!(qp.inner.lock().dp.link.as_ref().unwrap().conn.rx_stalled(), "the Send waits for a receive");
             assert!(!(bed.landed)(), "the last Write landed before its receive was posted");
@@ -1753,24 +1786,43 @@ mod tests {
     /// leased here, so the progress thread reads the rest (queued: no readiness reports it).
     #[test]
     fn an_application_thread_reads_a_few_budgets_per_call() {
-        more_than_budgets_queued(super::APP_RX_BUDGETS as usize, false, |qp, _| {
+        more_than_budgets_queued(super::APP_RX_BUDGETS as usize, false, false, |qp, _| {
             assert_eq!(qp.serve(false), Progress::More, "the serve read on past its budget");
         });
     }
 
-    /// What [`more_than_budgets_queued`] hands its test: whether the last Write landed, and a
-    /// registered spare 64 bytes for a receive.
+    /// Two serves of the progress thread that each read a budget of a one-way stream raise its
+    /// wake-up mark (see `engine::pace`); what follows — less than the mark, and no readiness
+    /// reports it here — is served by the pace's deadline alone, which lowers the mark first.
+    /// Without the deadline the last Write would never land.
+    #[test]
+    fn a_paced_streams_tail_is_served_by_its_deadline() {
+        use crate::engine::pace::MARK;
+        more_than_budgets_queued(2, false, true, |qp, bed| {
+            assert_eq!(Endpoint::progress(&**qp, false, false), Progress::More);
+            assert!(bed.marks.lock().unwrap().is_empty(), "one hot serve is no streak");
+            assert_eq!(Endpoint::progress(&**qp, false, false), Progress::More);
+            assert_eq!(*bed.marks.lock().unwrap(), vec![MARK], "two hot serves raise the mark");
+            assert!(!(bed.landed)(), "the last Write landed before the deadline's serve");
+        });
+    }
+
+    /// What [`more_than_budgets_queued`] hands its test: whether the last Write landed, a
+    /// registered spare 64 bytes for a receive, and the wake-up marks the QP's stream was asked
+    /// for (recorded when the bed was asked for a stream that takes them).
     struct BudgetBed<'a> {
         landed: &'a dyn Fn() -> bool,
         spare: u64,
         lkey: u32,
+        marks: &'a std::sync::Mutex<Vec<usize>>,
     }
 
     /// A QP in RTS whose stream (in memory, unknown to epoll) holds a Send the QP has no
     /// receive for (`send_first`), then more 64 KiB RDMA Writes than `budgets` receive
     /// budgets; `start` has the QP begin reading, and the progress thread must read the rest
-    /// — the last Write lands — with no new arrival.
-    fn more_than_budgets_queued(budgets: usize, send_first: bool, start: impl FnOnce(&Arc<Qp>, &BudgetBed<'_>)) {
+    /// — the last Write lands — with no new arrival. `paced`: the QP's stream takes wake-up
+    /// marks (`Stream::wake_after`); then the last mark must be 1 (none left raised).
+    fn more_than_budgets_queued(budgets: usize, send_first: bool, paced: bool, start: impl FnOnce(&Arc<Qp>, &BudgetBed<'_>)) {
         // The process's transport takes the memory of the first context that opens it.
         let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
         use crate::engine::datapath::testkit::{cq, Arena, BASE};
@@ -1812,7 +1864,8 @@ mod tests {
         let (pscq, prcq) = (cq(), cq());
         let penv = Env { qpn: 0x1001, pd: 1, sq_sig_all: false, qp_access: 0, mrs: &peer_mrs, user_mem: mem, send_cq: &pscq, recv_cq: &prcq, srq: None, poller_clock: |_| None };
         let mut peer = DataPath::default();
-        let (sa, sb) = memory::pair(WRITE, 4 << 20);
+        let (sa, mut sb) = memory::pair(WRITE, 4 << 20);
+        let marks = if paced { sb.record_wake_marks() } else { Default::default() };
         let mut ca = config(Role::Initiator, 4, 4, b"hi".to_vec(), 1460);
         ca.first_fpdu_hold_ms = 0;
         peer.link = Some(Link::new(Connection::new(ca, 0), Box::new(sa)));
@@ -1873,11 +1926,11 @@ mod tests {
 
         let last = qp_addr + ((writes - 1) * WRITE) as u64;
         let landed = || mem.get(last, WRITE).iter().all(|&b| b == writes as u8);
-        start(&qp, &BudgetBed { landed: &landed, spare: qp_addr + HALF - 64, lkey: qmr.stag });
+        start(&qp, &BudgetBed { landed: &landed, spare: qp_addr + HALF - 64, lkey: qmr.stag, marks: &marks });
         // Not a timing assertion: the progress thread reads the rest at once, or never.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        while !landed() {
-            assert!(std::time::Instant::now() < deadline, "the bytes past the receive budget were never read");
+        while !landed() || (paced && marks.lock().unwrap().last() != Some(&1)) {
+            assert!(std::time::Instant::now() < deadline, "the bytes past the receive budget were never read (marks {:?})", marks.lock().unwrap());
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         ctx.destroy_qp(&qp);

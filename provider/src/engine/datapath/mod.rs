@@ -155,6 +155,8 @@ pub struct Link {
     /// a lone RDMA Write's, maybe for the peer's answer: `answer`).
     held: VecDeque<(u64, Completion)>,
     answer: answer::AnswerWait,
+    /// Whether the progress thread paces the stream's wake-ups (see `engine::pace`).
+    pub pace: crate::engine::pace::Pace,
     /// Engine-owned buffers sent and emptied, for the next pieces: a stream of small
     /// messages queues one run (or a small payload's copy) per message, and a fresh 4 KiB
     /// allocation for each was 6 % of a 64-byte `ib_send_bw` requester in `malloc`/`free`.
@@ -193,6 +195,7 @@ impl Link {
             mss_checked_at: 0,
             held: VecDeque::new(),
             answer: Default::default(),
+            pace: Default::default(),
             spare: Vec::new(),
             stage: vec![0u8; stage].into_boxed_slice(),
             st_lo: 0,
