@@ -1802,8 +1802,9 @@ mod tests {
             assert_eq!(Endpoint::progress(&**qp, false, false), Progress::More);
             assert!(bed.marks.lock().unwrap().is_empty(), "one hot serve is no streak");
             assert_eq!(Endpoint::progress(&**qp, false, false), Progress::More);
-            assert_eq!(*bed.marks.lock().unwrap(), vec![MARK], "two hot serves raise the mark");
-            assert!(!(bed.landed)(), "the last Write landed before the deadline's serve");
+            // (The deadline may already have come and lowered it again: the thread that runs
+            // it is not this one.)
+            assert_eq!(bed.marks.lock().unwrap().first(), Some(&MARK), "two hot serves raise the mark");
         });
     }
 
