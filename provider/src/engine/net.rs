@@ -181,8 +181,8 @@ pub struct Net {
     /// QPs to be served again (a pump outside the progress thread used up its receive
     /// budget, see [`Net::requeue`]).
     requeued: Mutex<Vec<u32>>,
-    /// Paced streams' QPs and when each must be served again (engine µs; see `pace`). Only
-    /// the progress thread adds to it (from its own serves) and takes from it.
+    /// Paced streams' QPs and when each must be served again (engine µs; see `pace`). The
+    /// progress thread's serves add to it ([`Net::pace`]) and its run loop takes from it.
     paced: Mutex<Vec<(u32, u64)>>,
     /// The kernel's TCP: what `--transport tcp` devices' QPs connect over.
     kernel: Arc<dyn Connector>,
