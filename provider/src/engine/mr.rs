@@ -84,12 +84,22 @@ impl Span {
 
     /// Pins the range for an access; `None` once its region is being deregistered.
     pub fn pin(&self) -> Option<Pinned> {
+        self.clone().into_pinned()
+    }
+
+    /// Pins `len` bytes at `offset` of the span (`None` past its end, or once its region is
+    /// being deregistered): one reference to the region, not one per intermediate span.
+    pub fn pin_sub(&self, offset: u64, len: u64) -> Option<Pinned> {
+        self.sub(offset, len)?.into_pinned()
+    }
+
+    fn into_pinned(self) -> Option<Pinned> {
         let prev = self.mr.pins.fetch_add(1, Ordering::AcqRel);
         if prev & GONE != 0 {
             self.mr.pins.fetch_sub(1, Ordering::AcqRel);
             return None;
         }
-        Some(Pinned { span: self.clone() })
+        Some(Pinned { span: self })
     }
 }
 

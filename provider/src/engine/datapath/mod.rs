@@ -18,6 +18,7 @@ use std::collections::{HashMap, VecDeque};
 use uiw_wire::conn::{Completion as WireCompletion, Connection, Event, Failure, SendFlags, State as ConnState, Tx, WcOpcode};
 use uiw_wire::placement::{Access, Memory, Placement};
 use uiw_wire::rdmap::AtomicOperation;
+use uiw_wire::segment::Trailer;
 use uiw_wire::{PostError as WirePostError, TaggedError, WcStatus};
 
 use super::access;
@@ -66,6 +67,8 @@ const TX_BYTES: u64 = 1 << 20;
 /// consecutive small FPDUs then leave as one contiguous run (one `sendmsg` entry for many
 /// messages).
 const TX_COPY_MAX: usize = 512;
+/// Largest FPDU trailer: pad (up to 3 bytes) and the CRC field (RFC 5044 §4).
+const TRAILER_MAX: usize = 7;
 /// Largest run of engine-owned bytes one backlog piece grows to.
 const TX_RUN_MAX: usize = 64 << 10;
 /// Bytes sent between two looks at the stream's MSS ([`Link::follow_mss`]): one
@@ -264,6 +267,37 @@ impl Link {
         let mut v = self.buffer(b.len().max(4096).min(TX_RUN_MAX));
         v.extend_from_slice(b);
         self.tx.push_back(Piece::Own(v));
+    }
+
+    /// Queues one FPDU framed in place: `header`, then `n` payload bytes that `fill` writes
+    /// (into zeroed memory) and whose trailer (pad and CRC field) it returns. Nothing is queued
+    /// if `fill` fails.
+    fn push_framed<E>(&mut self, header: &[u8], n: usize, fill: impl FnOnce(&mut [u8]) -> Result<Trailer, E>) -> Result<(), E> {
+        let most = header.len() + n + TRAILER_MAX;
+        if !matches!(self.tx.back(), Some(Piece::Own(v)) if v.len() + most <= TX_RUN_MAX) {
+            let v = self.buffer(most.max(4096).min(TX_RUN_MAX));
+            self.tx.push_back(Piece::Own(v));
+        }
+        let Some(Piece::Own(v)) = self.tx.back_mut() else { unreachable!("an engine-owned run was just ensured") };
+        let start = v.len();
+        v.extend_from_slice(header);
+        v.resize(start + header.len() + n, 0);
+        match fill(&mut v[start + header.len()..]) {
+            Ok(trailer) => {
+                v.extend_from_slice(trailer.as_slice());
+                self.tx_queued += (v.len() - start) as u64;
+                Ok(())
+            }
+            Err(e) => {
+                v.truncate(start);
+                if v.is_empty() {
+                    if let Some(Piece::Own(v)) = self.tx.pop_back() {
+                        self.recycle(v);
+                    }
+                }
+                Err(e)
+            }
+        }
     }
 
     /// An empty engine-owned buffer, a spare one if there is one.

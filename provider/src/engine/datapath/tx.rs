@@ -71,16 +71,28 @@ impl DataPath {
                         let n = s.payload_len as usize;
                         // The payload is resolved before the header is queued: if its memory
                         // is gone, a Terminate goes out instead of the segment. A small one is
-                        // copied (cheaper than an iovec entry and a pin); a larger one is sent
-                        // from registered memory, with CRC too: the checksum reads it in place.
-                        let payload = if n <= TX_COPY_MAX {
-                            let mut buf = l.buffer(TX_COPY_MAX);
-                            buf.resize(n, 0);
-                            gather(&self.sq, env, s.source, &mut buf).map(|()| smallvec::smallvec![Piece::Own(buf)])
-                        } else {
-                            let mut pieces = Pieces::new();
-                            source_pieces(&self.sq, env, s.source, n, &mut pieces).map(|()| pieces)
-                        };
+                        // copied, framed in place at the end of the backlog (cheaper than an
+                        // iovec entry and a pin); a larger one is sent from registered memory,
+                        // with CRC too: the checksum reads it in place.
+                        if n <= TX_COPY_MAX {
+                            let crc = l.conn.crc();
+                            let framed = l.push_framed(s.header.as_slice(), n, |payload| {
+                                gather(&self.sq, env, s.source, payload)?;
+                                Ok(if crc {
+                                    let mut c = s.crc_start();
+                                    c.update(payload);
+                                    s.trailer_after(c)
+                                } else {
+                                    s.trailer_no_crc()
+                                })
+                            });
+                            if let Err(SourceGone) = framed {
+                                l.conn.abort_source();
+                            }
+                            continue;
+                        }
+                        let mut pieces = Pieces::new();
+                        let payload = source_pieces(&self.sq, env, s.source, n, &mut pieces).map(|()| pieces);
                         let framed = payload.and_then(|pieces| {
                             let trailer = if l.conn.crc() {
                                 let mut crc = s.crc_start();
@@ -258,18 +270,53 @@ fn checksum(env: &Env, pieces: &[Piece], crc: &mut uiw_wire::crc::Crc32c) -> Res
     Ok(())
 }
 
-/// A small payload copied into `buf` (sent beside its header, see `TX_COPY_MAX`).
+/// A small payload copied into `buf` (sent beside its header, see `TX_COPY_MAX`), which
+/// comes zeroed: the same bytes as [`source_pieces`] names, each run of registered memory
+/// pinned only while it is read.
 fn gather(sq: &WrTable<SendEntry>, env: &Env, src: Source, buf: &mut [u8]) -> Result<(), SourceGone> {
-    let mut pieces = Pieces::new();
-    source_pieces(sq, env, src, buf.len(), &mut pieces)?;
-    let mut at = 0usize;
-    for p in pieces {
-        let k = p.len();
-        match p {
-            Piece::User(s) => env.user_mem.read(&s.pin().ok_or(SourceGone)?, &mut buf[at..at + k]),
-            Piece::Own(v) => buf[at..at + k].copy_from_slice(&v),
+    match src {
+        Source::Wr { wr_id, offset } => {
+            // The protocol core only names WRs it was given and has not completed.
+            let Some(e) = sq.get(wr_id) else { return Ok(()) };
+            match &e.wqe.payload {
+                Payload::Inline(b) => {
+                    let o = (offset as usize).min(b.len());
+                    let k = (b.len() - o).min(buf.len());
+                    buf[..k].copy_from_slice(&b[o..o + k]);
+                }
+                Payload::Sges(_) => {
+                    let mut off = u64::from(offset);
+                    let mut at = 0usize;
+                    while at < buf.len() {
+                        let (run, within) = run_ref_at(&e.runs, off).ok_or(SourceGone)?;
+                        let k = (run.len() - within).min((buf.len() - at) as u64);
+                        let pinned = run.pin_sub(within, k).ok_or(SourceGone)?;
+                        env.user_mem.read(&pinned, &mut buf[at..at + k as usize]);
+                        at += k as usize;
+                        off += k;
+                    }
+                }
+            }
         }
-        at += k;
+        // A Read Response: the Read Request was checked on arrival (RFC 5040 §5.3); the
+        // region must still be there now.
+        Source::Tagged { stag, to } => {
+            let span = env.mrs.lookup(stag).and_then(|mr| mr.span_from(to)).ok_or(SourceGone)?;
+            let pinned = span.pin_sub(0, buf.len() as u64).ok_or(SourceGone)?;
+            env.user_mem.read(&pinned, buf);
+        }
+        Source::None => {}
     }
     Ok(())
+}
+
+/// The run of `runs` that holds byte `offset` of their concatenation, and where in it.
+fn run_ref_at(runs: &[Span], mut offset: u64) -> Option<(&Span, u64)> {
+    for r in runs {
+        if offset < r.len() {
+            return Some((r, offset));
+        }
+        offset -= r.len();
+    }
+    None
 }
