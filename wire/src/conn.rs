@@ -623,6 +623,10 @@ pub struct Connection {
     /// order even though Reads complete after later Writes are sent).
     sq_slots: VecDeque<Option<Completion>>,
     sq_head: u64,
+    /// The send-queue sequence number and `wr_id` of the message whose last segment the
+    /// latest [`Connection::next_tx`] handed out, completing it: what
+    /// [`Connection::abort_source`] fails if that segment cannot be framed after all.
+    tx_completed_last: Option<(u64, u64)>,
     rsp: VecDeque<TxItem>,
     cur_tx: Option<OutMsg>,
     tx_follow: VecDeque<Vec<u8>>,
@@ -691,6 +695,7 @@ impl Connection {
             sq: VecDeque::new(),
             sq_slots: VecDeque::new(),
             sq_head: 0,
+            tx_completed_last: None,
             rsp: VecDeque::new(),
             cur_tx: None,
             tx_follow: VecDeque::new(),
@@ -1183,6 +1188,7 @@ impl Connection {
     /// Zero-copy transmit: the next unit to send. Handing out the last
     /// segment of a Send or Write completes it (as siw does).
     pub fn next_tx(&mut self) -> Option<Tx> {
+        self.tx_completed_last = None;
         if !self.mpa_out.is_empty() {
             return Some(Tx::Bytes(std::mem::take(&mut self.mpa_out)));
         }
@@ -1225,6 +1231,7 @@ impl Connection {
                         self.tx_follow.push_back(t);
                     }
                     if let Some((seq, c)) = m.on_done {
+                        self.tx_completed_last = Some((seq, c.wr_id));
                         self.sq_complete(seq, c);
                     }
                 }
@@ -2424,12 +2431,39 @@ impl Connection {
     /// not been sent: instead of the rest of the message, a Terminate goes out
     /// (RDMAP Remote Protection Error, Invalid STag, RFC 5040 §7.2), the
     /// connection goes to ERROR and outstanding work requests are flushed.
+    ///
+    /// A message whose last segment it was had been completed as that segment was handed out
+    /// ([`Connection::next_tx`]): its completion becomes a local protection error (IBTA
+    /// `IBV_WC_LOC_PROT_ERR`, as for memory that never checked out) — never a success for
+    /// bytes that did not leave.
     pub fn abort_source(&mut self) {
+        if let Some((seq, wr_id)) = self.tx_completed_last.take() {
+            self.fail_completed(seq, wr_id, WcStatus::LocProtErr);
+        }
         self.terminate(
             Fault::bare(TermCode::RDMAP_INVALID_STAG),
             None,
             WcStatus::LocProtErr,
         );
+    }
+
+    /// Gives the completion of send-queue entry `seq` (work request `wr_id`) status `st`,
+    /// whether it still waits in its slot behind earlier work requests or was queued as an
+    /// event already (the newest completion event of that request, then).
+    fn fail_completed(&mut self, seq: u64, wr_id: u64, st: WcStatus) {
+        if seq >= self.sq_head {
+            if let Some(Some(c)) = self.sq_slots.get_mut((seq - self.sq_head) as usize) {
+                c.status = st;
+            }
+            return;
+        }
+        let queued = self.events.iter_mut().rev().find_map(|e| match e {
+            Event::Completion(c) if c.wr_id == wr_id && !c.is_recv() => Some(c),
+            _ => None,
+        });
+        if let Some(c) = queued {
+            c.status = st;
+        }
     }
 
     fn fail(&mut self, why: Failure) {

@@ -562,6 +562,47 @@ fn read_response_whose_source_is_gone_becomes_a_terminate() {
     assert_eq!(st, [(1, WcStatus::RemAccessErr)]);
 }
 
+/// The engine finds the memory of a Write's last (here: only) segment gone as it frames it
+/// (the region was deregistered after the WR was posted): the Write, completed as its last
+/// segment was handed out, fails with a local protection error instead, later WRs are
+/// flushed, and a Terminate goes out in its place.
+#[test]
+fn write_whose_source_is_gone_fails_its_completion() {
+    let (mut a, mut b) = default_pair();
+    b.m.region(0xb00, 0x1000, 4096, ALL);
+    a.m.sends.insert(1, pattern(64, 1));
+    a.m.sends.insert(2, pattern(64, 2));
+    a.c.post_write(1, 0xb00, 0x1000, 64, None).unwrap();
+    a.c.post_write(2, 0xb00, 0x1100, 64, None).unwrap();
+    match a.c.next_tx() {
+        Some(Tx::Segment(s)) => assert_eq!(s.payload_len, 64),
+        _ => panic!("expected the first Write's segment"),
+    }
+    a.c.abort_source();
+    pump(&mut a, &mut b);
+    assert_term(&mut a, &mut b, TermCode::RDMAP_INVALID_STAG);
+    let st: Vec<_> = a.completions().iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(st, [(1, WcStatus::LocProtErr), (2, WcStatus::WrFlushErr)]);
+    assert_eq!(b.m.bytes(0xb00)[..0x200], vec![0u8; 0x200][..], "nothing of either Write lands");
+
+    // The same behind an outstanding Read, whose completion the Write's waits for.
+    let (mut a, mut b) = default_pair();
+    a.m.region(0xa00, 0, 4096, ALL);
+    b.m.region(0xb00, 0x1000, 4096, ALL);
+    a.m.sends.insert(2, pattern(64, 2));
+    a.c.post_read(1, 0xa00, 0, 0xb00, 0x1000, 64).unwrap();
+    a.c.post_write(2, 0xb00, 0x1100, 64, None).unwrap();
+    assert!(matches!(a.c.next_tx(), Some(Tx::Bytes(_))), "expected the Read Request");
+    match a.c.next_tx() {
+        Some(Tx::Segment(s)) => assert_eq!(s.payload_len, 64),
+        _ => panic!("expected the Write's segment"),
+    }
+    a.c.abort_source();
+    pump(&mut a, &mut b);
+    let st: Vec<_> = a.completions().iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(st[1], (2, WcStatus::LocProtErr), "{st:?}");
+}
+
 #[test]
 fn send_without_receive_and_too_long() {
     let (mut a, mut b) = default_pair();

@@ -384,6 +384,52 @@ fn a_send_into_a_receive_whose_region_was_deregistered_fails() {
     }
 }
 
+/// A small payload is framed in place at the end of the transmit backlog (`Link::push_framed`):
+/// a Write whose region was deregistered after it was posted sends nothing of itself (its
+/// framing is undone and a Terminate goes out instead), while the Write framed before it in
+/// the same run arrives whole.
+#[test]
+fn a_small_write_whose_region_went_is_undone_behind_the_write_before_it() {
+    for crc in [Crc::Off, Crc::Initiator] {
+        let (mem, mut a, mut b, a_addr, b_addr) = connected_pair(64 << 10, crc);
+        let gone = a.mrs.register(PD, a_addr + 8192, 64, a_addr + 8192, access::LOCAL_WRITE).unwrap();
+        mem.set(a_addr, &pattern(100, 1));
+        mem.set(a_addr + 8192, &pattern(64, 2));
+        let first = send_wqe(1, opcode::RDMA_WRITE, Sge { addr: a_addr, length: 100, lkey: a.mr.stag }, b_addr, b.mr.stag);
+        let second = send_wqe(2, opcode::RDMA_WRITE, Sge { addr: a_addr + 8192, length: 64, lkey: gone.stag }, b_addr + 1000, b.mr.stag);
+        // Posted without a doorbell: both are framed by the next pump, into one run.
+        a.with(&mem, |dp, env| {
+            assert_eq!(dp.post_send(env, first, 16, false).unwrap(), None);
+            assert_eq!(dp.post_send(env, second, 16, false).unwrap(), None);
+        });
+        assert!(a.mrs.deregister(gone.stag).is_some());
+        drop(gone);
+        let (mut a_fatal, mut b_fatal) = (None, None);
+        let mut done = Vec::new();
+        for _ in 0..10_000 {
+            if a_fatal.is_none() {
+                a_fatal = a.try_pump(&mem);
+            }
+            done.extend(Side::completions(&a.scq));
+            if b_fatal.is_none() {
+                b_fatal = b.try_pump(&mem);
+            }
+            if a_fatal.is_some() && b_fatal.is_some() {
+                break;
+            }
+        }
+        assert_eq!(a_fatal, Some(Fatal::Terminated), "the requester terminates the stream ({crc:?})");
+        assert_eq!(b_fatal, Some(Fatal::Terminated), "the peer gets the Terminate ({crc:?})");
+        assert_eq!(mem.get(b_addr, 100), pattern(100, 1), "the Write framed first arrives whole ({crc:?})");
+        assert_eq!(mem.get(b_addr + 1000, 64), vec![0u8; 64], "nothing of the second Write goes out ({crc:?})");
+        assert_eq!(
+            done.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+            vec![(1, wc_status::SUCCESS), (2, wc_status::LOC_PROT_ERR)],
+            "the Write from the deregistered region fails, never succeeds ({crc:?})"
+        );
+    }
+}
+
 #[test]
 fn crc_send_write_read_at_many_piece_sizes() {
     // Lengths around the small-copy and direct-placement sizes (512) and across several
