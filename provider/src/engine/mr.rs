@@ -14,7 +14,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -254,6 +254,9 @@ pub struct MrTable {
     /// STags invalidated by a peer's Send with Invalidate (RFC 5040 §5.2): no longer valid for
     /// remote access until deregistered.
     invalidated: RwLock<HashSet<u32, StagBuild>>,
+    /// Whether any STag was ever invalidated: until one is, a peer's access looks at no set
+    /// (one lock fewer per tagged FPDU).
+    any_invalidated: AtomicBool,
     next_index: AtomicU32,
     max: usize,
     /// The key byte every STag gets instead of a random one: only [`MrTable::with_fixed_keys`]
@@ -266,6 +269,7 @@ impl MrTable {
         MrTable {
             regions: RwLock::new(HashMap::default()),
             invalidated: RwLock::new(HashSet::default()),
+            any_invalidated: AtomicBool::new(false),
             next_index: AtomicU32::new(1),
             max,
             fixed_key: None,
@@ -327,7 +331,7 @@ impl MrTable {
 
     /// The region a peer may address with `stag` (not invalidated).
     pub fn lookup_remote(&self, stag: u32) -> Option<Arc<Mr>> {
-        if self.invalidated.read().contains(&stag) {
+        if self.any_invalidated.load(Ordering::Acquire) && self.invalidated.read().contains(&stag) {
             return None;
         }
         self.lookup(stag)
@@ -338,6 +342,7 @@ impl MrTable {
     pub fn invalidate(&self, stag: u32, pd: u32) -> bool {
         match self.lookup(stag) {
             Some(mr) if mr.pd == pd => {
+                self.any_invalidated.store(true, Ordering::Release);
                 self.invalidated.write().insert(stag);
                 true
             }

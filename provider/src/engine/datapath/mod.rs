@@ -443,7 +443,8 @@ fn place_at(
 ) -> Option<Span> {
     match place {
         Placement::Tagged { stag, to } => {
-            if let Some(id) = sinks.get(&stag) {
+            // The engine's own sinks exist only while a Read or atomic is outstanding.
+            if let Some(id) = (!sinks.is_empty()).then(|| sinks.get(&stag)).flatten() {
                 return run_at(&sq.get(*id)?.runs, to);
             }
             mrs.lookup(stag)?.span_from(to)

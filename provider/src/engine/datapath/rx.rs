@@ -110,7 +110,7 @@ impl DataPath {
                                 // lkey up when it places, `siw_proc_send`), not a successful
                                 // completion with bytes missing; a tagged placement's bytes
                                 // are dropped.
-                                match span.sub(0, k as u64).and_then(|s| s.pin()) {
+                                match span.pin_sub(0, k as u64) {
                                     Some(p) => env.user_mem.write(&p, chunk),
                                     None if recv => {
                                         l.conn.fail_placement();
@@ -124,7 +124,7 @@ impl DataPath {
                             } else if l.drained {
                                 Err(io::ErrorKind::WouldBlock.into())
                             } else if let Some(p) =
-                                span.sub(0, want as u64).filter(|_| want >= DIRECT_MIN).and_then(|s| s.pin())
+                                (want >= DIRECT_MIN).then(|| span.pin_sub(0, want as u64)).flatten()
                             {
                                 // What follows the payload (trailer, next header) lands in
                                 // a short tail: a longer one would pull the next FPDU's payload
