@@ -883,12 +883,14 @@ impl Connection {
         Ok(())
     }
 
-    /// The engine could not place the current Send's bytes into its receive (the receive's
-    /// memory did not check out): Terminate (DDP catastrophic, RFC 5041 §7.2, as siw), the
-    /// receive completes with `LocProtErr`, everything else is flushed.
+    /// The engine could not place the current Send's bytes into its receive, or the current
+    /// Read Response's into the Read's local memory (that memory did not check out):
+    /// Terminate (DDP catastrophic, RFC 5041 §7.2, as siw), the receive or the Read completes
+    /// with `LocProtErr`, everything else is flushed.
     pub fn fail_placement(&mut self) {
         if let Some(cur) = self.rx_cur {
-            if matches!(cur.place, Placement::Recv { .. }) {
+            let read_response = cur.seg.ddp.rdmap.op() == Some(Opcode::ReadResponse);
+            if matches!(cur.place, Placement::Recv { .. }) || read_response {
                 self.terminate(
                     Fault::echo(TermCode::DDP_LOCAL_CATASTROPHIC),
                     Some(&cur.seg),

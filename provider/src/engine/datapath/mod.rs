@@ -672,7 +672,11 @@ impl DataPath {
                         fatal = fatal.or(Some(f));
                     }
                 }
-                Event::Completion(c) => self.complete(env, c),
+                Event::Completion(c) => {
+                    if let Some(f) = self.complete(env, c) {
+                        fatal = fatal.or(Some(f));
+                    }
+                }
                 Event::Terminated { sent, term } => {
                     crate::engine::debug::why(format_args!("Terminate {}: {term:?}", if sent { "sent" } else { "received" }));
                     fatal = fatal.or(Some(Fatal::Terminated))
@@ -692,10 +696,12 @@ impl DataPath {
         }
     }
 
-    fn complete(&mut self, env: &Env, c: WireCompletion) {
+    /// Reports a completion of the protocol core; `Some` when the work request failed here
+    /// after all (an atomic whose result buffer went): the QP fails.
+    fn complete(&mut self, env: &Env, c: WireCompletion) -> Option<Fatal> {
         if c.is_recv() {
             let Some(e) = self.rq.remove(c.wr_id) else {
-                return;
+                return None;
             };
             let mut out = Completion {
                 wr_id: e.wqe.wr_id,
@@ -714,41 +720,46 @@ impl DataPath {
                 out.imm_or_inv = stag;
             }
             env.recv_cq.push(out);
-            return;
+            return None;
         }
         let Some(e) = self.sq.remove(c.wr_id) else {
-            return;
+            return None;
         };
         if let Some(s) = e.sink {
             self.sinks.remove(&s);
         }
-        if let (Some(v), Some(p)) = (c.atomic_result, e.runs.first().and_then(Span::pin)) {
-            if c.status == WcStatus::Success {
-                env.user_mem.write(&p, &v.to_ne_bytes());
+        let mut status = c.status;
+        if let (Some(v), WcStatus::Success) = (c.atomic_result, c.status) {
+            match e.runs.first().and_then(Span::pin) {
+                Some(p) => env.user_mem.write(&p, &v.to_ne_bytes()),
+                // The result buffer's region was deregistered meanwhile: the original value is
+                // written nowhere, and the atomic fails, as a Read whose memory went does.
+                None => status = WcStatus::LocProtErr,
             }
         }
+        let fatal = (status != c.status).then_some(Fatal::LocalError);
         // Local Invalidate takes effect in posting order: peers can no longer address the
         // region with that STag (as after a peer's Send with Invalidate, RFC 5040 §5.2); the
         // application may still use it locally, until it deregisters it.
-        if e.wqe.opcode == opcode::LOCAL_INV && c.status == WcStatus::Success {
+        if e.wqe.opcode == opcode::LOCAL_INV && status == WcStatus::Success {
             env.mrs.invalidate(e.wqe.imm_or_inv, env.pd);
         }
         let signaled = env.sq_sig_all || e.wqe.flags & send_flags::SIGNALED != 0;
-        if c.status == WcStatus::Success && !signaled {
-            return;
+        if status == WcStatus::Success && !signaled {
+            return fatal;
         }
         let out = Completion {
             wr_id: e.wqe.wr_id,
-            status: c.status.as_u32(),
+            status: status.as_u32(),
             opcode: e.wqe.wc_opcode(),
             byte_len: c.byte_len,
             qp_num: env.qpn,
             ..Default::default()
         };
-        let lone_write = out.opcode == wc_opcode::RDMA_WRITE && c.status == WcStatus::Success && self.sq.is_empty();
+        let lone_write = out.opcode == wc_opcode::RDMA_WRITE && status == WcStatus::Success && self.sq.is_empty();
         let Some(l) = self.link.as_mut() else {
             env.send_cq.push(out);
-            return;
+            return fatal;
         };
         // The application's only WR, polled for: it may wait for the peer's answer.
         let waits = lone_write && l.held.is_empty() && (env.poller_clock)(env.send_cq).is_some_and(|now| l.answer.start(now, l.conn.counters().rx_msgs));
@@ -758,6 +769,7 @@ impl DataPath {
         } else {
             env.send_cq.push(out);
         }
+        fatal
     }
 
     /// The QP is going to ERROR (or being destroyed): closes the stream and completes every

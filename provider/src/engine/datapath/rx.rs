@@ -98,6 +98,8 @@ impl DataPath {
                     let dst = place_at(place, env.mrs, mem.sinks, mem.sq, rq);
                     let staged = l.st_hi - l.st_lo;
                     let recv = matches!(place, Placement::Recv { .. });
+                    // A Read Response lands in the engine's sink for the Read's local SGEs.
+                    let sink = matches!(place, Placement::Tagged { stag, .. } if mem.sinks.contains_key(&stag));
                     match dst {
                         Some(span) => {
                             let want = (len as u64).min(span.len()) as usize;
@@ -105,14 +107,15 @@ impl DataPath {
                                 let k = want.min(staged);
                                 let chunk = &l.stage[l.st_lo..l.st_lo + k];
                                 // A region deregistered meanwhile cannot be pinned: the
-                                // bytes are never written elsewhere. A receive's Send then
-                                // fails as for memory that never checked out (siw looks the
-                                // lkey up when it places, `siw_proc_send`), not a successful
-                                // completion with bytes missing; a tagged placement's bytes
-                                // are dropped.
+                                // bytes are never written elsewhere. A receive's Send, or a
+                                // Read whose local memory went, then fails as for memory that
+                                // never checked out (siw looks the lkey up when it places,
+                                // `siw_proc_send`, `siw_proc_rresp`), not a successful
+                                // completion with bytes missing; a peer's Write's bytes are
+                                // dropped.
                                 match span.pin_sub(0, k as u64) {
                                     Some(p) => env.user_mem.write(&p, chunk),
-                                    None if recv => {
+                                    None if recv || sink => {
                                         l.conn.fail_placement();
                                         return (false, self.drain_events(env));
                                     }

@@ -45,6 +45,8 @@ struct Side {
     mr: Arc<Mr>,
     scq: CqObj,
     rcq: CqObj,
+    /// The QP's `qp_access_flags`.
+    qp_access: u32,
 }
 
 const PD: u32 = 1;
@@ -53,17 +55,17 @@ impl Side {
     fn new(addr: u64, len: u64) -> Side {
         let mrs = MrTable::new(16);
         let mr = mrs.register(PD, addr, len, addr, access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ).unwrap();
-        Side { dp: DataPath::default(), mrs, mr, scq: cq(), rcq: cq() }
+        Side { dp: DataPath::default(), mrs, mr, scq: cq(), rcq: cq(), qp_access: access::REMOTE_WRITE | access::REMOTE_READ }
     }
 
     /// Runs `f` on the data path with its environment (borrowed apart from it).
     fn with<R>(&mut self, mem: &Arena, f: impl FnOnce(&mut DataPath, &Env) -> R) -> R {
-        let Side { dp, mrs, scq, rcq, .. } = self;
+        let Side { dp, mrs, scq, rcq, qp_access, .. } = self;
         let env = Env {
             qpn: 0x1001,
             pd: PD,
             sq_sig_all: false,
-            qp_access: access::REMOTE_WRITE | access::REMOTE_READ,
+            qp_access: *qp_access,
             mrs,
             user_mem: mem,
             send_cq: scq,
@@ -428,6 +430,72 @@ fn a_small_write_whose_region_went_is_undone_behind_the_write_before_it() {
             "the Write from the deregistered region fails, never succeeds ({crc:?})"
         );
     }
+}
+
+/// The local memory an RDMA Read was to land in is deregistered while the Read is outstanding
+/// (the application's mistake): the Read Response's bytes are written nowhere, and the Read
+/// fails — never a successful completion for data that was not placed.
+#[test]
+fn a_read_whose_local_region_went_fails() {
+    // Staged and byte by byte; a Read Response large enough to be received in place.
+    for (max_io, len) in [(64 << 10, 1000), (7, 1000), (64 << 10, 16 << 10)] {
+        let (mem, mut a, mut b, a_addr, b_addr) = connected_pair(max_io, Crc::Off);
+        let sink = a.mrs.register(PD, a_addr + 8192, 16 << 10, a_addr + 8192, access::LOCAL_WRITE).unwrap();
+        mem.set(b_addr, &pattern(len, 3));
+        a.post_send(&mem, send_wqe(1, opcode::RDMA_READ, Sge { addr: a_addr + 8192, length: len as u32, lkey: sink.stag }, b_addr, b.mr.stag));
+        assert!(a.mrs.deregister(sink.stag).is_some());
+        drop(sink);
+        let mut done = Vec::new();
+        let mut a_fatal = None;
+        for _ in 0..100_000 {
+            b.pump(&mem);
+            if a_fatal.is_none() {
+                a_fatal = a.try_pump(&mem);
+            }
+            done.extend(Side::completions(&a.scq));
+            if !done.is_empty() {
+                break;
+            }
+        }
+        assert_eq!(mem.get(a_addr + 8192, len), vec![0u8; len], "nothing may be written into a deregistered region (max_io {max_io}, {len} B)");
+        assert_eq!(
+            done.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+            vec![(1, wc_status::LOC_PROT_ERR)],
+            "the Read fails (max_io {max_io}, {len} B)"
+        );
+    }
+}
+
+/// The same for an atomic (RFC 7306) whose local result buffer was deregistered while it was
+/// outstanding: the original value is written nowhere, the atomic fails and the QP with it.
+#[test]
+fn an_atomic_whose_result_buffer_went_fails() {
+    let (mem, mut a, mut b, a_addr, b_addr) = connected_pair(64 << 10, Crc::Off);
+    b.qp_access |= access::REMOTE_ATOMIC;
+    let target = b.mrs.register(PD, b_addr + 8192, 8, b_addr + 8192, access::LOCAL_WRITE | access::REMOTE_ATOMIC).unwrap();
+    mem.set(b_addr + 8192, &7u64.to_ne_bytes());
+    let result = a.mrs.register(PD, a_addr + 8192, 8, a_addr + 8192, access::LOCAL_WRITE).unwrap();
+    let mut w = send_wqe(1, opcode::ATOMIC_FETCH_AND_ADD, Sge { addr: a_addr + 8192, length: 8, lkey: result.stag }, b_addr + 8192, target.stag);
+    w.compare_add = 5;
+    a.post_send(&mem, w);
+    assert!(a.mrs.deregister(result.stag).is_some());
+    drop(result);
+    let mut done = Vec::new();
+    let mut a_fatal = None;
+    for _ in 0..100_000 {
+        b.pump(&mem);
+        if a_fatal.is_none() {
+            a_fatal = a.try_pump(&mem);
+        }
+        done.extend(Side::completions(&a.scq));
+        if !done.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(mem.get(b_addr + 8192, 8), 12u64.to_ne_bytes(), "the responder did add");
+    assert_eq!(mem.get(a_addr + 8192, 8), vec![0u8; 8], "nothing may be written into a deregistered region");
+    assert_eq!(done.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), vec![(1, wc_status::LOC_PROT_ERR)]);
+    assert_eq!(a_fatal, Some(Fatal::LocalError), "the QP fails with its work request");
 }
 
 #[test]
