@@ -883,10 +883,13 @@ impl Connection {
         Ok(())
     }
 
-    /// The engine could not place the current Send's bytes into its receive, or the current
-    /// Read Response's into the Read's local memory (that memory did not check out):
-    /// Terminate (DDP catastrophic, RFC 5041 §7.2, as siw), the receive or the Read completes
-    /// with `LocProtErr`, everything else is flushed.
+    /// The engine could not place the current segment's bytes (the memory did not check out:
+    /// its region was deregistered after the segment's header was checked). Into a receive
+    /// (a Send) or the Read's local memory (a Read Response): Terminate (DDP catastrophic,
+    /// RFC 5041 §7.2, as siw), the receive or the Read completes with `LocProtErr`. Into a
+    /// region of ours that a peer's Write names: the STag is no longer valid — Terminate
+    /// (DDP tagged, Invalid STag, RFC 5041 §7.2; siw checks the STag of every segment). The
+    /// connection goes to ERROR, everything else is flushed.
     pub fn fail_placement(&mut self) {
         if let Some(cur) = self.rx_cur {
             let read_response = cur.seg.ddp.rdmap.op() == Some(Opcode::ReadResponse);
@@ -896,6 +899,8 @@ impl Connection {
                     Some(&cur.seg),
                     WcStatus::LocProtErr,
                 );
+            } else if matches!(cur.place, Placement::Tagged { .. }) {
+                self.terminate(Fault::echo(TermCode::DDP_T_INVALID_STAG), Some(&cur.seg), WcStatus::GeneralErr);
             }
         }
     }

@@ -97,9 +97,6 @@ impl DataPath {
                 RxWant::Place { len, place } => {
                     let dst = place_at(place, env.mrs, mem.sinks, mem.sq, rq);
                     let staged = l.st_hi - l.st_lo;
-                    let recv = matches!(place, Placement::Recv { .. });
-                    // A Read Response lands in the engine's sink for the Read's local SGEs.
-                    let sink = matches!(place, Placement::Tagged { stag, .. } if mem.sinks.contains_key(&stag));
                     match dst {
                         Some(span) => {
                             let want = (len as u64).min(span.len()) as usize;
@@ -107,20 +104,17 @@ impl DataPath {
                                 let k = want.min(staged);
                                 let chunk = &l.stage[l.st_lo..l.st_lo + k];
                                 // A region deregistered meanwhile cannot be pinned: the
-                                // bytes are never written elsewhere. A receive's Send, or a
-                                // Read whose local memory went, then fails as for memory that
-                                // never checked out (siw looks the lkey up when it places,
-                                // `siw_proc_send`, `siw_proc_rresp`), not a successful
-                                // completion with bytes missing; a peer's Write's bytes are
-                                // dropped.
-                                match span.pin_sub(0, k as u64) {
-                                    Some(p) => env.user_mem.write(&p, chunk),
-                                    None if recv || sink => {
-                                        l.conn.fail_placement();
-                                        return (false, self.drain_events(env));
-                                    }
-                                    None => {}
-                                }
+                                // bytes are never written elsewhere, and the message fails
+                                // (`Connection::fail_placement`: a receive's Send or a Read
+                                // whose local memory went as for memory that never checked
+                                // out, siw's `siw_proc_send`, `siw_proc_rresp`; a peer's Write
+                                // with a Terminate for its STag) — never a successful
+                                // completion with bytes missing.
+                                let Some(p) = span.pin_sub(0, k as u64) else {
+                                    l.conn.fail_placement();
+                                    return (false, self.drain_events(env));
+                                };
+                                env.user_mem.write(&p, chunk);
                                 l.conn.rx_placed(chunk, &mut mem);
                                 l.st_lo += k;
                                 Ok(k)
@@ -152,24 +146,13 @@ impl DataPath {
                                 refill(l)
                             }
                         }
-                        // A receive whose memory did not check out: the Send fails here,
-                        // where its bytes would be placed (siw's `siw_proc_send`).
-                        None if recv => {
+                        // Memory that did not check out (a receive's), or that no longer
+                        // resolves (a region deregistered meanwhile): the message fails where
+                        // its bytes would be placed (siw's `siw_proc_send`), its bytes are
+                        // written nowhere.
+                        None => {
                             l.conn.fail_placement();
                             return (false, self.drain_events(env));
-                        }
-                        // Checked placement that no longer resolves (region deregistered
-                        // meanwhile): the bytes are dropped, never written elsewhere.
-                        None => {
-                            if staged > 0 {
-                                let k = (len as usize).min(staged);
-                                let chunk = &l.stage[l.st_lo..l.st_lo + k];
-                                l.conn.rx_placed(chunk, &mut mem);
-                                l.st_lo += k;
-                                Ok(k)
-                            } else {
-                                refill(l)
-                            }
                         }
                     }
                 }

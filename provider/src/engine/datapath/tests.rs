@@ -498,6 +498,42 @@ fn an_atomic_whose_result_buffer_went_fails() {
     assert_eq!(a_fatal, Some(Fatal::LocalError), "the QP fails with its work request");
 }
 
+/// A region of ours is deregistered while a peer's Write into it is arriving (its header was
+/// checked, its payload is still coming): nothing more is written into it, and the Write's
+/// STag draws a Terminate (RFC 5041 §7.2, Invalid STag) instead of being dropped silently.
+#[test]
+fn a_write_into_a_region_deregistered_midway_draws_a_terminate() {
+    let (mem, mut a, mut b, a_addr, b_addr) = connected_pair(7, Crc::Off);
+    let target = b.mrs.register(PD, b_addr + 8192, 16 << 10, b_addr + 8192, access::LOCAL_WRITE | access::REMOTE_WRITE).unwrap();
+    mem.set(a_addr, &pattern(16 << 10, 9));
+    a.post_send(&mem, send_wqe(1, opcode::RDMA_WRITE, Sge { addr: a_addr, length: 16 << 10, lkey: a.mr.stag }, b_addr + 8192, target.stag));
+    // Until the first payload bytes landed.
+    for _ in 0..100_000 {
+        a.pump(&mem);
+        b.pump(&mem);
+        if mem.get(b_addr + 8192, 1)[0] != 0 {
+            break;
+        }
+    }
+    assert_ne!(mem.get(b_addr + 8192, 1)[0], 0, "the Write began to land");
+    assert!(b.mrs.deregister(target.stag).is_some());
+    drop(target);
+    let written = mem.get(b_addr + 8192, 16 << 10).iter().rposition(|&x| x != 0).unwrap_or(0) + 1;
+    // Both pumped on after they failed: the Terminate goes out in 7-byte pieces.
+    let (mut a_fatal, mut b_fatal) = (None, None);
+    for _ in 0..100_000 {
+        a_fatal = a_fatal.or(a.try_pump(&mem));
+        b_fatal = b_fatal.or(b.try_pump(&mem));
+        if a_fatal.is_some() && b_fatal.is_some() {
+            break;
+        }
+    }
+    assert_eq!(b_fatal, Some(Fatal::Terminated), "the target terminates the stream");
+    assert_eq!(a_fatal, Some(Fatal::Terminated), "the requester gets the Terminate");
+    assert!(written < 16 << 10, "the test deregistered before the end ({written} B)");
+    assert_eq!(mem.get(b_addr + 8192 + written as u64, (16 << 10) - written), vec![0u8; (16 << 10) - written], "nothing lands after deregistration");
+}
+
 #[test]
 fn crc_send_write_read_at_many_piece_sizes() {
     // Lengths around the small-copy and direct-placement sizes (512) and across several
