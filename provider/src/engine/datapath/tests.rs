@@ -432,6 +432,22 @@ fn a_small_write_whose_region_went_is_undone_behind_the_write_before_it() {
     }
 }
 
+/// Pumps both sides (B first) until A reports a send completion: A's completions, and the
+/// failure A's data path reported first.
+fn pump_until_a_completes(mem: &Arena, a: &mut Side, b: &mut Side) -> (Vec<Completion>, Option<Fatal>) {
+    let mut done = Vec::new();
+    let mut a_fatal = None;
+    for _ in 0..100_000 {
+        b.pump(mem);
+        a_fatal = a_fatal.or(a.try_pump(mem));
+        done.extend(Side::completions(&a.scq));
+        if !done.is_empty() {
+            break;
+        }
+    }
+    (done, a_fatal)
+}
+
 /// The local memory an RDMA Read was to land in is deregistered while the Read is outstanding
 /// (the application's mistake): the Read Response's bytes are written nowhere, and the Read
 /// fails — never a successful completion for data that was not placed.
@@ -445,18 +461,7 @@ fn a_read_whose_local_region_went_fails() {
         a.post_send(&mem, send_wqe(1, opcode::RDMA_READ, Sge { addr: a_addr + 8192, length: len as u32, lkey: sink.stag }, b_addr, b.mr.stag));
         assert!(a.mrs.deregister(sink.stag).is_some());
         drop(sink);
-        let mut done = Vec::new();
-        let mut a_fatal = None;
-        for _ in 0..100_000 {
-            b.pump(&mem);
-            if a_fatal.is_none() {
-                a_fatal = a.try_pump(&mem);
-            }
-            done.extend(Side::completions(&a.scq));
-            if !done.is_empty() {
-                break;
-            }
-        }
+        let (done, _) = pump_until_a_completes(&mem, &mut a, &mut b);
         assert_eq!(mem.get(a_addr + 8192, len), vec![0u8; len], "nothing may be written into a deregistered region (max_io {max_io}, {len} B)");
         assert_eq!(
             done.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
@@ -480,18 +485,7 @@ fn an_atomic_whose_result_buffer_went_fails() {
     a.post_send(&mem, w);
     assert!(a.mrs.deregister(result.stag).is_some());
     drop(result);
-    let mut done = Vec::new();
-    let mut a_fatal = None;
-    for _ in 0..100_000 {
-        b.pump(&mem);
-        if a_fatal.is_none() {
-            a_fatal = a.try_pump(&mem);
-        }
-        done.extend(Side::completions(&a.scq));
-        if !done.is_empty() {
-            break;
-        }
-    }
+    let (done, a_fatal) = pump_until_a_completes(&mem, &mut a, &mut b);
     assert_eq!(mem.get(b_addr + 8192, 8), 12u64.to_ne_bytes(), "the responder did add");
     assert_eq!(mem.get(a_addr + 8192, 8), vec![0u8; 8], "nothing may be written into a deregistered region");
     assert_eq!(done.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), vec![(1, wc_status::LOC_PROT_ERR)]);
