@@ -2439,18 +2439,23 @@ impl Connection {
     /// (RDMAP Remote Protection Error, Invalid STag, RFC 5040 §7.2), the
     /// connection goes to ERROR and outstanding work requests are flushed.
     ///
-    /// A message whose last segment it was had been completed as that segment was handed out
-    /// ([`Connection::next_tx`]): its completion becomes a local protection error (IBTA
+    /// The message the unit belongs to completes with a local protection error (IBTA
     /// `IBV_WC_LOC_PROT_ERR`, as for memory that never checked out) — never a success for
-    /// bytes that did not leave.
+    /// bytes that did not leave, though handing out a message's last segment completes it
+    /// ([`Connection::next_tx`]); every other work request is flushed.
     pub fn abort_source(&mut self) {
         if let Some((seq, wr_id)) = self.tx_completed_last.take() {
             self.fail_completed(seq, wr_id, WcStatus::LocProtErr);
+        } else if let Some((seq, mut c)) = self.cur_tx.as_mut().and_then(|m| m.on_done.take()) {
+            // A segment before the message's last.
+            c.status = WcStatus::LocProtErr;
+            c.byte_len = 0;
+            self.sq_complete(seq, c);
         }
         self.terminate(
             Fault::bare(TermCode::RDMAP_INVALID_STAG),
             None,
-            WcStatus::LocProtErr,
+            WcStatus::WrFlushErr,
         );
     }
 

@@ -600,7 +600,23 @@ fn write_whose_source_is_gone_fails_its_completion() {
     a.c.abort_source();
     pump(&mut a, &mut b);
     let st: Vec<_> = a.completions().iter().map(|c| (c.wr_id, c.status)).collect();
-    assert_eq!(st[1], (2, WcStatus::LocProtErr), "{st:?}");
+    assert_eq!(st, [(1, WcStatus::WrFlushErr), (2, WcStatus::LocProtErr)], "the Read is flushed, not failed");
+
+    // A segment before the Write's last: the Write fails all the same.
+    let (mut a, mut b) = default_pair();
+    b.m.region(0xb00, 0x1000, 200_000, ALL);
+    a.m.sends.insert(1, pattern(100_000, 1));
+    a.m.sends.insert(2, pattern(64, 2));
+    a.c.post_write(1, 0xb00, 0x1000, 100_000, None).unwrap();
+    a.c.post_write(2, 0xb00, 0x1000, 64, None).unwrap();
+    match a.c.next_tx() {
+        Some(Tx::Segment(s)) => assert!(s.payload_len < 100_000, "expected the first of several segments"),
+        _ => panic!("expected the first Write's segment"),
+    }
+    a.c.abort_source();
+    pump(&mut a, &mut b);
+    let st: Vec<_> = a.completions().iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(st, [(1, WcStatus::LocProtErr), (2, WcStatus::WrFlushErr)]);
 }
 
 #[test]
