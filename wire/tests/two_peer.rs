@@ -562,30 +562,43 @@ fn read_response_whose_source_is_gone_becomes_a_terminate() {
     assert_eq!(st, [(1, WcStatus::RemAccessErr)]);
 }
 
-/// The engine finds the memory of a Write's last (here: only) segment gone as it frames it
-/// (the region was deregistered after the WR was posted): the Write, completed as its last
-/// segment was handed out, fails with a local protection error instead, later WRs are
-/// flushed, and a Terminate goes out in its place.
-#[test]
-fn write_whose_source_is_gone_fails_its_completion() {
+/// Two Writes posted, the first `len` bytes long; the engine hands out the first Write's first
+/// segment (its only one, or not: `only`) and then finds its memory gone (the region was
+/// deregistered after the WR was posted). Returns both peers, with everything pumped since.
+fn abort_first_write(len: u32, only: bool) -> (Peer, Peer) {
     let (mut a, mut b) = default_pair();
-    b.m.region(0xb00, 0x1000, 4096, ALL);
-    a.m.sends.insert(1, pattern(64, 1));
+    b.m.region(0xb00, 0x1000, 200_000, ALL);
+    a.m.sends.insert(1, pattern(len as usize, 1));
     a.m.sends.insert(2, pattern(64, 2));
-    a.c.post_write(1, 0xb00, 0x1000, 64, None).unwrap();
-    a.c.post_write(2, 0xb00, 0x1100, 64, None).unwrap();
+    a.c.post_write(1, 0xb00, 0x1000, len, None).unwrap();
+    a.c.post_write(2, 0xb00, 0x1000 + 150_000, 64, None).unwrap();
     match a.c.next_tx() {
-        Some(Tx::Segment(s)) => assert_eq!(s.payload_len, 64),
+        Some(Tx::Segment(s)) => assert_eq!(s.payload_len == len, only, "{} of {len} bytes", s.payload_len),
         _ => panic!("expected the first Write's segment"),
     }
     a.c.abort_source();
     pump(&mut a, &mut b);
+    assert!(b.m.bytes(0xb00).iter().all(|&x| x == 0), "nothing of either Write lands");
+    (a, b)
+}
+
+/// The memory of a Write's segment is gone as the engine frames it: the Write fails with a
+/// local protection error — also when handing out its last segment had completed it already
+/// — later WRs are flushed, and a Terminate goes out in its place.
+#[test]
+fn write_whose_source_is_gone_fails_its_completion() {
+    // The Write's only segment: completed as it was handed out, queued already.
+    let (mut a, mut b) = abort_first_write(64, true);
     assert_term(&mut a, &mut b, TermCode::RDMAP_INVALID_STAG);
     let st: Vec<_> = a.completions().iter().map(|c| (c.wr_id, c.status)).collect();
     assert_eq!(st, [(1, WcStatus::LocProtErr), (2, WcStatus::WrFlushErr)]);
-    assert_eq!(b.m.bytes(0xb00)[..0x200], vec![0u8; 0x200][..], "nothing of either Write lands");
 
-    // The same behind an outstanding Read, whose completion the Write's waits for.
+    // The first of several segments: not completed yet.
+    let (mut a, _) = abort_first_write(100_000, false);
+    let st: Vec<_> = a.completions().iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(st, [(1, WcStatus::LocProtErr), (2, WcStatus::WrFlushErr)]);
+
+    // Behind an outstanding Read, whose completion the Write's waits for.
     let (mut a, mut b) = default_pair();
     a.m.region(0xa00, 0, 4096, ALL);
     b.m.region(0xb00, 0x1000, 4096, ALL);
@@ -601,22 +614,6 @@ fn write_whose_source_is_gone_fails_its_completion() {
     pump(&mut a, &mut b);
     let st: Vec<_> = a.completions().iter().map(|c| (c.wr_id, c.status)).collect();
     assert_eq!(st, [(1, WcStatus::WrFlushErr), (2, WcStatus::LocProtErr)], "the Read is flushed, not failed");
-
-    // A segment before the Write's last: the Write fails all the same.
-    let (mut a, mut b) = default_pair();
-    b.m.region(0xb00, 0x1000, 200_000, ALL);
-    a.m.sends.insert(1, pattern(100_000, 1));
-    a.m.sends.insert(2, pattern(64, 2));
-    a.c.post_write(1, 0xb00, 0x1000, 100_000, None).unwrap();
-    a.c.post_write(2, 0xb00, 0x1000, 64, None).unwrap();
-    match a.c.next_tx() {
-        Some(Tx::Segment(s)) => assert!(s.payload_len < 100_000, "expected the first of several segments"),
-        _ => panic!("expected the first Write's segment"),
-    }
-    a.c.abort_source();
-    pump(&mut a, &mut b);
-    let st: Vec<_> = a.completions().iter().map(|c| (c.wr_id, c.status)).collect();
-    assert_eq!(st, [(1, WcStatus::LocProtErr), (2, WcStatus::WrFlushErr)]);
 }
 
 #[test]
