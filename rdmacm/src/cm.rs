@@ -34,7 +34,10 @@ pub fn debug_on() -> bool {
 macro_rules! debug {
     ($($a:tt)*) => {
         if debug_on() {
-            eprintln!("uiw-rdmacm[{}]: {}", std::process::id(), format!($($a)*));
+            // One write per line: `eprintln!` writes its pieces one by one to the unbuffered
+            // stream, and the lines of processes that share it (mpirun's ranks) interleaved.
+            let line = format!("uiw-rdmacm[{}]: {}\n", std::process::id(), format!($($a)*));
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         }
     };
 }
