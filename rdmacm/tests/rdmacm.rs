@@ -423,17 +423,27 @@ fn traffic_decodes_in_tshark() {
     script += "true";
     let pcap = out_dir().join("rdmacm-traffic.pcap");
     let check = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../ci/tshark-check.sh");
-    let o = Command::new(check)
-        .arg("-f")
-        .arg(ports.iter().map(|p| format!("tcp port {p}")).collect::<Vec<_>>().join(" or "))
-        .arg("-w")
-        .arg(&pcap)
-        .args(["--", "sh", "-c", &script])
-        .env("UIW_STATE_DIR", &dev.state_dir)
-        .env("UIW_LIBDIR", &a.dir)
-        .output()
-        .expect("run ci/tshark-check.sh");
+    let capture = || {
+        Command::new(&check)
+            .arg("-f")
+            .arg(ports.iter().map(|p| format!("tcp port {p}")).collect::<Vec<_>>().join(" or "))
+            .arg("-w")
+            .arg(&pcap)
+            .args(["--", "sh", "-c", &script])
+            .env("UIW_STATE_DIR", &dev.state_dir)
+            .env("UIW_LIBDIR", &a.dir)
+            .output()
+            .expect("run ci/tshark-check.sh")
+    };
+    let mut o = capture();
     println!("{}", text(&o));
+    if o.status.code() == Some(3) {
+        // The capture lost segments (a loaded machine) and tshark could not follow MPA past
+        // the gaps: inconclusive, so once more (a decoding error in a whole capture fails).
+        println!("{TEST}: the capture had gaps; capturing once more");
+        o = capture();
+        println!("{}", text(&o));
+    }
     assert!(o.status.success(), "tshark-check failed\n{}", text(&o));
 }
 
