@@ -355,10 +355,15 @@ pub fn resolve(mrs: &MrTable, pd: u32, sges: &[Sge], needed: u32) -> Result<Vec<
 }
 
 /// The rest of the run at byte `offset` of a gather/scatter list.
-fn run_at(runs: &[Span], mut offset: u64) -> Option<Span> {
+fn run_at(runs: &[Span], offset: u64) -> Option<Span> {
+    run_ref_at(runs, offset).and_then(|(r, within)| r.tail(within))
+}
+
+/// The run of `runs` that holds byte `offset` of their concatenation, and where in it.
+fn run_ref_at(runs: &[Span], mut offset: u64) -> Option<(&Span, u64)> {
     for r in runs {
         if offset < r.len() {
-            return r.tail(offset);
+            return Some((r, offset));
         }
         offset -= r.len();
     }

@@ -10,7 +10,7 @@ use uiw_wire::placement::Source;
 
 use super::super::mr::Span;
 use super::super::user_memory::{IoPart, Pinned};
-use super::{run_at, DataPath, Env, Fatal, Link, SendEntry, WrTable, TX_BYTES, TX_COPY_MAX, TX_PIECES};
+use super::{run_ref_at, DataPath, Env, Fatal, Link, SendEntry, WrTable, TX_BYTES, TX_COPY_MAX, TX_PIECES};
 use crate::engine::wr::Payload;
 
 /// One piece of the transmit backlog.
@@ -232,9 +232,9 @@ fn source_pieces(sq: &WrTable<SendEntry>, env: &Env, src: Source, len: usize, ou
                     let mut off = u64::from(offset);
                     let mut left = len as u64;
                     while left > 0 {
-                        let run = run_at(&e.runs, off).ok_or(SourceGone)?;
-                        let k = run.len().min(left);
-                        out.push(Piece::User(run.sub(0, k).ok_or(SourceGone)?));
+                        let (run, within) = run_ref_at(&e.runs, off).ok_or(SourceGone)?;
+                        let k = (run.len() - within).min(left);
+                        out.push(Piece::User(run.sub(within, k).ok_or(SourceGone)?));
                         off += k;
                         left -= k;
                     }
@@ -308,15 +308,4 @@ fn gather(sq: &WrTable<SendEntry>, env: &Env, src: Source, buf: &mut [u8]) -> Re
         Source::None => {}
     }
     Ok(())
-}
-
-/// The run of `runs` that holds byte `offset` of their concatenation, and where in it.
-fn run_ref_at(runs: &[Span], mut offset: u64) -> Option<(&Span, u64)> {
-    for r in runs {
-        if offset < r.len() {
-            return Some((r, offset));
-        }
-        offset -= r.len();
-    }
-    None
 }
