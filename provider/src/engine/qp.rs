@@ -1776,7 +1776,7 @@ mod tests {
             qp.inner.lock().dp.pump(&qp.env(access::REMOTE_WRITE));
             assert!(qp.inner.lock().dp.link.as_ref().unwrap().conn.rx_stalled(), "the Send waits for a receive");
             assert!(!(bed.landed)(), "the last Write landed before its receive was posted");
-            qp.post_recv(RecvWqe { wr_id: 9, sges: vec![Sge { addr: bed.spare, length: 64, lkey: bed.lkey }] }).unwrap();
+            qp.post_recv(RecvWqe { wr_id: 9, sges: smallvec::smallvec![Sge { addr: bed.spare, length: 64, lkey: bed.lkey }] }).unwrap();
         });
     }
 
@@ -1906,7 +1906,7 @@ mod tests {
             wr_id,
             opcode: op,
             flags: send_flags::SIGNALED,
-            payload: Payload::Sges(vec![Sge { addr, length: len as u32, lkey: pmr.stag }]),
+            payload: Payload::Sges(smallvec::smallvec![Sge { addr, length: len as u32, lkey: pmr.stag }]),
             remote_addr: remote,
             rkey: qmr.stag,
             imm_or_inv: 0,

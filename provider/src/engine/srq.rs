@@ -104,7 +104,7 @@ impl SrqObj {
     /// fabtests' `fi_shared_ctx -e msg`, whose server posts its receives only once every
     /// endpoint is connected, while the client sends as soon as its own are).
     pub fn posted(&self) {
-        let qps: Vec<Arc<super::qp::Qp>> = {
+        let qps: smallvec::SmallVec<[Arc<super::qp::Qp>; 8]> = {
             let mut q = self.qps.lock();
             q.retain(|w| w.strong_count() > 0);
             q.iter().filter_map(std::sync::Weak::upgrade).collect()
@@ -141,7 +141,7 @@ mod tests {
     use super::*;
 
     fn w(id: u64) -> RecvWqe {
-        RecvWqe { wr_id: id, sges: vec![] }
+        RecvWqe { wr_id: id, sges: Default::default() }
     }
 
     #[test]

@@ -34,13 +34,22 @@ pub struct Sge {
     pub lkey: u32,
 }
 
+/// A WR's scatter/gather list. Most name one or two elements: kept inline, a posted WR costs
+/// no allocation for it (a heap list for each WR was a `malloc` and a `free` per receive and
+/// per send on an SPDK target's reactor).
+pub type SgeList = smallvec::SmallVec<[Sge; 2]>;
+
+/// An `IBV_SEND_INLINE` payload: the short ones (perftest's latency tests, libfabric's small
+/// messages) are kept in the WR itself, without an allocation.
+pub type InlineBytes = smallvec::SmallVec<[u8; 64]>;
+
 /// Where a send WR's payload comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Payload {
     /// Gathered from registered memory at transmit time.
-    Sges(Vec<Sge>),
+    Sges(SgeList),
     /// `IBV_SEND_INLINE`: copied at post time, no lkey needed.
-    Inline(Vec<u8>),
+    Inline(InlineBytes),
 }
 
 impl Payload {
@@ -75,7 +84,7 @@ pub struct SendWqe {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecvWqe {
     pub wr_id: u64,
-    pub sges: Vec<Sge>,
+    pub sges: SgeList,
 }
 
 impl SendWqe {
@@ -132,7 +141,7 @@ mod tests {
             wr_id: 9,
             opcode: opcode::RDMA_WRITE_WITH_IMM,
             flags: 0,
-            payload: Payload::Inline(vec![1, 2, 3]),
+            payload: Payload::Inline(smallvec::smallvec![1, 2, 3]),
             remote_addr: 0,
             rkey: 0,
             imm_or_inv: 0,
@@ -145,6 +154,6 @@ mod tests {
         let f = w.flushed(5);
         assert_eq!((f.wr_id, f.status, f.qp_num), (9, wc_status::WR_FLUSH_ERR, 5));
         assert_eq!(w.payload.len(), 3);
-        assert_eq!(Payload::Sges(vec![Sge { addr: 0, length: 7, lkey: 1 }, Sge { addr: 0, length: 5, lkey: 1 }]).len(), 12);
+        assert_eq!(Payload::Sges(smallvec::smallvec![Sge { addr: 0, length: 7, lkey: 1 }, Sge { addr: 0, length: 5, lkey: 1 }]).len(), 12);
     }
 }

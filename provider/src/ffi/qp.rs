@@ -16,7 +16,7 @@ use super::{engine, explain_post, guard, refuse, set_errno, QP_EX_SLOTS};
 use super::errno::Errno;
 use crate::engine::qp::{Qp, QpSpec};
 use crate::engine::qp_state::{self, AhAttr, QpAttrs, QpCap, QpState};
-use crate::engine::wr::{opcode, Payload, PostError, RecvWqe, SendWqe, Sge};
+use crate::engine::wr::{opcode, Payload, PostError, RecvWqe, SendWqe, Sge, SgeList, InlineBytes};
 
 #[repr(C)]
 pub(crate) struct UiwQp {
@@ -94,7 +94,7 @@ pub(crate) fn recv_wqe(w: &ibv_recv_wr) -> Result<RecvWqe, PostError> {
     Ok(RecvWqe { wr_id: w.wr_id, sges: sges(w.sg_list, w.num_sge)? })
 }
 
-fn sges(list: *mut ibv_sge, n: c_int) -> Result<Vec<Sge>, PostError> {
+fn sges(list: *mut ibv_sge, n: c_int) -> Result<SgeList, PostError> {
     if n < 0 || (n > 0 && list.is_null()) {
         return Err(PostError::TooManySges);
     }
@@ -104,12 +104,12 @@ fn sges(list: *mut ibv_sge, n: c_int) -> Result<Vec<Sge>, PostError> {
 }
 
 /// Copies inline payload out of the caller's buffers at post time (`IBV_SEND_INLINE`).
-fn gather_inline(s: &[Sge], max: u32) -> Result<Vec<u8>, PostError> {
+fn gather_inline(s: &[Sge], max: u32) -> Result<InlineBytes, PostError> {
     let total: u64 = s.iter().map(|g| u64::from(g.length)).sum();
     if total > u64::from(max) {
         return Err(PostError::InlineTooLong);
     }
-    let mut out = Vec::with_capacity(total as usize);
+    let mut out = InlineBytes::with_capacity(total as usize);
     for g in s {
         if g.length > 0 {
             // SAFETY: with IBV_SEND_INLINE the application promises addr..addr+length is
@@ -487,7 +487,7 @@ fn push(qx: *mut ibv_qp_ex, opcode: u32, remote_addr: u64, rkey: u32, imm_or_inv
         wr_id,
         opcode,
         flags,
-        payload: Payload::Sges(Vec::new()),
+        payload: Payload::Sges(SgeList::new()),
         remote_addr,
         rkey,
         imm_or_inv,
@@ -554,19 +554,19 @@ unsafe extern "C" fn wr_atomic_fetch_add(qx: *mut ibv_qp_ex, rkey: u32, addr: u6
     push(qx, opcode::ATOMIC_FETCH_AND_ADD, addr, rkey, 0, add, 0)
 }
 unsafe extern "C" fn wr_set_sge(qx: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
-    set_payload(qx, Payload::Sges(vec![Sge { addr, length, lkey }]))
+    set_payload(qx, Payload::Sges(smallvec::smallvec![Sge { addr, length, lkey }]))
 }
 unsafe extern "C" fn wr_set_sge_list(qx: *mut ibv_qp_ex, n: usize, list: *const ibv_sge) {
     let s = if n == 0 { &[][..] } else { unsafe { core::slice::from_raw_parts(list, n) } };
     set_payload(qx, Payload::Sges(s.iter().map(|g| Sge { addr: g.addr, length: g.length, lkey: g.lkey }).collect()))
 }
 unsafe extern "C" fn wr_set_inline_data(qx: *mut ibv_qp_ex, addr: *mut c_void, length: usize) {
-    let b = if length == 0 { Vec::new() } else { unsafe { core::slice::from_raw_parts(addr as *const u8, length) }.to_vec() };
+    let b = if length == 0 { InlineBytes::new() } else { InlineBytes::from_slice(unsafe { core::slice::from_raw_parts(addr as *const u8, length) }) };
     set_payload(qx, Payload::Inline(b))
 }
 unsafe extern "C" fn wr_set_inline_data_list(qx: *mut ibv_qp_ex, n: usize, list: *const ibv_data_buf) {
     let bufs = if n == 0 { &[][..] } else { unsafe { core::slice::from_raw_parts(list, n) } };
-    let mut b = Vec::new();
+    let mut b = InlineBytes::new();
     for d in bufs {
         if d.length > 0 {
             b.extend_from_slice(unsafe { core::slice::from_raw_parts(d.addr as *const u8, d.length) });

@@ -447,7 +447,7 @@ impl Harness {
         let ranges: Vec<(u64, u64)> = wqe.sges.iter().filter(|s| s.lkey == stag(RECV)).map(|s| (s.addr, u64::from(s.length))).collect();
         let len = wqe.sges.iter().map(|s| s.length).sum();
         let from_srq = self.srq.is_some();
-        self.recv_sges.insert(wqe.wr_id, wqe.sges.clone());
+        self.recv_sges.insert(wqe.wr_id, wqe.sges.to_vec());
         self.posted.insert(wqe.wr_id, Posted { opcode: wc_opcode::RECV, len, recv: true, from_srq });
         self.mem.watch.lock().unwrap().recv.insert(wqe.wr_id, ranges);
         match &self.srq {
@@ -492,7 +492,7 @@ impl Harness {
                 drop(w);
                 if recv && c.wr_id != BAD_RECV_ID {
                     let sges = self.recv_sges[&c.wr_id].clone();
-                    self.done_recvs.push(RecvWqe { wr_id: c.wr_id, sges });
+                    self.done_recvs.push(RecvWqe { wr_id: c.wr_id, sges: sges.into() });
                 }
                 self.report.completions.push(c);
             }
@@ -660,7 +660,7 @@ fn send_wqe(wr_id: u64, op: u32, sges: Vec<Sge>, remote_addr: u64, rkey: u32) ->
         wr_id,
         opcode: op,
         flags: send_flags::SIGNALED,
-        payload: Payload::Sges(sges),
+        payload: Payload::Sges(sges.into()),
         remote_addr,
         rkey,
         imm_or_inv: 0,
@@ -771,10 +771,10 @@ pub fn run(data: &[u8]) -> Report {
         h.post_send(send_wqe(WRITE_ID, opcode::RDMA_WRITE, vec![write], 0x8000, 0x4321), wc_opcode::RDMA_WRITE);
     }
     if m & mode::BAD_RECV != 0 {
-        h.post_recv(RecvWqe { wr_id: BAD_RECV_ID, sges: vec![Sge { addr: addr(RECV), length: 64, lkey: 0xdead_0000 }] });
+        h.post_recv(RecvWqe { wr_id: BAD_RECV_ID, sges: smallvec::smallvec![Sge { addr: addr(RECV), length: 64, lkey: 0xdead_0000 }] });
     }
     for (id, _) in RECEIVES {
-        h.post_recv(RecvWqe { wr_id: id, sges: recv_sges(id) });
+        h.post_recv(RecvWqe { wr_id: id, sges: recv_sges(id).into() });
     }
 
     if m & mode::PREFIX != 0 {

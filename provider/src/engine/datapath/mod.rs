@@ -57,8 +57,11 @@ const STAGE: usize = 16 * 1024;
 /// dozens of FPDUs. Received in place, each 1448-byte FPDU cost a syscall of its own: uiw
 /// moved 64 KiB Writes across a veth at 0.21 GB/s against 1.5 GB/s this way (raw TCP: 1.7).
 const STAGE_SMALL_SEGMENTS: usize = 64 * 1024;
-/// Emptied transmit buffers a link keeps for reuse (see `Link::spare`).
-const SPARE_BUFFERS: usize = 4;
+/// Emptied transmit buffers a link keeps for reuse (see `Link::spare`): as many as one
+/// `sendmsg` takes pieces, and at most this many bytes of them.
+const SPARE_BYTES: usize = 128 << 10;
+/// The capacity a new engine-owned run starts with (it grows as FPDUs are appended).
+const OWN_RUN_MIN: usize = 1024;
 /// Transmit backlog limits (pieces of one `sendmsg`, and bytes queued ahead of the socket).
 const TX_PIECES: usize = 48;
 const TX_BYTES: u64 = 1 << 20;
@@ -78,12 +81,16 @@ const MSS_RECHECK: u64 = 256 << 10;
 /// posting to this QP gets in): about 50 µs of copying.
 pub const RX_BUDGET: usize = 256 << 10;
 
+/// A WR's scatter/gather list resolved to registered memory: one run per element, inline for
+/// the usual one or two (see `wr::SgeList`).
+pub type Runs = smallvec::SmallVec<[Span; 2]>;
+
 /// A posted send-queue WR and where its bytes are.
 #[derive(Debug)]
 pub struct SendEntry {
     pub wqe: SendWqe,
     /// The gather list resolved to memory (Read: the sink; atomics: the result buffer).
-    pub runs: Vec<Span>,
+    pub runs: Runs,
     /// Handed to the protocol core.
     pub fed: bool,
     /// The sink STag of a Read or atomic.
@@ -95,7 +102,7 @@ pub struct SendEntry {
 pub struct RecvEntry {
     pub wqe: RecvWqe,
     /// Where its bytes go; empty when the scatter list did not check out at post time.
-    pub runs: Vec<Span>,
+    pub runs: Runs,
     /// Bytes the scatter list declares (what the core may place into it).
     pub len: u32,
     /// Its memory did not check out (unknown lkey, another PD, out of bounds, no local
@@ -163,7 +170,12 @@ pub struct Link {
     /// Engine-owned buffers sent and emptied, for the next pieces: a stream of small
     /// messages queues one run (or a small payload's copy) per message, and a fresh 4 KiB
     /// allocation for each was 6 % of a 64-byte `ib_send_bw` requester in `malloc`/`free`.
+    /// A batch that alternates headers with payload sent from registered memory (an SPDK
+    /// target's 4 KiB Writes, each with its response Send) takes a run per message: with
+    /// four spares, a `malloc` and a `free` per message were left.
     spare: Vec<Vec<u8>>,
+    /// The capacity of the buffers in `spare`.
+    spare_bytes: usize,
     stage: Box<[u8]>,
     st_lo: usize,
     st_hi: usize,
@@ -200,6 +212,7 @@ impl Link {
             answer: Default::default(),
             pace: Default::default(),
             spare: Vec::new(),
+            spare_bytes: 0,
             stage: vec![0u8; stage].into_boxed_slice(),
             st_lo: 0,
             st_hi: 0,
@@ -264,7 +277,7 @@ impl Link {
                 return;
             }
         }
-        let mut v = self.buffer(b.len().max(4096).min(TX_RUN_MAX));
+        let mut v = self.buffer(b.len().max(OWN_RUN_MIN).min(TX_RUN_MAX));
         v.extend_from_slice(b);
         self.tx.push_back(Piece::Own(v));
     }
@@ -275,7 +288,7 @@ impl Link {
     fn push_framed<E>(&mut self, header: &[u8], n: usize, fill: impl FnOnce(&mut [u8]) -> Result<Trailer, E>) -> Result<(), E> {
         let most = header.len() + n + TRAILER_MAX;
         if !matches!(self.tx.back(), Some(Piece::Own(v)) if v.len() + most <= TX_RUN_MAX) {
-            let v = self.buffer(most.max(4096).min(TX_RUN_MAX));
+            let v = self.buffer(most.max(OWN_RUN_MIN).min(TX_RUN_MAX));
             self.tx.push_back(Piece::Own(v));
         }
         let Some(Piece::Own(v)) = self.tx.back_mut() else { unreachable!("an engine-owned run was just ensured") };
@@ -302,14 +315,22 @@ impl Link {
 
     /// An empty engine-owned buffer, a spare one if there is one.
     fn buffer(&mut self, capacity: usize) -> Vec<u8> {
-        self.spare.pop().unwrap_or_else(|| Vec::with_capacity(capacity))
+        match self.spare.pop() {
+            Some(v) => {
+                self.spare_bytes -= v.capacity();
+                v
+            }
+            None => Vec::with_capacity(capacity),
+        }
     }
 
-    /// Keeps a buffer whose bytes were sent (or copied on) for [`Link::buffer`]; a few are
-    /// kept, none larger than a backlog run.
+    /// Keeps a buffer whose bytes were sent (or copied on) for [`Link::buffer`]: up to
+    /// [`TX_PIECES`] of them and [`SPARE_BYTES`] in all, none larger than a backlog run.
     fn recycle(&mut self, mut v: Vec<u8>) {
-        if self.spare.len() < SPARE_BUFFERS && v.capacity() <= TX_RUN_MAX {
+        let cap = v.capacity();
+        if self.spare.len() < TX_PIECES && cap <= TX_RUN_MAX && self.spare_bytes + cap <= SPARE_BYTES {
             v.clear();
+            self.spare_bytes += cap;
             self.spare.push(v);
         }
     }
@@ -345,8 +366,8 @@ impl std::fmt::Debug for DataPath {
 
 /// Resolves an SGE list against registered memory with the rights `needed` (local read is
 /// always granted). Zero-length SGEs are skipped, as the kernel's providers do.
-pub fn resolve(mrs: &MrTable, pd: u32, sges: &[Sge], needed: u32) -> Result<Vec<Span>, AccessError> {
-    let mut runs = Vec::with_capacity(sges.len());
+pub fn resolve(mrs: &MrTable, pd: u32, sges: &[Sge], needed: u32) -> Result<Runs, AccessError> {
+    let mut runs = Runs::new();
     for s in sges.iter().filter(|s| s.length > 0) {
         let mr = mrs.lookup(s.lkey).ok_or(AccessError::InvalidStag)?;
         runs.push(mr.span(pd, s.addr, u64::from(s.length), needed)?);
@@ -498,7 +519,7 @@ impl DataPath {
             }
             (opcode::ATOMIC_CMP_AND_SWP | opcode::ATOMIC_FETCH_AND_ADD, Payload::Inline(_)) => return Err(PostError::BadState),
             (_, Payload::Sges(s)) => (resolve(env.mrs, env.pd, s, 0), false),
-            (_, Payload::Inline(_)) => (Ok(Vec::new()), false),
+            (_, Payload::Inline(_)) => (Ok(Runs::new()), false),
         };
         if wqe.payload.len() > u64::from(u32::MAX) {
             return Err(PostError::TooManySges);
@@ -578,7 +599,7 @@ impl DataPath {
                     "QP 0x{:06x}: receive wr_id {:#x}: {e:?}; accepted, fails if a Send places bytes into it",
                     env.qpn, wqe.wr_id
                 ));
-                (Vec::new(), true)
+                (Runs::new(), true)
             }
         };
         let mut e = RecvEntry { wqe, runs, len, bad, fed: false, from_srq };

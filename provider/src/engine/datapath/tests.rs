@@ -182,7 +182,7 @@ fn send_wqe(wr_id: u64, op: u32, sge: Sge, remote_addr: u64, rkey: u32) -> SendW
         wr_id,
         opcode: op,
         flags: send_flags::SIGNALED,
-        payload: Payload::Sges(vec![sge]),
+        payload: Payload::Sges(smallvec::smallvec![sge]),
         remote_addr,
         rkey,
         imm_or_inv: 0,
@@ -204,7 +204,7 @@ fn transfer_crc(max_io: usize, len: usize, crc: Crc) {
     // Send: A's bytes at a_addr into B's receive at b_addr.
     let sent = pattern(len, 1);
     mem.set(a_addr, &sent);
-    let recv = RecvWqe { wr_id: 7, sges: vec![Sge { addr: b_addr, length: len as u32 + 16, lkey: b_key }] };
+    let recv = RecvWqe { wr_id: 7, sges: smallvec::smallvec![Sge { addr: b_addr, length: len as u32 + 16, lkey: b_key }] };
     assert_eq!(b.with(&mem, |dp, env| dp.post_recv(env, recv, false)), None);
     let wqe = send_wqe(1, opcode::SEND, Sge { addr: a_addr, length: len as u32, lkey: a_key }, 0, 0);
     a.post_send(&mem, wqe);
@@ -315,7 +315,7 @@ fn peer_fin_fails_the_qp_when_it_is_read() {
         let (mem, mut a, mut b, a_addr, b_addr) = connected_pair(max_io, Crc::Off);
         let (a_key, b_key) = (a.mr.stag, b.mr.stag);
         for wr_id in [7, 8, 9] {
-            let recv = RecvWqe { wr_id, sges: vec![Sge { addr: b_addr, length: 64, lkey: b_key }] };
+            let recv = RecvWqe { wr_id, sges: smallvec::smallvec![Sge { addr: b_addr, length: 64, lkey: b_key }] };
             assert_eq!(b.with(&mem, |dp, env| dp.post_recv(env, recv, false)), None);
         }
         mem.set(a_addr, b"last");
@@ -355,7 +355,7 @@ fn a_send_into_a_receive_whose_region_was_deregistered_fails() {
     for max_io in [64 << 10, 7] {
         let (mem, mut a, mut b, a_addr, b_addr) = connected_pair(max_io, Crc::Off);
         let recv_mr = b.mrs.register(PD, b_addr + 4096, 4096, b_addr + 4096, access::LOCAL_WRITE).unwrap();
-        let recv = RecvWqe { wr_id: 7, sges: vec![Sge { addr: b_addr + 4096, length: 4096, lkey: recv_mr.stag }] };
+        let recv = RecvWqe { wr_id: 7, sges: smallvec::smallvec![Sge { addr: b_addr + 4096, length: 4096, lkey: recv_mr.stag }] };
         assert_eq!(b.with(&mem, |dp, env| dp.post_recv(env, recv, false)), None);
         assert!(b.mrs.deregister(recv_mr.stag).is_some());
         drop(recv_mr);
@@ -556,7 +556,7 @@ fn corrupted_in_flight(op: u32, max_io: usize, at: usize) {
     let (to_b, to_a, _) = connect(&mem, &mut a, &mut b, max_io, Crc::Initiator);
     let len = 4000;
     mem.set(a_addr, &pattern(len, 5));
-    let recv = RecvWqe { wr_id: 7, sges: vec![Sge { addr: b_addr, length: len as u32, lkey: b.mr.stag }] };
+    let recv = RecvWqe { wr_id: 7, sges: smallvec::smallvec![Sge { addr: b_addr, length: len as u32, lkey: b.mr.stag }] };
     assert_eq!(b.with(&mem, |dp, env| dp.post_recv(env, recv, false)), None);
     let wqe = send_wqe(1, op, Sge { addr: a_addr, length: len as u32, lkey: a.mr.stag }, b_addr + 8192, b.mr.stag);
     a.post_send(&mem, wqe);
@@ -718,7 +718,7 @@ fn a_lone_writes_completion_waits_for_the_peers_answer() {
     assert!(Side::completions(&a.scq).is_empty(), "the Write's completion must wait for the answer");
     assert!(a.dp.link.as_ref().unwrap().awaits_answer());
     // The answer: a Send from B into a receive of A's.
-    let recv = RecvWqe { wr_id: 9, sges: vec![Sge { addr: a_addr + 4096, length: 64, lkey: a_key }] };
+    let recv = RecvWqe { wr_id: 9, sges: smallvec::smallvec![Sge { addr: a_addr + 4096, length: 64, lkey: a_key }] };
     assert_eq!(a.with(&mem, |dp, env| dp.post_recv(env, recv, false)), None);
     b.post_send(&mem, send_wqe(2, opcode::SEND, Sge { addr: b_addr + 1024, length: 8, lkey: b_key }, 0, 0));
     let (mut writes, mut recvs) = (Vec::new(), Vec::new());
@@ -786,4 +786,29 @@ fn a_completion_waits_only_for_a_poller_and_survives_shutdown() {
     assert!(a.with(&mem, |dp, env| dp.shutdown(env, true)).is_some());
     assert_eq!(Side::completions(&a.scq).iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), vec![(3, wc_status::SUCCESS)]);
     set_poller_clock(None);
+}
+
+/// A batch that alternates engine-owned runs with application memory (an SPDK target's 4 KiB
+/// Writes, each with its response Send) empties one run per message: each is kept for the next
+/// batch, up to one per `sendmsg` piece and `SPARE_BYTES` in all.
+#[test]
+fn emptied_transmit_runs_are_kept_for_reuse_within_bounds() {
+    use super::{OWN_RUN_MIN, SPARE_BYTES, TX_PIECES, TX_RUN_MAX};
+    let (sa, _sb) = memory::pair(4096, 4096);
+    let mut l = Link::new(Connection::new(config(Role::Initiator, 4, 4, Vec::new(), sa.mss()), 0), Box::new(sa));
+    for _ in 0..TX_PIECES + 10 {
+        l.recycle(Vec::with_capacity(OWN_RUN_MIN));
+    }
+    assert_eq!(l.spare.len(), TX_PIECES, "one spare per piece a sendmsg takes, no more");
+    assert_eq!(l.spare_bytes, l.spare.iter().map(Vec::capacity).sum::<usize>());
+    let taken: Vec<Vec<u8>> = (0..TX_PIECES).map(|_| l.buffer(OWN_RUN_MIN)).collect();
+    assert!(l.spare.is_empty() && l.spare_bytes == 0);
+    assert!(taken.iter().all(|v| v.is_empty() && v.capacity() >= OWN_RUN_MIN), "spares come back empty, their capacity kept");
+    l.recycle(Vec::with_capacity(TX_RUN_MAX + 1));
+    assert!(l.spare.is_empty(), "a buffer larger than a run is let go");
+    for _ in 0..4 {
+        l.recycle(Vec::with_capacity(TX_RUN_MAX));
+    }
+    assert!(l.spare_bytes <= SPARE_BYTES, "{} bytes kept", l.spare_bytes);
+    assert_eq!(l.spare.len(), SPARE_BYTES / TX_RUN_MAX);
 }
