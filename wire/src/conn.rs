@@ -782,6 +782,11 @@ impl Connection {
         self.events.pop_front()
     }
 
+    /// Whether [`Connection::poll_event`] has something to return.
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     /// Next deadline (ms on the caller's clock), if any. A held first FPDU
     /// (`Config::first_fpdu_hold_ms`) asks for a call at once (0), then at
     /// the end of the hold.
