@@ -193,7 +193,12 @@ impl Epoll {
         // epoll_pwait2: millisecond resolution then, rounded up (never a busy loop).
         static NO_PWAIT2: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
         let mut n = -1;
-        if !NO_PWAIT2.load(std::sync::atomic::Ordering::Relaxed) {
+        if timeout == Some(std::time::Duration::ZERO) {
+            // A poll (a spinning progress thread makes hundreds of thousands a second): plain
+            // epoll_wait, which copies no timespec in and sets no timer.
+            // SAFETY: evs has room for the 64 entries we pass as maxevents.
+            n = unsafe { libc::epoll_wait(self.fd.as_raw_fd(), evs.as_mut_ptr(), evs.len() as i32, 0) };
+        } else if !NO_PWAIT2.load(std::sync::atomic::Ordering::Relaxed) {
             // SAFETY: evs has room for the 64 entries we pass as maxevents; tsp is null or
             // points to `ts`, which outlives the call; a null sigmask leaves the mask alone.
             n = unsafe { libc::epoll_pwait2(self.fd.as_raw_fd(), evs.as_mut_ptr(), evs.len() as i32, tsp, std::ptr::null()) };
@@ -201,7 +206,7 @@ impl Epoll {
                 NO_PWAIT2.store(true, std::sync::atomic::Ordering::Relaxed);
             }
         }
-        if NO_PWAIT2.load(std::sync::atomic::Ordering::Relaxed) {
+        if n < 0 && NO_PWAIT2.load(std::sync::atomic::Ordering::Relaxed) {
             let ms = timeout.map_or(-1, |d| d.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32);
             // SAFETY: evs has room for the 64 entries we pass as maxevents.
             n = unsafe { libc::epoll_wait(self.fd.as_raw_fd(), evs.as_mut_ptr(), evs.len() as i32, ms) };
