@@ -462,6 +462,36 @@ mod epoll_tests {
         let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
         assert!(tcp_maxseg(&c).unwrap() >= 536);
     }
+
+    #[test]
+    fn poll_quiet_tells_the_sockets_with_input_or_a_hang_up() {
+        use std::io::Write;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let pair = || {
+            let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            let (s, _) = l.accept().unwrap();
+            (c, s)
+        };
+        let (a, mut a_peer) = pair();
+        let (b, _b_peer) = pair();
+        let (c, c_peer) = pair();
+        a_peer.write_all(b"x").unwrap();
+        drop(c_peer);
+        let fds = [a.as_raw_fd(), b.as_raw_fd(), c.as_raw_fd(), -1];
+        let mut quiet = [true; 4];
+        // The byte and the FIN cross loopback at once, but give them a moment.
+        for _ in 0..100 {
+            poll_quiet(&fds, &mut quiet);
+            if !quiet[0] && !quiet[2] {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(quiet, [false, true, false, true], "input, nothing, a FIN, no descriptor at all (fd -1 is skipped by poll)");
+        let mut short = [true; 2];
+        poll_quiet(&fds, &mut short);
+        assert_eq!(short, [false, true], "as many answers as room for them");
+    }
 }
 
 /// `recv(fd, buf, MSG_DONTWAIT)` on a socket, whatever the socket's blocking mode (which its
@@ -475,6 +505,31 @@ pub fn recv_dontwait(s: &impl AsRawFd, buf: &mut [u8]) -> io::Result<usize> {
     }
     Ok(n as usize)
 }
+
+/// Which of `fds` have something to report now: one `poll(2)` with a zero timeout; `quiet[i]`
+/// is set when descriptor `i` reported nothing (no input, hang-up or error). At most
+/// [`POLL_QUIET_MAX`] descriptors are looked at; the rest are reported as not quiet. On any
+/// failure of the call every descriptor is reported as not quiet (the caller then reads
+/// them all, as without the look).
+pub fn poll_quiet(fds: &[i32], quiet: &mut [bool]) {
+    let n = fds.len().min(quiet.len()).min(POLL_QUIET_MAX);
+    quiet.iter_mut().for_each(|q| *q = false);
+    let mut p = [libc::pollfd { fd: -1, events: 0, revents: 0 }; POLL_QUIET_MAX];
+    for (slot, &fd) in p.iter_mut().zip(&fds[..n]) {
+        *slot = libc::pollfd { fd, events: libc::POLLIN | libc::POLLRDHUP, revents: 0 };
+    }
+    // SAFETY: p holds n initialized pollfd entries; a zero timeout never blocks.
+    let r = unsafe { libc::poll(p.as_mut_ptr(), n as libc::nfds_t, 0) };
+    if r < 0 {
+        return;
+    }
+    for (q, e) in quiet.iter_mut().zip(&p[..n]) {
+        *q = e.revents == 0;
+    }
+}
+
+/// The most descriptors one [`poll_quiet`] looks at.
+pub const POLL_QUIET_MAX: usize = 64;
 
 /// The mask of `sched_{get,set}affinity`: one bit per CPU, in `unsigned long` words (the
 /// kernel's `cpumask` layout, as glibc's `CPU_SET` writes it).

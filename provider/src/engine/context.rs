@@ -330,6 +330,7 @@ impl Context {
             tx_full: AtomicBool::new(false),
             awaits_answer: AtomicBool::new(false),
             answer_gave_up: AtomicBool::new(false),
+            input_fd: std::sync::atomic::AtomicI32::new(-1),
             lease: Default::default(),
             polls_at_post: AtomicU64::new(u64::MAX),
             chain_bytes: AtomicU64::new(0),

@@ -1,7 +1,7 @@
 //! A queue pair: its attributes and state (RC, `ibv_modify_qp`), its data path, the stream
 //! that carries it (opened at RTR or handed over by rdma_cm), and who drives it.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -101,6 +101,12 @@ pub struct Qp {
     /// A wait for an answer ended without one: the poller hands the QP back (it will wait by
     /// other means, and the progress thread must serve the answer).
     pub(crate) answer_gave_up: AtomicBool,
+    /// The stream's descriptor when its readability tells whether input waits (a kernel
+    /// socket, `Stream::readiness_is_input`); -1 otherwise or with no stream (see
+    /// `PolledQp::input_probe`). Read without the QP's lock: a stream closed meanwhile, its
+    /// number reused, makes one look report another descriptor — at worst a serve skips one
+    /// `recv` whose input the next poll reads.
+    pub(crate) input_fd: AtomicI32,
     /// Counters `uiw stat` reads (see `stats`).
     pub(crate) stats: QpStats,
     /// Whether an application thread that polls drives the stream instead of the progress
@@ -212,7 +218,13 @@ impl Qp {
     /// budgets) and sends what they left queued (a deferred doorbell);
     /// whatever comes later is news for the progress thread, or for the poller's next poll
     /// when it leases the QP.
-    fn serve_held<'a>(&'a self, mut inner: parking_lot::MutexGuard<'a, QpInner>, rotate: bool) -> Progress {
+    fn serve_held<'a>(&'a self, inner: parking_lot::MutexGuard<'a, QpInner>, rotate: bool) -> Progress {
+        self.serve_held_with(inner, rotate, false)
+    }
+
+    /// [`Qp::serve_held`]; `input_quiet`: the stream had nothing to read a moment ago — the
+    /// hold's first pump makes no `recv` (its later ones, for news that came meanwhile, do).
+    fn serve_held_with<'a>(&'a self, mut inner: parking_lot::MutexGuard<'a, QpInner>, rotate: bool, mut input_quiet: bool) -> Progress {
         let mut polls_answered = false;
         // Receive budgets this call used up (see below).
         let mut budgets = 0;
@@ -225,7 +237,7 @@ impl Qp {
                 }
             }
             while !more && self.news(&mut polls_answered) {
-                match self.pump_locked(&mut inner) {
+                match self.pump_locked_with(&mut inner, std::mem::take(&mut input_quiet)) {
                     Some((_, Some(f))) => {
                         self.fail_locked(inner, f);
                         return Progress::Done;
@@ -564,7 +576,7 @@ impl Qp {
     /// at it. A poller that keeps polling (`Poller::Claims`) takes the QP over from the progress
     /// thread for the lease its polls renew (see `lease`); `Poller::Renews` only renews a lease
     /// already held.
-    pub fn try_progress(&self, poller: Poller, now: u64) -> bool {
+    pub fn try_progress(&self, poller: Poller, now: u64, input_quiet: bool) -> bool {
         match poller {
             Poller::Claims if lease_enabled() => {
                 if self.lease.renew(now) {
@@ -576,7 +588,7 @@ impl Qp {
             }
             _ => {}
         }
-        self.serve_aside();
+        self.serve_for_poll(input_quiet);
         if take_flag(&self.answer_gave_up) {
             // The poll is about to return the completion that waited in vain: the application
             // waits for the answer by other means now (see `datapath::answer`).
@@ -611,10 +623,17 @@ impl Qp {
     /// `Net::serve_leased`). A poll is not news (see `serve_held`): it asks the holder for one
     /// more pump, and serves here only when the QP is free.
     pub fn serve_aside(&self) {
+        self.serve_for_poll(false);
+    }
+
+    /// [`Qp::serve_aside`] for a poll of the QP's own CQ; `input_quiet`: that poll's look at
+    /// the stream's descriptor found nothing to read (see `CqObj::drive`), so the first pump
+    /// need not `recv` to learn it.
+    fn serve_for_poll(&self, input_quiet: bool) {
         self.polled.store(true, Ordering::SeqCst);
         std::sync::atomic::fence(Ordering::SeqCst);
         if let Some(inner) = self.inner.try_lock() {
-            self.serve_held(inner, false);
+            self.serve_held_with(inner, false, input_quiet);
         }
     }
 
@@ -657,6 +676,7 @@ impl Qp {
     fn watch_link(&self, stream: &dyn Stream) -> std::io::Result<()> {
         self.net.watch(stream, self.qpn)?;
         self.lease.attach(stream.readiness());
+        self.input_fd.store(if stream.readiness_is_input() { stream.readiness() } else { -1 }, Ordering::Release);
         for ch in self.channels() {
             ch.watch_stream(stream.readiness(), self.qpn);
         }
@@ -666,6 +686,7 @@ impl Qp {
     /// The stream's socket leaves the progress thread and the channels' readers, and any
     /// lease on it ends.
     pub(crate) fn unwatch_link(&self, stream: &dyn Stream) {
+        self.input_fd.store(-1, Ordering::Release);
         self.lease.detach(|a| self.net.apply_arming(self.qpn, a));
         for ch in self.channels() {
             ch.unwatch_stream(stream.readiness());
@@ -679,6 +700,11 @@ impl Qp {
     }
 
     fn pump_locked(&self, inner: &mut QpInner) -> Option<(bool, Option<Fatal>)> {
+        self.pump_locked_with(inner, false)
+    }
+
+    /// [`Qp::pump_locked`]; `input_quiet`: see [`Qp::serve_held_with`].
+    fn pump_locked_with(&self, inner: &mut QpInner, input_quiet: bool) -> Option<(bool, Option<Fatal>)> {
         if inner.dp.link.is_none() || inner.attrs.qp_state == QpState::Err {
             return None;
         }
@@ -697,7 +723,7 @@ impl Qp {
         let held = inner.dp.link.as_ref().is_some_and(|l| l.conn.tx_held());
         let msgs = |inner: &QpInner| inner.dp.link.as_ref().map_or((0, 0), |l| (l.conn.counters().rx_msgs, l.conn.counters().tx_msgs));
         let before = msgs(inner);
-        let r = inner.dp.pump(&env);
+        let r = inner.dp.pump_with(&env, input_quiet);
         self.note_answer_wait(inner);
         let after = msgs(inner);
         if after.0 != before.0 && after.1 != before.1 {
@@ -1402,8 +1428,12 @@ impl PolledQp for Qp {
     fn qpn(&self) -> u32 {
         self.qpn
     }
-    fn try_progress(&self, poller: Poller, now: u64) -> bool {
-        Qp::try_progress(self, poller, now)
+    fn try_progress(&self, poller: Poller, now: u64, input_quiet: bool) -> bool {
+        Qp::try_progress(self, poller, now, input_quiet)
+    }
+    fn input_probe(&self) -> Option<i32> {
+        let fd = self.input_fd.load(Ordering::Acquire);
+        (fd >= 0 && self.lease.held()).then_some(fd)
     }
     fn awaits_answer(&self) -> bool {
         self.awaits_answer.load(Ordering::Relaxed)
@@ -1486,7 +1516,7 @@ mod tests {
             let qp = self.qp.lock().unwrap().upgrade();
             if let Some(qp) = qp {
                 if self.polls.fetch_add(1, Ordering::SeqCst) < POLLS {
-                    qp.try_progress(crate::engine::cq::Poller::Renews, now_us());
+                    qp.try_progress(crate::engine::cq::Poller::Renews, now_us(), false);
                 }
             }
             Err(io::ErrorKind::WouldBlock.into())

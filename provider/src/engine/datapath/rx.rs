@@ -22,7 +22,14 @@ impl DataPath {
     /// [`Fatal::Closed`], and the QP flushes the rest (the CQ hands the flushes out in a poll
     /// of their own, see `cq::Cq`).
     pub fn pump(&mut self, env: &Env) -> (bool, Option<Fatal>) {
-        let (more, f) = self.pump_rx(env);
+        self.pump_with(env, false)
+    }
+
+    /// [`DataPath::pump`]; `input_quiet`: the stream was just seen to have nothing to read
+    /// (one `poll` of several QPs' sockets, see `CqObj::drive`): what is staged is taken in,
+    /// and no `recv` is made only to hear `EAGAIN`.
+    pub fn pump_with(&mut self, env: &Env, input_quiet: bool) -> (bool, Option<Fatal>) {
+        let (more, f) = self.pump_rx(env, input_quiet);
         if f.is_some() {
             return (false, f);
         }
@@ -51,10 +58,10 @@ impl DataPath {
         }
     }
 
-    fn pump_rx(&mut self, env: &Env) -> (bool, Option<Fatal>) {
+    fn pump_rx(&mut self, env: &Env, input_quiet: bool) -> (bool, Option<Fatal>) {
         let mut budget = RX_BUDGET;
         if let Some(l) = self.link.as_mut() {
-            l.drained = false;
+            l.drained = input_quiet && !l.peer_hup;
         }
         loop {
             if budget == 0 {

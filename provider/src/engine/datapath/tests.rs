@@ -812,3 +812,28 @@ fn emptied_transmit_runs_are_kept_for_reuse_within_bounds() {
     assert!(l.spare_bytes <= SPARE_BYTES, "{} bytes kept", l.spare_bytes);
     assert_eq!(l.spare.len(), SPARE_BYTES / TX_RUN_MAX);
 }
+
+/// A pump told that the stream has nothing to read (one `poll` of several QPs' sockets said
+/// so, see `CqObj::drive`) makes no `recv`: a Send that is in fact waiting stays unread by it
+/// and is taken in, whole, by the next ordinary pump.
+#[test]
+fn a_pump_told_the_input_is_quiet_reads_nothing() {
+    let (mem, mut a, mut b, a_addr, b_addr) = connected_pair(4096, Crc::Off);
+    let (a_key, b_key) = (a.mr.stag, b.mr.stag);
+    let sent = pattern(64, 5);
+    mem.set(a_addr, &sent);
+    let recv = RecvWqe { wr_id: 7, sges: smallvec::smallvec![Sge { addr: b_addr, length: 64, lkey: b_key }] };
+    assert_eq!(b.with(&mem, |dp, env| dp.post_recv(env, recv, false)), None);
+    a.post_send(&mem, send_wqe(1, opcode::SEND, Sge { addr: a_addr, length: 64, lkey: a_key }, 0, 0));
+    for _ in 0..10 {
+        a.pump(&mem);
+    }
+    for _ in 0..3 {
+        assert_eq!(b.with(&mem, |dp, env| dp.pump_with(env, true)).1, None);
+        assert!(Side::completions(&b.rcq).is_empty(), "a quiet pump read the Send");
+    }
+    b.pump(&mem);
+    let got = Side::completions(&b.rcq);
+    assert_eq!(got.iter().map(|c| (c.wr_id, c.status, c.byte_len)).collect::<Vec<_>>(), vec![(7, wc_status::SUCCESS, 64)]);
+    assert_eq!(mem.get(b_addr, 64), sent);
+}

@@ -80,6 +80,10 @@ impl Stream for KernelStream {
     fn readiness(&self) -> RawFd {
         self.sock.as_raw_fd()
     }
+
+    fn readiness_is_input(&self) -> bool {
+        true
+    }
 }
 
 impl Listener for TcpListener {

@@ -61,6 +61,14 @@ pub trait Stream: Send {
     /// The descriptor the progress thread waits on, edge-triggered (see the module doc).
     fn readiness(&self) -> RawFd;
 
+    /// Whether [`Stream::readiness`] polls readable exactly while bytes, or the end of the
+    /// stream, wait to be read — a kernel socket's does — so that one `poll` of several
+    /// streams' descriptors can tell which of them a `recv` would find empty (`CqObj::drive`).
+    /// A raw transport's descriptor signals its stack's turns, not this stream's input: no.
+    fn readiness_is_input(&self) -> bool {
+        false
+    }
+
     /// Readiness need not report arrivals until `bytes` wait (1: every arrival): the progress
     /// thread paces a hot one-way stream and serves it again by a deadline of its own (see
     /// `engine::pace`). Returns whether the transport does so; one that cannot tell ignores
