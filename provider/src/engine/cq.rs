@@ -374,7 +374,7 @@ impl CqObj {
             return;
         }
         self.empty_since.store(0, Ordering::Relaxed);
-        if self.deferred.swap(false, Ordering::AcqRel) || now >= self.renew_at.load(Ordering::Relaxed) {
+        if super::flag::take(&self.deferred) || now >= self.renew_at.load(Ordering::Relaxed) {
             let _ = self.drive(Poller::Renews, now, 0, false);
         }
     }

@@ -5,7 +5,7 @@
 //! of one device context) → `qp` → `net` (listener, progress thread) → `datapath` (a QP's work
 //! requests and stream: `rx`, `tx`) and `cm` → `transport` (the `Stream`/`Connector` seam and
 //! its implementations, addressing) → `cq`, `srq`,
-//! `mr`, `wr`, `events`, `lease`, `spin`, `clock`, `affinity`, `user_memory`, `error` and the pure tables (`access`, `limits`,
+//! `mr`, `wr`, `events`, `lease`, `spin`, `clock`, `flag`, `affinity`, `user_memory`, `error` and the pure tables (`access`, `limits`,
 //! `qp_state`, `device`). The progress thread and the CQs know QPs only through the traits
 //! [`net::Endpoint`] and [`cq::PolledQp`], rdma_cm through [`cm::CmQp`].
 #![forbid(unsafe_code)]
@@ -21,6 +21,7 @@ pub mod debug;
 pub mod device;
 pub mod error;
 pub mod events;
+pub mod flag;
 pub mod lease;
 pub mod limits;
 pub mod log;

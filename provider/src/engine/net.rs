@@ -661,7 +661,7 @@ impl Net {
                 std::thread::sleep(Duration::from_millis(10));
             }
             let qp_traffic = !evs.is_empty();
-            let qp_events = evs.iter().any(|&(tok, _)| tok & KIND_MASK == KIND_QP);
+            let qp_events = dodge.is_some() && evs.iter().any(|&(tok, _)| tok & KIND_MASK == KIND_QP);
             for &(tok, flags) in &evs {
                 match ready.iter_mut().find(|r| r.0 == tok) {
                     Some(r) => r.1 |= flags,
@@ -718,7 +718,7 @@ impl Net {
                 d.turn(now);
             }
             // Only a turn that answered something opens a window (see `spin`).
-            let answered = self.answered.swap(false, Ordering::Relaxed);
+            let answered = super::flag::take(&self.answered);
             if qp_traffic && spin.enabled() {
                 spin.turn(now, polled, answered);
             }
@@ -730,7 +730,7 @@ impl Net {
             // writes the waker, so news whose wake-up byte this turn consumed is seen here
             // (looked at before the read, it could be missed, and the thread would sleep
             // with a lease nobody checks). QPs handed back are served on the next turn.
-            if self.lease_news.swap(false, Ordering::AcqRel) || next_lease.is_some_and(|t| t <= now) {
+            if super::flag::take(&self.lease_news) || next_lease.is_some_and(|t| t <= now) {
                 next_lease = self.check_leases(now, &mut ready);
             }
             // Paced streams whose deadline came are served on the next turn (see `pace`).

@@ -230,7 +230,7 @@ impl Qp {
         let mut budgets = 0;
         loop {
             let mut more = false;
-            if take_flag(&self.timer) {
+            if super::flag::take(&self.timer) {
                 if let Some(f) = self.timeouts_locked(&mut inner, now_ms()) {
                     self.fail_locked(inner, f);
                     return Progress::Done;
@@ -283,10 +283,10 @@ impl Qp {
     /// Whether the holder pumps again: news is up, or polls came that this hold has not
     /// answered yet (see [`Qp::serve_held`]).
     fn news(&self, polls_answered: &mut bool) -> bool {
-        if take_flag(&self.kick) {
+        if super::flag::take(&self.kick) {
             return true;
         }
-        if !*polls_answered && take_flag(&self.polled) {
+        if !*polls_answered && super::flag::take(&self.polled) {
             *polls_answered = true;
             return true;
         }
@@ -589,7 +589,7 @@ impl Qp {
             _ => {}
         }
         self.serve_for_poll(input_quiet);
-        if take_flag(&self.answer_gave_up) {
+        if super::flag::take(&self.answer_gave_up) {
             // The poll is about to return the completion that waited in vain: the application
             // waits for the answer by other means now (see `datapath::answer`).
             self.hand_back();
@@ -708,12 +708,12 @@ impl Qp {
         if inner.dp.link.is_none() || inner.attrs.qp_state == QpState::Err {
             return None;
         }
-        if take_flag(&self.hup) {
+        if super::flag::take(&self.hup) {
             if let Some(l) = inner.dp.link.as_mut() {
                 l.peer_hup = true;
             }
         }
-        if take_flag(&self.writable) {
+        if super::flag::take(&self.writable) {
             inner.dp.writable();
         }
         // This pump sends what waiting doorbells left queued.
@@ -1274,15 +1274,6 @@ impl Qp {
             _ => Err(PostError::BadState),
         }
     }
-}
-
-/// Clears a flag another thread raises and says whether it was raised. A pump looks at half a
-/// dozen of these (`kick`, `timer`, `polled`, `hup`, ...), nearly always lowered: a read
-/// first spares each look a locked exchange. A flag raised just after the read is seen by the
-/// next look, as one raised just after an exchange would be (its raiser's protocol — the
-/// fence and the re-check in `serve_held` — does not depend on which).
-fn take_flag(f: &AtomicBool) -> bool {
-    f.load(Ordering::SeqCst) && f.swap(false, Ordering::SeqCst)
 }
 
 /// `UIW_POLL_LEASE=0`: application polls never take a QP over from the progress thread (the
