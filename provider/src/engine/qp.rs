@@ -305,6 +305,7 @@ impl Qp {
             recv_cq: &self.recv_cq,
             srq: self.srq.as_deref(),
             poller_clock: CqObj::poller_clock,
+            poller_now: Default::default(),
         }
     }
 
@@ -1893,7 +1894,7 @@ mod tests {
         let peer_mrs = MrTable::new(4);
         let pmr = peer_mrs.register(1, peer_addr, HALF, peer_addr, access::LOCAL_WRITE).unwrap();
         let (pscq, prcq) = (cq(), cq());
-        let penv = Env { qpn: 0x1001, pd: 1, sq_sig_all: false, qp_access: 0, mrs: &peer_mrs, user_mem: mem, send_cq: &pscq, recv_cq: &prcq, srq: None, poller_clock: |_| None };
+        let penv = Env { qpn: 0x1001, pd: 1, sq_sig_all: false, qp_access: 0, mrs: &peer_mrs, user_mem: mem, send_cq: &pscq, recv_cq: &prcq, srq: None, poller_clock: |_| None, poller_now: Default::default() };
         let mut peer = DataPath::default();
         let (sa, mut sb) = memory::pair(WRITE, 4 << 20);
         let marks = if paced { sb.record_wake_marks() } else { Default::default() };

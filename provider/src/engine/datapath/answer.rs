@@ -69,15 +69,17 @@ impl AnswerWait {
 
     /// Whether the waiting completion (if any) may be reported now. `poller_clock`: the
     /// engine clock of the thread that polls for it (`None`: no thread polls, it goes at
-    /// once); `received`: the messages received so far; `alone`: no other work request was
-    /// posted since (one was: the application no longer just waits).
-    pub fn release(&mut self, poller_clock: Option<u64>, received: u64, alone: bool) -> bool {
+    /// once), asked only while no answer came; `received`: the messages received so far;
+    /// `alone`: no other work request was posted since (one was: the application no longer
+    /// just waits).
+    pub fn release(&mut self, poller_clock: impl FnOnce() -> Option<u64>, received: u64, alone: bool) -> bool {
         let Some((since, seen)) = self.waiting else { return true };
-        let go = match poller_clock {
-            _ if received != seen => {
-                self.backoff = 0;
-                true
-            }
+        if received != seen {
+            self.backoff = 0;
+            self.waiting = None;
+            return true;
+        }
+        let go = match poller_clock() {
             Some(now) if alone && now.saturating_sub(since) < ANSWER_WAIT_US => false,
             Some(now) if now.saturating_sub(since) >= ANSWER_WAIT_US => {
                 self.backoff = (self.backoff * 2).clamp(1, MAX_SKIP);
@@ -112,11 +114,11 @@ mod tests {
     #[test]
     fn the_answer_releases_the_completion() {
         let mut a = AnswerWait::default();
-        assert!(a.release(Some(0), 0, true), "nothing waits: release");
+        assert!(a.release(|| Some(0), 0, true), "nothing waits: release");
         assert!(a.start(100, 7));
         assert!(a.waiting());
-        assert!(!a.release(Some(150), 7, true), "no answer yet, within the wait");
-        assert!(a.release(Some(160), 8, true), "a message arrived");
+        assert!(!a.release(|| Some(150), 7, true), "no answer yet, within the wait");
+        assert!(a.release(|| Some(160), 8, true), "a message arrived");
         assert!(!a.waiting());
         assert!(!a.take_gave_up());
         // Answered: the next Write waits too.
@@ -130,8 +132,8 @@ mod tests {
         let mut skipped = Vec::new();
         for _ in 0..4 {
             assert!(a.start(now, 0));
-            assert!(!a.release(Some(now + ANSWER_WAIT_US - 1), 0, true));
-            assert!(a.release(Some(now + ANSWER_WAIT_US), 0, true), "the bound");
+            assert!(!a.release(|| Some(now + ANSWER_WAIT_US - 1), 0, true));
+            assert!(a.release(|| Some(now + ANSWER_WAIT_US), 0, true), "the bound");
             assert!(a.take_gave_up());
             assert!(!a.take_gave_up(), "reported once");
             now += 1000;
@@ -139,15 +141,15 @@ mod tests {
             while !a.start(now, 0) {
                 k += 1;
             }
-            a.release(None, 0, true);
+            a.release(|| None, 0, true);
             skipped.push(k);
         }
         assert_eq!(skipped, vec![1, 2, 4, 8]);
         // An answered wait starts the back-off over.
         assert!(a.start(now, 0));
-        assert!(a.release(Some(now + 1), 1, true));
+        assert!(a.release(|| Some(now + 1), 1, true));
         assert!(a.start(now + 2, 1));
-        assert!(a.release(Some(now + 2 + ANSWER_WAIT_US), 1, true));
+        assert!(a.release(|| Some(now + 2 + ANSWER_WAIT_US), 1, true));
         assert!(!a.start(now + 500, 1), "one wait skipped");
         assert!(a.start(now + 501, 1));
     }
@@ -157,7 +159,7 @@ mod tests {
         let mut a = AnswerWait::default();
         for i in 0..100_000u64 {
             if a.start(i * 1000, 0) {
-                a.release(Some(i * 1000 + ANSWER_WAIT_US), 0, true);
+                a.release(|| Some(i * 1000 + ANSWER_WAIT_US), 0, true);
             }
         }
         assert_eq!(a.backoff, MAX_SKIP);
@@ -167,10 +169,10 @@ mod tests {
     fn no_poller_or_another_request_releases_at_once() {
         let mut a = AnswerWait::default();
         assert!(a.start(0, 0));
-        assert!(a.release(None, 0, true), "nobody polls for it");
+        assert!(a.release(|| None, 0, true), "nobody polls for it");
         assert!(!a.take_gave_up(), "not a wait without answer: no back-off");
         assert!(a.start(10, 0));
-        assert!(a.release(Some(11), 0, false), "the application posted again");
+        assert!(a.release(|| Some(11), 0, false), "the application posted again");
         assert!(!a.take_gave_up());
         assert!(a.start(20, 0), "no back-off either");
     }

@@ -439,6 +439,7 @@ impl Harness {
             recv_cq: rcq,
             srq: srq.as_ref(),
             poller_clock: |_| None,
+            poller_now: Default::default(),
         };
         f(dp, &env)
     }

@@ -129,6 +129,22 @@ pub struct Env<'a> {
     /// event, else `None` (`CqObj::poller_clock`; asked only then, being a clock read and a
     /// lock: not on every pump of a stream of small messages).
     pub poller_clock: fn(&CqObj) -> Option<u64>,
+    /// `poller_clock`'s answer, once asked: one reading per `Env`, which lives for one post
+    /// or one pump (a lone Write's post asked it up to four times: a clock read and a CQ lock
+    /// each, on the path of `ib_write_lat`'s every message).
+    pub poller_now: std::cell::Cell<Option<Option<u64>>>,
+}
+
+impl Env<'_> {
+    /// [`Env::poller_clock`] of the send CQ, read once per `Env`.
+    pub fn poller_clock_now(&self) -> Option<u64> {
+        if let Some(now) = self.poller_now.get() {
+            return now;
+        }
+        let now = (self.poller_clock)(self.send_cq);
+        self.poller_now.set(Some(now));
+        now
+    }
 }
 
 /// Why a QP's data path stopped: the QP goes to ERROR.
@@ -798,7 +814,7 @@ impl DataPath {
             return fatal;
         };
         // The application's only WR, polled for: it may wait for the peer's answer.
-        let waits = lone_write && l.held.is_empty() && (env.poller_clock)(env.send_cq).is_some_and(|now| l.answer.start(now, l.conn.counters().rx_msgs));
+        let waits = lone_write && l.held.is_empty() && env.poller_clock_now().is_some_and(|now| l.answer.start(now, l.conn.counters().rx_msgs));
         if waits || l.backlog() > 0 || !l.held.is_empty() {
             // Behind completions still held: after them, in posting order.
             l.held.push_back((l.tx_queued, out));

@@ -72,6 +72,7 @@ impl Side {
             recv_cq: rcq,
             srq: None,
             poller_clock,
+            poller_now: Default::default(),
         };
         f(dp, &env)
     }

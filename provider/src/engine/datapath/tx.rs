@@ -206,7 +206,7 @@ impl DataPath {
 /// it waits for one (see `answer`). `alone`: no WR is outstanding on the send queue.
 pub(super) fn release_held(l: &mut Link, env: &Env, alone: bool) {
     while let Some(&(mark, c)) = l.held.front() {
-        if mark > l.tx_sent || (l.answer.waiting() && !l.answer.release((env.poller_clock)(env.send_cq), l.conn.counters().rx_msgs, alone)) {
+        if mark > l.tx_sent || (l.answer.waiting() && !l.answer.release(|| env.poller_clock_now(), l.conn.counters().rx_msgs, alone)) {
             break;
         }
         l.held.pop_front();
