@@ -58,13 +58,17 @@ impl DataPath {
     /// of the `sendmsg` only delayed the message.
     pub fn pump_tx(&mut self, env: &Env) -> Option<Fatal> {
         loop {
-            // Fill the backlog.
+            // Fill the backlog; `exhausted`: until the core had nothing more.
+            let mut exhausted = false;
             loop {
                 let l = self.link.as_mut()?;
                 if l.tx.len() >= TX_PIECES || l.backlog() >= TX_BYTES {
                     break;
                 }
-                let Some(tx) = l.conn.next_tx() else { break };
+                let Some(tx) = l.conn.next_tx() else {
+                    exhausted = true;
+                    break;
+                };
                 match tx {
                     Tx::Bytes(b) => l.push_bytes(&b),
                     Tx::Segment(s) => {
@@ -180,12 +184,19 @@ impl DataPath {
                             n = 0;
                         }
                     }
+                    // Everything the core had went out, and what it reported meanwhile feeds
+                    // it nothing new (only its Established event does, and the stream was
+                    // established already): another round would only learn that again.
+                    let settled = exhausted && l.tx.is_empty() && l.established;
                     // What the core reported while this batch was framed: its send
                     // completions wait for the batch to have left (`held`, in order).
                     if let Some(f) = self.drain_events(env) {
                         return Some(f);
                     }
                     release_held(self.link.as_mut()?, env, self.sq.is_empty());
+                    if settled {
+                        return None;
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     l.tx_blocked = true;
