@@ -155,21 +155,39 @@ impl QpStats {
     }
 
     /// Publishes what a stream's wire core counted (`now`) since the last call (`seen`, kept
-    /// with the stream: a new stream starts from zero).
+    /// with the stream: a new stream starts from zero). Callers serialize the calls for one
+    /// QP (they hold it).
     pub fn sync(&self, seen: &mut Counters, now: &Counters) {
         let was = *seen;
         if *now == was {
             return;
         }
         *seen = *now;
-        self.add(Counter::TxBytes, now.tx_bytes.wrapping_sub(was.tx_bytes));
-        self.add(Counter::RxBytes, now.rx_bytes.wrapping_sub(was.rx_bytes));
-        self.add(Counter::TxMsgs, now.tx_msgs.wrapping_sub(was.tx_msgs));
-        self.add(Counter::RxMsgs, now.rx_msgs.wrapping_sub(was.rx_msgs));
-        self.add(Counter::TxFpdus, now.tx_fpdus.wrapping_sub(was.tx_fpdus));
-        self.add(Counter::RxFpdus, now.rx_fpdus.wrapping_sub(was.rx_fpdus));
-        self.add(Counter::TxTerminates, now.tx_terminates.wrapping_sub(was.tx_terminates));
-        self.add(Counter::RxTerminates, now.rx_terminates.wrapping_sub(was.rx_terminates));
+        self.add_synced(Counter::TxBytes, now.tx_bytes.wrapping_sub(was.tx_bytes));
+        self.add_synced(Counter::RxBytes, now.rx_bytes.wrapping_sub(was.rx_bytes));
+        self.add_synced(Counter::TxMsgs, now.tx_msgs.wrapping_sub(was.tx_msgs));
+        self.add_synced(Counter::RxMsgs, now.rx_msgs.wrapping_sub(was.rx_msgs));
+        self.add_synced(Counter::TxFpdus, now.tx_fpdus.wrapping_sub(was.tx_fpdus));
+        self.add_synced(Counter::RxFpdus, now.rx_fpdus.wrapping_sub(was.rx_fpdus));
+        self.add_synced(Counter::TxTerminates, now.tx_terminates.wrapping_sub(was.tx_terminates));
+        self.add_synced(Counter::RxTerminates, now.rx_terminates.wrapping_sub(was.rx_terminates));
+    }
+
+    /// [`QpStats::add`] for the counters only [`QpStats::sync`] writes, which its caller
+    /// serializes (it holds the QP): the slot's word is read and written back, not added to
+    /// with a locked instruction (the device block, which every QP adds to, still is): a
+    /// message's sync makes three adds on each side.
+    fn add_synced(&self, c: Counter, n: u64) {
+        if n == 0 {
+            return;
+        }
+        if let Some(m) = &self.map {
+            m.device(c).fetch_add(n, Ordering::Relaxed);
+            if let Some(s) = self.slot {
+                let w = m.slot(s, c);
+                w.store(w.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+            }
+        }
     }
 
     /// A thread waiting on a completion channel served the QP's stream (see
