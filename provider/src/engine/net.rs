@@ -172,6 +172,10 @@ pub struct Net {
     /// interest, and the progress thread looks at each lease when it is due. Changed only
     /// under the QP's lease lock ([`Net::apply_arming`]), so it mirrors the leases exactly.
     leased: Mutex<HashSet<u32>>,
+    /// `leased` at a glance, kept with it: 0 none, `1 << 32 | qpn` that one QP, `2 << 32`
+    /// more. Every poll and every doorbell that rings asks whether a QP other than its own is
+    /// leased (`serve_leased`), mostly to hear that none is: a load, not the lock.
+    leased_glance: AtomicU64,
     /// A lease was claimed: the progress thread must take its deadline.
     lease_news: AtomicBool,
     /// A pump took a message in and sent one out on the same stream (a Read Request and its
@@ -190,6 +194,9 @@ pub struct Net {
     /// progress thread turns each (token `KIND_RAW | index` in `raw_turn`).
     raw: Mutex<HashMap<String, Arc<RawTcp>>>,
     raw_turn: RwLock<Vec<Arc<RawTcp>>>,
+    /// Whether `raw_turn` has a transport (set once, with the first): every poll asks
+    /// (`serve_fed`), and a process without raw transports answers with a load.
+    has_raw: AtomicBool,
     /// The QP each watched stream's readiness descriptor belongs to (see [`Net::serve_fed`]).
     watched: Mutex<HashMap<i32, u32>>,
     /// Leased QPs whose stream is a raw transport's (QPN → index in `raw_turn`), and per
@@ -366,6 +373,7 @@ impl Net {
             cm_listeners: Mutex::new(HashMap::new()),
             user_mem,
             leased: Mutex::new(HashSet::new()),
+            leased_glance: AtomicU64::new(0),
             lease_news: AtomicBool::new(false),
             answered: AtomicBool::new(false),
             requeued: Mutex::new(Vec::new()),
@@ -373,6 +381,7 @@ impl Net {
             kernel: Arc::new(KernelTcp),
             raw: Mutex::new(HashMap::new()),
             raw_turn: RwLock::new(Vec::new()),
+            has_raw: AtomicBool::new(false),
             watched: Mutex::new(HashMap::new()),
             raw_leases: Mutex::new((HashMap::new(), Vec::new())),
             stop: AtomicBool::new(false),
@@ -447,6 +456,7 @@ impl Net {
             self.epoll.add(fd, tok, EPOLL_IN).map_err(|e| AcquireError::Raw(format!("{}: epoll", device.name), e))?;
         }
         turn.push(t.clone());
+        self.has_raw.store(true, Ordering::Release);
         self.raw_leases.lock().1.push(0);
         raw.insert(device.netdev.clone(), t);
         Ok(())
@@ -478,6 +488,9 @@ impl Net {
     /// handshake) must not be placed after that. Kernel sockets need none of this: the
     /// application thread never reads their neighbours' bytes.
     pub fn serve_fed(&self, skip: &dyn Fn(u32) -> bool) {
+        if !self.has_raw.load(Ordering::Acquire) {
+            return;
+        }
         let mut fds = Vec::new();
         for t in self.raw_turn.read().iter() {
             t.take_readable(&mut fds);
@@ -510,7 +523,7 @@ impl Net {
             Arming::Disarm(fd) | Arming::DisarmWhileAsleep(fd) => {
                 let _ = self.epoll.delete(fd);
                 self.raw_lease_start(qpn, fd);
-                self.leased.lock().insert(qpn);
+                self.lease_set(|l| l.insert(qpn));
                 // A poller's lease is checked when due; a sleeper hands the QP back as it wakes.
                 if matches!(a, Arming::Disarm(_)) {
                     self.lease_news.store(true, Ordering::Release);
@@ -529,13 +542,25 @@ impl Net {
                 // Back with its pending readiness reported at once (arrivals while leased).
                 let _ = self.epoll.add(fd, token, EPOLL_SOCKET_EDGE).or_else(|_| self.epoll.modify(fd, token, EPOLL_SOCKET_EDGE));
                 self.raw_lease_end(qpn);
-                self.leased.lock().remove(&qpn);
+                self.lease_set(|l| l.remove(&qpn));
             }
             Arming::Forget => {
                 self.raw_lease_end(qpn);
-                self.leased.lock().remove(&qpn);
+                self.lease_set(|l| l.remove(&qpn));
             }
         }
+    }
+
+    /// Changes the set of leased QPs, and its glance with it.
+    fn lease_set(&self, change: impl FnOnce(&mut HashSet<u32>) -> bool) {
+        let mut leased = self.leased.lock();
+        change(&mut leased);
+        let glance = match leased.len() {
+            0 => 0,
+            1 => 1 << 32 | u64::from(leased.iter().next().copied().unwrap_or(0)),
+            _ => 2 << 32,
+        };
+        self.leased_glance.store(glance, Ordering::Release);
     }
 
     /// Serves the leased QPs (see `lease`) that `skip` does not name and `due` picks, from
@@ -548,6 +573,11 @@ impl Net {
     /// at once serve such QPs first, so that placement and the wire keep the application's
     /// order (an RNIC places a Write as it arrives and rings doorbells as they are written).
     pub fn serve_leased(&self, skip: &dyn Fn(u32) -> bool, due: &dyn Fn(&dyn Endpoint) -> bool) {
+        match self.leased_glance.load(Ordering::Acquire) {
+            0 => return,
+            g if g >> 32 == 1 && skip(g as u32) => return,
+            _ => {}
+        }
         let qpns: Vec<u32> = {
             let leased = self.leased.lock();
             if leased.iter().all(|&q| skip(q)) {
@@ -606,7 +636,7 @@ impl Net {
         for qpn in qpns {
             let Some(qp) = self.lookup(qpn) else {
                 self.raw_lease_end(qpn);
-                self.leased.lock().remove(&qpn);
+                self.lease_set(|l| l.remove(&qpn));
                 continue;
             };
             match qp.lease_check(now) {
