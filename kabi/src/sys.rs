@@ -631,6 +631,15 @@ mod affinity_tests {
     }
 }
 
+/// `CLOCK_MONOTONIC` in nanoseconds (the clock `std::time::Instant` reads, without the
+/// `Duration` arithmetic around it).
+pub fn monotonic_ns() -> u64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: t is a valid timespec the call writes; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    (t.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(t.tv_nsec as u64)
+}
+
 /// The calling thread's id (`gettid`).
 pub fn current_tid() -> i32 {
     // SAFETY: gettid takes no arguments and touches no caller memory.

@@ -307,6 +307,9 @@ pub struct CqObj {
     pub(crate) empty_since: AtomicU64,
     /// When (engine µs) the CQ was last polled.
     pub(crate) polled_at: AtomicU64,
+    /// `q`'s [`Cq::armed`], written with it under its lock: every poll asks, and a poll of a
+    /// CQ nobody arms need not take the lock to hear so.
+    armed: AtomicBool,
 }
 
 impl CqObj {
@@ -327,6 +330,7 @@ impl CqObj {
             polls: AtomicU64::new(0),
             empty_since: AtomicU64::new(0),
             polled_at: AtomicU64::new(0),
+            armed: AtomicBool::new(false),
         }
     }
 
@@ -349,7 +353,7 @@ impl CqObj {
     pub fn polling(&self, empty: bool) {
         self.polls.fetch_add(1, Ordering::Relaxed);
         super::affinity::note_app_cpu();
-        let now = super::clock::now_us();
+        let (now, _held) = super::clock::hold();
         let previous = self.polled_at.swap(now, Ordering::Relaxed);
         if empty {
             // A claim takes a streak of empty polls: a thread that polls once for its own
@@ -390,7 +394,7 @@ impl CqObj {
     /// Returns whether the poll can do nothing now: the CQ has QPs, every one's stream is full
     /// (see [`PolledQp::try_progress`]), and still nothing was completed.
     fn drive(&self, poller: Poller, now: u64, previous: u64, empty: bool) -> bool {
-        let poller = if self.q.lock().armed() { Poller::Sleeps } else { poller };
+        let poller = if self.armed.load(Ordering::Relaxed) { Poller::Sleeps } else { poller };
         self.renew_at.store(now + super::lease::LEASE_US / 2, Ordering::Relaxed);
         let qps = self.polled_qps();
         // A poller that keeps waiting for a Write's completion that waits for the answer reads
@@ -433,7 +437,10 @@ impl CqObj {
     /// `ibv_req_notify_cq`: the application will sleep until a completion event, so the
     /// progress thread must serve the CQ's QPs from now on.
     pub fn arm(&self, solicited_only: bool) {
-        self.q.lock().arm(solicited_only);
+        let mut q = self.q.lock();
+        q.arm(solicited_only);
+        self.armed.store(true, Ordering::Relaxed);
+        drop(q);
         for qp in self.polled_qps() {
             qp.hand_back();
         }
@@ -443,7 +450,7 @@ impl CqObj {
     /// lately and it is not armed for an event —, else `None` (see `datapath::answer`).
     pub fn poller_clock(&self) -> Option<u64> {
         let now = super::clock::now_us();
-        (self.polled_lately(now) && !self.q.lock().armed()).then_some(now)
+        (self.polled_lately(now) && !self.armed.load(Ordering::Relaxed)).then_some(now)
     }
 
     /// Whether a thread polled this CQ within the last [`super::lease::CHECK_MAX_US`]: it is
@@ -471,7 +478,12 @@ impl CqObj {
     }
 
     pub fn push(&self, c: Completion) {
-        let pushed = self.q.lock().push(c);
+        let mut q = self.q.lock();
+        let pushed = q.push(c);
+        if pushed == Pushed::Notify {
+            self.armed.store(q.armed(), Ordering::Relaxed);
+        }
+        drop(q);
         let handle = self.handle.load(Ordering::Acquire);
         match pushed {
             Pushed::Queued => {}
