@@ -9,6 +9,8 @@ use std::io;
 use uiw_wire::conn::RxWant;
 use uiw_wire::placement::Placement;
 
+use crate::engine::transport::would_block;
+
 use super::{place_at, DataPath, Env, Fatal, Link, Mem, DIRECT_MIN, DIRECT_TAIL, RX_BUDGET};
 
 impl DataPath {
@@ -175,7 +177,7 @@ impl DataPath {
                 // spinning.
                 Ok(0) => return (false, self.drain_events(env)),
                 Ok(n) => budget = budget.saturating_sub(n),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return (false, self.drain_events(env)),
+                Err(e) if would_block(&e) => return (false, self.drain_events(env)),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     crate::engine::debug::why(format_args!("stream read failed: {e}"));

@@ -11,6 +11,7 @@ use uiw_wire::placement::Source;
 use super::super::mr::Span;
 use super::super::user_memory::{IoPart, Pinned};
 use super::{run_ref_at, DataPath, Env, Fatal, Link, SendEntry, WrTable, TX_BYTES, TX_COPY_MAX, TX_PIECES};
+use crate::engine::transport::would_block;
 use crate::engine::wr::Payload;
 
 /// One piece of the transmit backlog.
@@ -198,7 +199,7 @@ impl DataPath {
                         return None;
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                Err(e) if would_block(&e) => {
                     l.tx_blocked = true;
                     return self.drain_events(env);
                 }

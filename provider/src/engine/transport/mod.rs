@@ -26,7 +26,7 @@ pub mod memory;
 pub mod raw;
 pub mod stream;
 
-pub use stream::{Connector, Listener, Stream};
+pub use stream::{would_block, Connector, Listener, Stream};
 
 /// Default first port of the QP-number port range (`UIW_PORT_BASE`).
 pub const DEFAULT_PORT_BASE: u16 = 20000;

@@ -24,6 +24,18 @@ use std::time::Duration;
 
 use crate::engine::user_memory::{IoPart, Pinned, UserMemory};
 
+/// Whether `e` is a [`Stream`]'s "nothing can move now": `EAGAIN` from a kernel socket (an
+/// integer compare: every empty `recv` of a spinning poller asks, and `io::Error::kind`'s
+/// table of errnos was 2 % of such a poller's time in user space), or `WouldBlock` from a
+/// transport of our own.
+pub fn would_block(e: &io::Error) -> bool {
+    match e.raw_os_error() {
+        // EWOULDBLOCK is EAGAIN on Linux.
+        Some(code) => code == libc::EAGAIN,
+        None => e.kind() == io::ErrorKind::WouldBlock,
+    }
+}
+
 /// One byte stream (a TCP connection, RFC 9293) carrying MPA (RFC 5044).
 pub trait Stream: Send {
     /// Sends from the gather list `parts` (engine bytes and pinned application memory) as far
