@@ -142,14 +142,23 @@ impl QpStats {
         QpStats { map, slot }
     }
 
-    fn add(&self, c: Counter, n: u64) {
+    /// Adds `n` to counter `c`, in the device block and in the QP's slot. `serialized`: the
+    /// caller is the slot counter's one writer ([`QpStats::sync`], under the QP's lock), so
+    /// the slot's word is read and written back rather than added to with a locked
+    /// instruction — a message's sync makes three adds on each side. The device block, which
+    /// every QP of the process adds to, always takes a locked add.
+    fn add(&self, c: Counter, n: u64, serialized: bool) {
         if n == 0 {
             return;
         }
-        if let Some(m) = &self.map {
-            m.device(c).fetch_add(n, Ordering::Relaxed);
-            if let Some(s) = self.slot {
-                m.slot(s, c).fetch_add(n, Ordering::Relaxed);
+        let Some(m) = &self.map else { return };
+        m.device(c).fetch_add(n, Ordering::Relaxed);
+        if let Some(s) = self.slot {
+            let w = m.slot(s, c);
+            if serialized {
+                w.store(w.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+            } else {
+                w.fetch_add(n, Ordering::Relaxed);
             }
         }
     }
@@ -163,52 +172,35 @@ impl QpStats {
             return;
         }
         *seen = *now;
-        self.add_synced(Counter::TxBytes, now.tx_bytes.wrapping_sub(was.tx_bytes));
-        self.add_synced(Counter::RxBytes, now.rx_bytes.wrapping_sub(was.rx_bytes));
-        self.add_synced(Counter::TxMsgs, now.tx_msgs.wrapping_sub(was.tx_msgs));
-        self.add_synced(Counter::RxMsgs, now.rx_msgs.wrapping_sub(was.rx_msgs));
-        self.add_synced(Counter::TxFpdus, now.tx_fpdus.wrapping_sub(was.tx_fpdus));
-        self.add_synced(Counter::RxFpdus, now.rx_fpdus.wrapping_sub(was.rx_fpdus));
-        self.add_synced(Counter::TxTerminates, now.tx_terminates.wrapping_sub(was.tx_terminates));
-        self.add_synced(Counter::RxTerminates, now.rx_terminates.wrapping_sub(was.rx_terminates));
-    }
-
-    /// [`QpStats::add`] for the counters only [`QpStats::sync`] writes, which its caller
-    /// serializes (it holds the QP): the slot's word is read and written back, not added to
-    /// with a locked instruction (the device block, which every QP adds to, still is): a
-    /// message's sync makes three adds on each side.
-    fn add_synced(&self, c: Counter, n: u64) {
-        if n == 0 {
-            return;
-        }
-        if let Some(m) = &self.map {
-            m.device(c).fetch_add(n, Ordering::Relaxed);
-            if let Some(s) = self.slot {
-                let w = m.slot(s, c);
-                w.store(w.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
-            }
-        }
+        self.add(Counter::TxBytes, now.tx_bytes.wrapping_sub(was.tx_bytes), true);
+        self.add(Counter::RxBytes, now.rx_bytes.wrapping_sub(was.rx_bytes), true);
+        self.add(Counter::TxMsgs, now.tx_msgs.wrapping_sub(was.tx_msgs), true);
+        self.add(Counter::RxMsgs, now.rx_msgs.wrapping_sub(was.rx_msgs), true);
+        self.add(Counter::TxFpdus, now.tx_fpdus.wrapping_sub(was.tx_fpdus), true);
+        self.add(Counter::RxFpdus, now.rx_fpdus.wrapping_sub(was.rx_fpdus), true);
+        self.add(Counter::TxTerminates, now.tx_terminates.wrapping_sub(was.tx_terminates), true);
+        self.add(Counter::RxTerminates, now.rx_terminates.wrapping_sub(was.rx_terminates), true);
     }
 
     /// A thread waiting on a completion channel served the QP's stream (see
     /// `events::EventQueue::serve_ready`).
     pub fn reader_served(&self) {
-        self.add(Counter::ReaderServes, 1);
+        self.add(Counter::ReaderServes, 1, false);
     }
 
     /// `n` work requests completed as flushed.
     pub fn flushed(&self, n: usize) {
-        self.add(Counter::FlushedWrs, n as u64);
+        self.add(Counter::FlushedWrs, n as u64, false);
     }
 
     /// A stream failed (unreachable, reset, peer gone, MPA rejected).
     pub fn conn_error(&self) {
-        self.add(Counter::ConnErrors, 1);
+        self.add(Counter::ConnErrors, 1, false);
     }
 
     /// A stream completed MPA negotiation.
     pub fn established(&self) {
-        self.add(Counter::ConnEstablished, 1);
+        self.add(Counter::ConnEstablished, 1, false);
     }
 }
 
