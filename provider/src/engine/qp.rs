@@ -219,13 +219,14 @@ impl Qp {
     /// whatever comes later is news for the progress thread, or for the poller's next poll
     /// when it leases the QP.
     fn serve_held<'a>(&'a self, inner: parking_lot::MutexGuard<'a, QpInner>, rotate: bool) -> Progress {
-        self.serve_held_with(inner, rotate, false)
+        self.serve_held_with(inner, rotate, false, false)
     }
 
     /// [`Qp::serve_held`]; `input_quiet`: the stream had nothing to read a moment ago — the
-    /// hold's first pump makes no `recv` (its later ones, for news that came meanwhile, do).
-    fn serve_held_with<'a>(&'a self, mut inner: parking_lot::MutexGuard<'a, QpInner>, rotate: bool, mut input_quiet: bool) -> Progress {
-        let mut polls_answered = false;
+    /// hold's first pump makes no `recv` (its later ones, for news that came meanwhile, do);
+    /// `for_poll`: the hold is a poll's, which pumps at once (it raised no flag to say so).
+    fn serve_held_with<'a>(&'a self, mut inner: parking_lot::MutexGuard<'a, QpInner>, rotate: bool, mut input_quiet: bool, mut for_poll: bool) -> Progress {
+        let mut polls_answered = for_poll;
         // Receive budgets this call used up (see below).
         let mut budgets = 0;
         loop {
@@ -236,7 +237,7 @@ impl Qp {
                     return Progress::Done;
                 }
             }
-            while !more && self.news(&mut polls_answered) {
+            while !more && (std::mem::take(&mut for_poll) || self.news(&mut polls_answered)) {
                 match self.pump_locked_with(&mut inner, std::mem::take(&mut input_quiet)) {
                     Some((_, Some(f))) => {
                         self.fail_locked(inner, f);
@@ -631,10 +632,19 @@ impl Qp {
     /// the stream's descriptor found nothing to read (see `CqObj::drive`), so the first pump
     /// need not `recv` to learn it.
     fn serve_for_poll(&self, input_quiet: bool) {
+        // Free: the poll serves it itself, and pumps at once. Raising `polled` first, as a
+        // poll must when another thread holds the QP, cost a locked exchange, a fence and
+        // another exchange to take it back, on every poll of a spinning application.
+        if let Some(inner) = self.inner.try_lock() {
+            self.serve_held_with(inner, false, input_quiet, true);
+            return;
+        }
+        // Held: the holder pumps once more for the poll (`news`); or, if it let go meanwhile
+        // without seeing the request, the poll serves after all.
         self.polled.store(true, Ordering::SeqCst);
         std::sync::atomic::fence(Ordering::SeqCst);
         if let Some(inner) = self.inner.try_lock() {
-            self.serve_held_with(inner, false, input_quiet);
+            self.serve_held_with(inner, false, input_quiet, false);
         }
     }
 
