@@ -310,6 +310,8 @@ pub struct CqObj {
     /// `q`'s [`Cq::armed`], written with it under its lock: every poll asks, and a poll of a
     /// CQ nobody arms need not take the lock to hear so.
     armed: AtomicBool,
+    /// Completions queued so far, counted under `q`'s lock (see [`CqObj::still_empty`]).
+    queued: AtomicU64,
 }
 
 impl CqObj {
@@ -331,6 +333,7 @@ impl CqObj {
             empty_since: AtomicU64::new(0),
             polled_at: AtomicU64::new(0),
             armed: AtomicBool::new(false),
+            queued: AtomicU64::new(0),
         }
     }
 
@@ -354,7 +357,10 @@ impl CqObj {
         self.polls.fetch_add(1, Ordering::Relaxed);
         super::affinity::note_app_cpu();
         let (now, _held) = super::clock::hold();
-        let previous = self.polled_at.swap(now, Ordering::Relaxed);
+        // A load and a store, not an exchange: pollers of one CQ racing each other only blur
+        // when "the previous poll" was (see `Qp::serve_others`).
+        let previous = self.polled_at.load(Ordering::Relaxed);
+        self.polled_at.store(now, Ordering::Relaxed);
         if empty {
             // A claim takes a streak of empty polls: a thread that polls once for its own
             // send completion and then waits by other means (ib_write_lat spins on memory)
@@ -446,6 +452,21 @@ impl CqObj {
         }
     }
 
+    /// Whether the queue is empty now, and how many completions were queued so far (for
+    /// [`CqObj::still_empty`]).
+    pub fn emptiness(&self) -> (bool, u64) {
+        let q = self.q.lock();
+        (q.is_empty(), self.queued.load(Ordering::Relaxed))
+    }
+
+    /// Whether a queue found empty when `queued` completions had been queued has had none
+    /// queued since: a poll that found it empty and drove the QPs (`polling`) to no effect
+    /// returns without taking the lock again — one lock fewer on every empty poll of a
+    /// spinning application.
+    pub fn still_empty(&self, queued: u64) -> bool {
+        self.queued.load(Ordering::Acquire) == queued
+    }
+
     /// The engine clock now if a thread polls this CQ for its completions — one polled it
     /// lately and it is not armed for an event —, else `None` (see `datapath::answer`).
     pub fn poller_clock(&self) -> Option<u64> {
@@ -480,6 +501,7 @@ impl CqObj {
     pub fn push(&self, c: Completion) {
         let mut q = self.q.lock();
         let pushed = q.push(c);
+        self.queued.store(self.queued.load(Ordering::Relaxed).wrapping_add(1), Ordering::Release);
         if pushed == Pushed::Notify {
             self.armed.store(q.armed(), Ordering::Relaxed);
         }
