@@ -669,6 +669,39 @@ mod tests {
         (cq, qps)
     }
 
+    /// A poll that found the queue empty returns without looking again only while nothing was
+    /// queued since (`still_empty`): a completion its drive, or another thread, queued
+    /// meanwhile is looked for.
+    #[test]
+    fn an_empty_poll_looks_again_only_if_something_was_queued() {
+        let (cq, _qps) = cq_with(&[false]);
+        let (empty, queued) = cq.emptiness();
+        assert!(empty);
+        cq.polling(true);
+        assert!(cq.still_empty(queued), "the drive queued nothing");
+        cq.push(c(1));
+        assert!(!cq.still_empty(queued), "a completion was queued since the look");
+        let (empty, queued) = cq.emptiness();
+        assert!(!empty);
+        assert_eq!(cq.q.lock().pop().map(|c| c.wr_id), Some(1));
+        let (empty, after) = cq.emptiness();
+        assert!(empty && after == queued && cq.still_empty(after), "taking completions queues none");
+    }
+
+    /// Polls read the CQ's arming without its lock: armed by `ibv_req_notify_cq`, disarmed by
+    /// the completion that fires the notification, as the queue itself has it.
+    #[test]
+    fn polls_see_the_arming_the_queue_has() {
+        let (cq, _qps) = cq_with(&[false]);
+        cq.polling(true);
+        assert!(cq.poller_clock().is_some(), "polled, not armed");
+        cq.arm(false);
+        assert!(cq.poller_clock().is_none(), "armed");
+        cq.push(c(1));
+        assert!(!cq.q.lock().armed());
+        assert!(cq.poller_clock().is_some(), "the notification disarmed it");
+    }
+
     /// A poll that finds the CQ empty looks at the input of its leased kernel-socket QPs with
     /// one `poll` when there are at least two, and tells each serve whether its `recv` would
     /// find nothing; one such QP, a poll that found completions, or a QP that offers no

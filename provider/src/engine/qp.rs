@@ -1832,6 +1832,18 @@ mod tests {
         });
     }
 
+    /// A poll of the QP's CQ that finds the QP free serves it itself, there and then: what the
+    /// stream holds is placed before the poll returns (the stream is in memory, unknown to the
+    /// progress thread; nobody else would read it).
+    #[test]
+    fn a_poll_that_finds_the_qp_free_serves_it() {
+        more_than_budgets_queued(0, false, false, |qp, bed| {
+            assert!(!(bed.landed)());
+            qp.try_progress(crate::engine::cq::Poller::Renews, now_us(), false);
+            assert!((bed.landed)(), "the poll left the stream unread");
+        });
+    }
+
     /// Two serves of the progress thread that each read a budget of a one-way stream raise its
     /// wake-up mark (see `engine::pace`); what follows — less than the mark, and no readiness
     /// reports it here — is served by the pace's deadline alone, which lowers the mark first.
