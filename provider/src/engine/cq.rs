@@ -452,9 +452,18 @@ impl CqObj {
         }
     }
 
+    /// `ibv_poll_cq` and `ibv_start_poll` are about to take completions: drives the QPs when
+    /// the queue is empty ([`CqObj::polling`]), and says whether there may be completions to
+    /// take — not when the queue was empty and nothing was queued since.
+    pub fn poll_begins(&self) -> bool {
+        let (empty, queued) = self.emptiness();
+        self.polling(empty);
+        !(empty && self.still_empty(queued))
+    }
+
     /// Whether the queue is empty now, and how many completions were queued so far (for
     /// [`CqObj::still_empty`]).
-    pub fn emptiness(&self) -> (bool, u64) {
+    fn emptiness(&self) -> (bool, u64) {
         let q = self.q.lock();
         (q.is_empty(), self.queued.load(Ordering::Relaxed))
     }
@@ -463,7 +472,7 @@ impl CqObj {
     /// queued since: a poll that found it empty and drove the QPs (`polling`) to no effect
     /// returns without taking the lock again — one lock fewer on every empty poll of a
     /// spinning application.
-    pub fn still_empty(&self, queued: u64) -> bool {
+    fn still_empty(&self, queued: u64) -> bool {
         self.queued.load(Ordering::Acquire) == queued
     }
 
@@ -686,6 +695,9 @@ mod tests {
         assert_eq!(cq.q.lock().pop().map(|c| c.wr_id), Some(1));
         let (empty, after) = cq.emptiness();
         assert!(empty && after == queued && cq.still_empty(after), "taking completions queues none");
+        assert!(!cq.poll_begins(), "empty, and the drive queued nothing: nothing to take");
+        cq.push(c(2));
+        assert!(cq.poll_begins(), "a completion waits");
     }
 
     /// Polls read the CQ's arming without its lock: armed by `ibv_req_notify_cq`, disarmed by

@@ -182,9 +182,7 @@ pub(super) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
         }
         // SAFETY: cq is one of ours.
         let obj = unsafe { cq_obj(cq) };
-        let (empty, queued) = obj.emptiness();
-        obj.polling(empty);
-        if empty && obj.still_empty(queued) {
+        if !obj.poll_begins() {
             return 0;
         }
         // The QPs whose Sends or Writes this poll reports (see `cq::delivered`): served once
@@ -268,9 +266,7 @@ unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, _attr: *mut ibv_poll_cq_attr
     guard(libc::EFAULT, || unsafe {
         // Like ibv_poll_cq: an empty CQ drives its QPs' streams right here.
         let obj = &uiw_cq(cq).obj;
-        let (empty, queued) = obj.emptiness();
-        obj.polling(empty);
-        if empty && obj.still_empty(queued) {
+        if !obj.poll_begins() {
             return libc::ENOENT;
         }
         let r = advance(cq, 0);
