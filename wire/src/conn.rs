@@ -97,7 +97,7 @@ use crate::rdmap::{
     IMMEDIATE_LEN,
 };
 use crate::segment::{
-    self, Deframer, FrameError, HeaderBuf, RxEvent, RxSegment, Segmenter, Target, Trailer,
+    self, DataHeader, Deframer, FrameError, RxEvent, RxSegment, Segmenter, Target, Trailer,
 };
 
 /// Upper word of an Immediate Data message that announces a Send with
@@ -384,7 +384,7 @@ pub enum Tx {
 
 #[derive(Debug)]
 pub struct TxSegment {
-    pub header: HeaderBuf,
+    pub header: DataHeader,
     pub payload_len: u32,
     pub source: Source,
     pub crc: bool,
@@ -960,7 +960,7 @@ impl Connection {
             op if op.is_send() => true,
             // Immediate Data consumes a receive unless it announces a Send with Immediate.
             Opcode::ImmediateData | Opcode::ImmediateDataSe => {
-                let b = seg.control.as_slice();
+                let b = self.deframer.control();
                 d.last
                     && b.len() >= 8
                     && u64::from_be_bytes(b[..8].try_into().unwrap()) >> 32 != u64::from(SEND_IMM_TAG)
@@ -2129,7 +2129,7 @@ impl Connection {
             (Some(RtrKind::Write), Opcode::Write) => seg.payload_len == 0,
             (Some(RtrKind::Send), Opcode::Send) => seg.payload_len == 0,
             (Some(RtrKind::Read), Opcode::ReadRequest) => {
-                ReadRequest::parse(seg.control.as_slice())
+                ReadRequest::parse(self.deframer.control())
                     .map(|r| r.size == 0)
                     .unwrap_or(false)
             }
@@ -2141,7 +2141,7 @@ impl Connection {
         match op {
             Opcode::Send => self.rx_msn[qn::SEND as usize] += 1,
             Opcode::ReadRequest => {
-                let rr = ReadRequest::parse(seg.control.as_slice()).unwrap();
+                let rr = ReadRequest::parse(self.deframer.control()).unwrap();
                 self.rx_msn[qn::READ_REQUEST as usize] += 1;
                 let d = DdpHeader::tagged(
                     rr.sink_stag,
@@ -2170,7 +2170,7 @@ impl Connection {
         Ok(())
     }
 
-    /// Control messages: the whole body is in `seg.control`.
+    /// Control messages: the whole body is in the deframer (`Deframer::control`).
     fn on_control(
         &mut self,
         op: Opcode,
@@ -2178,7 +2178,7 @@ impl Connection {
         _rsvd_ulp: u32,
         mem: &mut impl Memory,
     ) -> Result<(), Fault> {
-        let body = seg.control.as_slice();
+        let body = self.deframer.control();
         match op {
             Opcode::ReadRequest => {
                 let rr = ReadRequest::parse(body)
@@ -2393,7 +2393,7 @@ impl Connection {
             let n = s.ddp.encode(&mut t.ddp_hdr);
             t.ddp_hdr_len = n as u8;
             if s.ddp.rdmap.op() == Some(Opcode::ReadRequest) {
-                if let Ok(rr) = ReadRequest::parse(s.control.as_slice()) {
+                if let Ok(rr) = ReadRequest::parse(self.deframer.control()) {
                     t.r = true;
                     t.rdmap_hdr = Some(rr);
                 }

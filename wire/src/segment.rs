@@ -55,6 +55,10 @@ impl<const N: usize> InlineBuf<N> {
         self.buf[self.len..self.len + b.len()].copy_from_slice(b);
         self.len += b.len();
     }
+    /// Empties the buffer (its bytes stay: only the length says what is in it).
+    fn clear(&mut self) {
+        self.len = 0;
+    }
 }
 
 impl<const N: usize> Default for InlineBuf<N> {
@@ -70,20 +74,34 @@ impl<const N: usize> core::fmt::Debug for InlineBuf<N> {
 }
 
 pub type HeaderBuf = InlineBuf<MAX_HDR>;
+
+/// The longest header of a data segment: MPA length + untagged DDP header (a data segment
+/// carries no control bytes, RFC 5040 §4.2).
+pub const DATA_HDR: usize = LEN_FIELD + UNTAGGED_HDR_LEN;
+/// A data segment's header ([`SegmentPlan::header`]): a fifth of a [`HeaderBuf`], so that the
+/// plans and transmit units that carry one move in registers, not through `memcpy` — every
+/// message's FPDUs pass through several moves on their way to the socket.
+pub type DataHeader = InlineBuf<DATA_HDR>;
 /// Pad (≤ 3) + CRC (4).
 pub type Trailer = InlineBuf<7>;
 
 /// Encode MPA length + DDP header + fixed RDMAP body (`body`) for a segment
 /// whose payload (after `body`) is `payload_len` bytes.
 pub fn encode_header(ddp: &DdpHeader, body: &[u8], payload_len: usize) -> HeaderBuf {
-    let mut h = HeaderBuf::new();
+    encode_header_in(ddp, body, payload_len)
+}
+
+/// [`encode_header`] into a buffer of `N` bytes; `body` is cut to what fits (a
+/// [`DataHeader`] takes none: data segments have no body).
+fn encode_header_in<const N: usize>(ddp: &DdpHeader, body: &[u8], payload_len: usize) -> InlineBuf<N> {
+    let mut h = InlineBuf::<N>::new();
     let ulpdu = ddp.len() + body.len() + payload_len;
     debug_assert!(ulpdu <= u16::MAX as usize);
     h.push(&(ulpdu as u16).to_be_bytes());
     let mut d = [0u8; UNTAGGED_HDR_LEN];
     let n = ddp.encode(&mut d);
     h.push(&d[..n]);
-    let b = body.len().min(CONTROL_CAP);
+    let b = body.len().min(CONTROL_CAP).min(N - h.len());
     h.push(&body[..b]);
     h
 }
@@ -262,7 +280,7 @@ pub struct Segmenter {
 /// the message starting at `msg_offset`, then [`SegmentPlan::trailer`].
 #[derive(Clone, Copy, Debug)]
 pub struct SegmentPlan {
-    pub header: HeaderBuf,
+    pub header: DataHeader,
     pub msg_offset: u32,
     pub payload_len: u32,
     pub last: bool,
@@ -344,7 +362,7 @@ impl Iterator for Segmenter {
             }
         };
         let plan = SegmentPlan {
-            header: encode_header(&ddp, &[], n as usize),
+            header: encode_header_in(&ddp, &[], n as usize),
             msg_offset: self.offset,
             payload_len: n,
             last,
@@ -371,9 +389,11 @@ pub enum Want {
 pub struct RxSegment {
     pub ulpdu_len: u16,
     pub ddp: DdpHeader,
-    /// RDMAP control bytes after the DDP header (Read Request body, Atomic
-    /// headers, Terminate body, Immediate Data); empty for data segments.
-    pub control: InlineBuf<CONTROL_CAP>,
+    /// How many RDMAP control bytes follow the DDP header (Read Request body, Atomic
+    /// headers, Terminate body, Immediate Data); 0 for data segments. The bytes stay in the
+    /// deframer ([`Deframer::control`]): a segment is moved from call to call on its way
+    /// through the connection, and 128 bytes of buffer in it made each move a `memcpy`.
+    pub control_len: u8,
     /// Payload bytes that follow (0 for control messages).
     pub payload_len: u32,
 }
@@ -420,6 +440,8 @@ pub struct Deframer {
     crc_on: bool,
     st: St,
     hdr: HeaderBuf,
+    /// The control bytes of the last segment whose header completed (see [`Deframer::control`]).
+    control: InlineBuf<CONTROL_CAP>,
     crc: Crc32c,
     trailer: Trailer,
     ulpdu_len: u16,
@@ -435,6 +457,7 @@ impl Deframer {
             crc_on,
             st: St::Header { need: PROBE },
             hdr: HeaderBuf::new(),
+            control: InlineBuf::new(),
             crc: Crc32c::new(),
             trailer: Trailer::new(),
             ulpdu_len: 0,
@@ -451,6 +474,13 @@ impl Deframer {
 
     pub fn crc_on(&self) -> bool {
         self.crc_on
+    }
+
+    /// The RDMAP control bytes of the last segment whose header was complete
+    /// ([`RxSegment::control_len`] of them): what a control message carries. They stay until
+    /// the next segment's header is complete, that is, while its segment is handled.
+    pub fn control(&self) -> &[u8] {
+        self.control.as_slice()
     }
 
     /// True between FPDUs (no partial FPDU buffered).
@@ -558,18 +588,18 @@ impl Deframer {
                     Ok(x) => x,
                     Err(_) => return Err(FrameError::UlpduTooShort(self.ulpdu_len)),
                 };
-                let mut control = InlineBuf::<CONTROL_CAP>::new();
-                control.push(&h[LEN_FIELD + dl..]);
+                self.control.clear();
+                self.control.push(&h[LEN_FIELD + dl..]);
                 let consumed_ulpdu = h.len() - LEN_FIELD;
                 let payload_len = (self.ulpdu_len as usize - consumed_ulpdu) as u32;
                 let seg = RxSegment {
                     ulpdu_len: self.ulpdu_len,
                     ddp,
-                    control,
+                    control_len: self.control.len() as u8,
                     payload_len,
                 };
-                self.hdr = HeaderBuf::new();
-                self.trailer = Trailer::new();
+                self.hdr.clear();
+                self.trailer.clear();
                 self.st = if payload_len > 0 {
                     St::Payload { rem: payload_len }
                 } else {
@@ -602,7 +632,7 @@ impl Deframer {
                 } else {
                     true
                 };
-                self.trailer = Trailer::new();
+                self.trailer.clear();
                 self.st = St::Header { need: PROBE };
                 Ok((take, Some(RxEvent::End { crc_ok })))
             }
@@ -627,6 +657,43 @@ mod tests {
                 "payload {len}"
             );
         }
+    }
+
+    /// What every FPDU passes through several moves of (a plan, a transmit unit, a receive
+    /// event) stays small enough to move in registers: a [`HeaderBuf`] or a control buffer
+    /// in them made each move a `memcpy` of 160–180 bytes, a few dozen per message.
+    #[test]
+    fn per_segment_values_stay_small() {
+        assert!(std::mem::size_of::<SegmentPlan>() <= 64, "{}", std::mem::size_of::<SegmentPlan>());
+        assert!(std::mem::size_of::<crate::conn::Tx>() <= 64, "{}", std::mem::size_of::<crate::conn::Tx>());
+        assert!(std::mem::size_of::<RxEvent>() <= 64, "{}", std::mem::size_of::<RxEvent>());
+    }
+
+    /// A control message's body stays readable from the deframer while its segment is
+    /// handled, and a data segment that follows reports none.
+    #[test]
+    fn control_bytes_stay_in_the_deframer() {
+        let rr = crate::rdmap::ReadRequest { sink_stag: 1, sink_to: 2, size: 3, src_stag: 4, src_to: 5 };
+        let mut body = [0u8; crate::rdmap::READ_REQ_LEN];
+        rr.encode(&mut body);
+        let d = DdpHeader::untagged(crate::ddp::qn::READ_REQUEST, 0, 0, 0, true, RdmapCtrl::new(Opcode::ReadRequest));
+        let mut wire = Vec::new();
+        encode_fpdu(&d, &body, &[], false, &mut wire);
+        let w = DdpHeader::tagged(9, 0, true, RdmapCtrl::new(Opcode::Write));
+        encode_fpdu(&w, &[], &[7u8; 4], false, &mut wire);
+        let mut f = Deframer::new(false);
+        let (n, ev) = f.feed(&wire).unwrap();
+        let Some(RxEvent::Segment(seg)) = ev else { panic!("{ev:?}") };
+        assert_eq!(seg.control_len as usize, body.len());
+        assert_eq!(f.control(), &body[..]);
+        // The trailer: the body is still there.
+        let (k, ev) = f.feed(&wire[n..]).unwrap();
+        assert!(matches!(ev, Some(RxEvent::End { crc_ok: true })), "{ev:?}");
+        assert_eq!(f.control(), &body[..]);
+        let (_, ev) = f.feed(&wire[n + k..]).unwrap();
+        let Some(RxEvent::Segment(seg)) = ev else { panic!("{ev:?}") };
+        assert_eq!((seg.control_len, seg.payload_len), (0, 4));
+        assert!(f.control().is_empty());
     }
 
     // siw-write-p2p frame 8: zero-length Write RTR FPDU.
@@ -814,7 +881,7 @@ mod tests {
             calls += 1;
             if let Some(RxEvent::Segment(seg)) = ev {
                 headers.push(n);
-                assert_eq!(LEN_FIELD + seg.ddp.len() + seg.control.len(), n);
+                assert_eq!(LEN_FIELD + seg.ddp.len() + seg.control_len as usize, n);
             }
             c = &c[n..];
         }
