@@ -181,7 +181,8 @@ pub struct Net {
     /// A pump took a message in and sent one out on the same stream (a Read Request and its
     /// Response) since the progress thread last looked: the traffic is request and answer,
     /// whose next request the progress thread may wait for by polling (see `spin`).
-    answered: AtomicBool,
+    /// `1 << 32 | qpn` of the last QP that answered; 0: none.
+    answered: AtomicU64,
     /// QPs to be served again (a pump outside the progress thread used up its receive
     /// budget, see [`Net::requeue`]).
     requeued: Mutex<Vec<u32>>,
@@ -375,7 +376,7 @@ impl Net {
             leased: Mutex::new(HashSet::new()),
             leased_glance: AtomicU64::new(0),
             lease_news: AtomicBool::new(false),
-            answered: AtomicBool::new(false),
+            answered: AtomicU64::new(0),
             requeued: Mutex::new(Vec::new()),
             paced: Mutex::new(Vec::new()),
             kernel: Arc::new(KernelTcp),
@@ -664,6 +665,9 @@ impl Net {
         let mut next_lease: Option<u64> = None;
         // Polls without sleeping for a few µs after answered traffic (see `spin`).
         let mut spin = Spin::from_env();
+        // The QP that answered last: within a window, most polls read its stream itself
+        // (see `spin::Spin::looks_at_set`).
+        let mut hot: Option<u32> = None;
         // Read inside a window, every `spin::CROWD_CHECK_US` (see `spin::crowded`); none with
         // the window off.
         let mut loadavg = if spin.enabled() { std::fs::File::open("/proc/loadavg").ok() } else { None };
@@ -687,7 +691,17 @@ impl Net {
                 let paced = self.paced.lock().iter().map(|e| e.1).min();
                 earliest(earliest(due, next_lease), paced).map(|t| Duration::from_micros(t.saturating_sub(now)))
             };
-            if self.epoll.wait_for(&mut evs, timeout).is_err() {
+            let direct = match hot {
+                Some(q) if polled && !spin.looks_at_set() => Some(q),
+                _ => None,
+            };
+            if let Some(q) = direct {
+                match self.lookup(q) {
+                    Some(qp) if qp.progress(false, false) == Progress::More => ready.push_back((KIND_QP | u64::from(q), 0)),
+                    Some(_) => {}
+                    None => hot = None,
+                }
+            } else if self.epoll.wait_for(&mut evs, timeout).is_err() {
                 std::thread::sleep(Duration::from_millis(10));
             }
             let qp_traffic = !evs.is_empty();
@@ -748,9 +762,18 @@ impl Net {
                 d.turn(now);
             }
             // Only a turn that answered something opens a window (see `spin`).
-            let answered = super::flag::take(&self.answered);
-            if qp_traffic && spin.enabled() {
-                spin.turn(now, polled, answered);
+            let answered = match self.answered.load(Ordering::Relaxed) {
+                0 => None,
+                _ => Some(self.answered.swap(0, Ordering::Relaxed)).filter(|&a| a != 0).map(|a| a as u32),
+            };
+            // A read of the hot stream that answered is traffic this thread served, as an
+            // event of the set would have been.
+            let served_hot = direct.is_some() && answered.is_some() && answered == direct;
+            if (qp_traffic || served_hot) && spin.enabled() {
+                spin.turn(now, polled, answered.is_some());
+            }
+            if answered.is_some() {
+                hot = answered;
             }
             let now_ms = now / 1000;
             if next_due.is_some_and(|t| t <= now_ms) {
@@ -851,9 +874,9 @@ impl Net {
         self.waker.wake();
     }
 
-    /// A pump answered a message on a QP's stream (see `answered`).
-    pub fn note_answered(&self) {
-        self.answered.store(true, Ordering::Relaxed);
+    /// A pump answered a message on QP `qpn`'s stream (see `answered`).
+    pub fn note_answered(&self, qpn: u32) {
+        self.answered.store(1 << 32 | u64::from(qpn), Ordering::Relaxed);
     }
 
     /// The child's side of [`fork_child`]: closes this process's copies of every descriptor

@@ -739,7 +739,7 @@ impl Qp {
         let after = msgs(inner);
         if after.0 != before.0 && after.1 != before.1 {
             // Took a message in and sent one out (a Read Response to its Request): an answer.
-            self.net.note_answered();
+            self.net.note_answered(self.qpn);
         }
         if inner.provisional {
             if inner.dp.established() {
