@@ -143,9 +143,7 @@ impl Spin {
         self.uncrowded_at = Some(now);
         true
     }
-}
 
-impl Spin {
     /// For a poll of a window ([`Spin::poll`] said so) that could read the stream that answered
     /// last itself: whether it looks at the whole `epoll` set instead — one poll in
     /// [`SET_LOOK_EVERY`], so that the other streams, the listener and the waker are never
