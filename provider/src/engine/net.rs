@@ -768,13 +768,11 @@ impl Net {
             };
             // A read of the hot stream that answered is traffic this thread served, as an
             // event of the set would have been.
-            let served_hot = direct.is_some() && answered.is_some() && answered == direct;
+            let served_hot = direct.is_some() && answered == direct;
             if (qp_traffic || served_hot) && spin.enabled() {
                 spin.turn(now, polled, answered.is_some());
             }
-            if answered.is_some() {
-                hot = answered;
-            }
+            hot = answered.or(hot);
             let now_ms = now / 1000;
             if next_due.is_some_and(|t| t <= now_ms) {
                 next_due = self.sweep(now_ms);
