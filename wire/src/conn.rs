@@ -358,6 +358,15 @@ pub struct SendFlags {
     pub invalidate: Option<u32>,
 }
 
+/// A message [`Connection::send_lone`] may frame at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoneMsg {
+    /// A Send (RFC 5040 §4.3: Send, Send with Solicited Event, with Invalidate).
+    Send(SendFlags),
+    /// An RDMA Write into the peer's buffer `(stag, to)` (RFC 5040 §4.3).
+    Write { stag: u32, to: u64 },
+}
+
 /// What the receive side needs next (zero-copy API).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RxWant {
@@ -1035,6 +1044,71 @@ impl Connection {
             imm,
         });
         Ok(())
+    }
+
+    /// Frames a lone message at once: a Send or RDMA Write whose payload fits one FPDU
+    /// (MULPDU, RFC 5044 §4.1), posted when nothing else waits to go out or to complete.
+    ///
+    /// The connection moves exactly as [`Connection::post_send`] (or
+    /// [`Connection::post_write`]) followed by [`Connection::next_tx`] would move it — the
+    /// message takes the next MSN of the Send queue (RFC 5041 §5.1), the next send-queue
+    /// sequence number, and counts as one FPDU and one message —, and the caller gets the
+    /// segment `next_tx` would have handed out and the completion it would have queued as an
+    /// event. What that path goes through on the way (the posted-WR queue, the message being
+    /// transmitted, the completion slots, the event queue) is skipped: on a ping-pong of small
+    /// messages it was a fifth of a post's cost. The caller must frame the segment: the
+    /// message is sent as far as the connection knows (its payload is read before this call,
+    /// so it cannot turn out to be gone after it, as [`Connection::abort_source`] handles).
+    ///
+    /// `None`, and nothing changed: the message must take the general path.
+    pub fn send_lone(&mut self, wr_id: u64, msg: LoneMsg, len: u32) -> Option<(TxSegment, Completion)> {
+        let idle = self.state == State::Established
+            && self.tx_hold.is_none()
+            && self.mpa_out.is_empty()
+            && self.cur_tx.is_none()
+            && self.tx_follow.is_empty()
+            && self.rsp.is_empty()
+            && self.sq.is_empty()
+            && self.sq_slots.is_empty();
+        if !idle || len as usize > self.mulpdu {
+            return None;
+        }
+        let (op, target, wc) = match msg {
+            LoneMsg::Send(flags) => {
+                let op = match (flags.solicited, flags.invalidate.is_some()) {
+                    (false, false) => Opcode::Send,
+                    (false, true) => Opcode::SendInv,
+                    (true, false) => Opcode::SendSe,
+                    (true, true) => Opcode::SendSeInv,
+                };
+                let target = Target::Untagged {
+                    qn: qn::SEND,
+                    msn: self.tx_msn[qn::SEND as usize],
+                    rsvd_ulp: flags.invalidate.unwrap_or(0),
+                };
+                (op, target, WcOpcode::Send)
+            }
+            LoneMsg::Write { stag, to } => (Opcode::Write, Target::Tagged { stag, to }, WcOpcode::RdmaWrite),
+        };
+        let plan = self.segmenter(op, target, len, self.mulpdu).next()?;
+        if !plan.last {
+            return None;
+        }
+        if let LoneMsg::Send(_) = msg {
+            self.next_msn(qn::SEND);
+        }
+        self.sq_head += 1;
+        self.tx_completed_last = None;
+        self.counters.tx_fpdus += 1;
+        self.counters.tx_bytes += u64::from(plan.payload_len);
+        self.counters.tx_msgs += 1;
+        let seg = TxSegment {
+            header: plan.header,
+            payload_len: plan.payload_len,
+            source: Source::Wr { wr_id, offset: 0 },
+            crc: self.crc,
+        };
+        Some((seg, Completion::new(wr_id, wc, WcStatus::Success, len)))
     }
 
     /// Post an RDMA Read of `len` bytes from the peer's `(stag, to)` into our

@@ -4,7 +4,7 @@
 //! them) and completion status.
 
 use std::collections::HashMap;
-use uiw_wire::conn::{Counters, 
+use uiw_wire::conn::{Counters, LoneMsg, 
     Completion, Config, Connection, Event, Failure, Role, RxWant, SendFlags, State, Tx, WcOpcode,
 };
 use uiw_wire::ddp::{qn, DdpHeader};
@@ -1605,4 +1605,137 @@ fn slow_accept_within_reply_timeout_connects() {
     a.c.handle_timeout(5_000);
     a.drain();
     assert_eq!(a.ev, vec![Event::Failed(Failure::Timeout)]);
+}
+
+/// A Send or Write framed by `Connection::send_lone` leaves the same bytes, moves both
+/// connections the same way (MSNs, sequence numbers, counters) and completes the same as the
+/// same message posted and taken by `next_tx` — for every message that qualifies (payload
+/// within one FPDU, nothing else waiting to go out or to complete), and the lone path
+/// declines every other one (larger payloads, a Read outstanding, messages queued behind
+/// others), which then take the general path. Two pairs run the same script, one posting
+/// every message, the other trying `send_lone` first; CRC off and on.
+#[test]
+fn lone_messages_match_the_general_path() {
+    for crc in [false, true] {
+        let cfg = |role| {
+            let mut c = Config::new(role);
+            c.crc = crc;
+            c
+        };
+        let (mut a1, mut b1) = pair(cfg(Role::Initiator), cfg(Role::Responder));
+        let (mut a2, mut b2) = pair(cfg(Role::Initiator), cfg(Role::Responder));
+        let mulpdu = a1.c.mulpdu();
+        for p in [&mut a1, &mut a2] {
+            p.m.region(0xa00, 0x10000, 8192, ALL);
+        }
+        for p in [&mut b1, &mut b2] {
+            p.m.region(0xb00, 0x7000_0000, 8192, ALL);
+            p.m.fill(0xb00, 3);
+        }
+        // (a's completions, bytes a sent) per pair.
+        let (mut done1, mut done2) = (Vec::new(), Vec::new());
+        let (mut wire1, mut wire2) = (Vec::new(), Vec::new());
+        let mut lone = 0;
+        let mut declined = 0;
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        let mut wr_id = 0u64;
+        for round in 0..300 {
+            // Mostly one message per round (the lone path's case); sometimes a batch, whose
+            // later messages queue behind the first.
+            let batch = if next(4) == 0 { 2 + next(3) } else { 1 };
+            for _ in 0..batch {
+                wr_id += 1;
+                let len = match next(6) {
+                    0 => 0,
+                    1 => mulpdu as u64 - 20 + next(40),
+                    _ => next(600),
+                } as usize;
+                let data = pattern(len, round as u8);
+                for p in [&mut b1, &mut b2] {
+                    if p.c.recv_posted() < 8 {
+                        for i in 0..8 {
+                            p.post_recv(100_000 + wr_id * 10 + i, 4096);
+                        }
+                    }
+                }
+                let kind = next(8);
+                // A Send with Invalidate names a region of its own (RFC 5040 §5.2: it is
+                // invalid afterwards).
+                let inv = 0x10_0000 + wr_id as u32;
+                if kind == 2 {
+                    for p in [&mut b1, &mut b2] {
+                        p.m.region(inv, 0x9000_0000, 8, ALL);
+                    }
+                }
+                let msg = match kind {
+                    0..=3 => LoneMsg::Send(SendFlags {
+                        solicited: kind == 1,
+                        invalidate: (kind == 2).then_some(inv),
+                    }),
+                    4..=6 => LoneMsg::Write { stag: 0xb00, to: 0x7000_0000 + next(4096) },
+                    _ => {
+                        // A Read: outstanding until its response arrives.
+                        let at = 0x10000 + next(2048);
+                        for p in [&mut a1, &mut a2] {
+                            p.c.post_read(wr_id, 0xa00, at, 0xb00, 0x7000_0000, len.min(2048) as u32).unwrap();
+                        }
+                        continue;
+                    }
+                };
+                for p in [&mut a1, &mut a2] {
+                    p.m.sends.insert(wr_id, data.clone());
+                }
+                let post = |p: &mut Peer| match msg {
+                    LoneMsg::Send(flags) => p.c.post_send(wr_id, flags, len as u32).unwrap(),
+                    LoneMsg::Write { stag, to } => p.c.post_write(wr_id, stag, to, len as u32, None).unwrap(),
+                };
+                post(&mut a1);
+                match a2.c.send_lone(wr_id, msg, len as u32) {
+                    Some((seg, c)) => {
+                        lone += 1;
+                        assert_eq!(seg.payload_len as usize, len);
+                        wire2.extend_from_slice(seg.header.as_slice());
+                        wire2.extend_from_slice(&data);
+                        wire2.extend_from_slice(seg.trailer(&[&data]).as_slice());
+                        done2.push(c);
+                    }
+                    None => {
+                        declined += 1;
+                        post(&mut a2);
+                    }
+                }
+            }
+            // Both pairs: a's bytes go to b (after what the lone path framed), b answers.
+            for (a, b, wire, done) in [(&mut a1, &mut b1, &mut wire1, &mut done1), (&mut a2, &mut b2, &mut wire2, &mut done2)] {
+                let mut buf = std::mem::take(wire);
+                while a.c.poll_transmit(&mut buf, &a.m) {}
+                let mut off = 0;
+                while off < buf.len() {
+                    off += b.c.handle_bytes(&buf[off..], &mut b.m);
+                }
+                wire.extend_from_slice(&buf);
+                done.extend(a.completions());
+                pump(a, b);
+                done.extend(a.completions());
+            }
+            assert_eq!(wire1, wire2, "crc {crc}, round {round}: the bytes on the wire differ");
+            wire1.clear();
+            wire2.clear();
+            assert_eq!(done1, done2, "crc {crc}, round {round}: a's completions differ");
+            assert_eq!(b1.completions(), b2.completions(), "crc {crc}, round {round}: b's completions differ");
+            assert_eq!(a1.c.counters(), a2.c.counters());
+            assert_eq!(b1.c.counters(), b2.c.counters());
+            assert_eq!(b1.m.bytes(0xb00), b2.m.bytes(0xb00));
+            assert_eq!(a1.m.bytes(0xa00), a2.m.bytes(0xa00));
+            assert_eq!(a1.c.state(), State::Established);
+        }
+        // The script exercised both paths.
+        assert!(lone > 100 && declined > 30, "lone {lone}, declined {declined}");
+    }
 }
