@@ -210,6 +210,10 @@ pub struct Link {
     tx_blocked: bool,
     /// The wire core's counters as last published to the QP's statistics (`stats::QpStats::sync`).
     pub stats_seen: uiw_wire::conn::Counters,
+    /// Messages sent by `DataPath::post_lone` (for the tests that compare it with the
+    /// general path).
+    #[cfg(test)]
+    pub(super) lone_sent: u64,
 }
 
 impl Link {
@@ -237,6 +241,8 @@ impl Link {
             drained: false,
             tx_blocked: false,
             stats_seen: Default::default(),
+            #[cfg(test)]
+            lone_sent: 0,
         }
     }
 
@@ -559,6 +565,11 @@ impl DataPath {
             });
             return Ok(Some(Fatal::LocalError));
         };
+        if ring && !sink && self.established() {
+            if let Some(fatal) = self.post_lone(env, id, &wqe, &runs) {
+                return Ok(fatal);
+            }
+        }
         let sink = sink.then(|| {
             let s = SINK_TAG | (id as u32 & 0x00ff_ffff);
             self.sinks.insert(s, id);
@@ -789,29 +800,36 @@ impl DataPath {
                 None => status = WcStatus::LocProtErr,
             }
         }
-        let fatal = (status != c.status).then_some(Fatal::LocalError);
         // Local Invalidate takes effect in posting order: peers can no longer address the
         // region with that STag (as after a peer's Send with Invalidate, RFC 5040 §5.2); the
         // application may still use it locally, until it deregisters it.
         if e.wqe.opcode == opcode::LOCAL_INV && status == WcStatus::Success {
             env.mrs.invalidate(e.wqe.imm_or_inv, env.pd);
         }
-        let signaled = env.sq_sig_all || e.wqe.flags & send_flags::SIGNALED != 0;
+        self.report_send(env, &e.wqe, status, c.byte_len);
+        (status != c.status).then_some(Fatal::LocalError)
+    }
+
+    /// Reports the completion of send-queue WR `wqe` (taken off the send queue): to the send
+    /// CQ if it is signaled or failed — at once, or held until its bytes have left the backlog
+    /// (and a lone RDMA Write's, polled for, maybe until the peer's answer: `answer`).
+    fn report_send(&mut self, env: &Env, wqe: &SendWqe, status: WcStatus, byte_len: u32) {
+        let signaled = env.sq_sig_all || wqe.flags & send_flags::SIGNALED != 0;
         if status == WcStatus::Success && !signaled {
-            return fatal;
+            return;
         }
         let out = Completion {
-            wr_id: e.wqe.wr_id,
+            wr_id: wqe.wr_id,
             status: status.as_u32(),
-            opcode: e.wqe.wc_opcode(),
-            byte_len: c.byte_len,
+            opcode: wqe.wc_opcode(),
+            byte_len,
             qp_num: env.qpn,
             ..Default::default()
         };
         let lone_write = out.opcode == wc_opcode::RDMA_WRITE && status == WcStatus::Success && self.sq.is_empty();
         let Some(l) = self.link.as_mut() else {
             env.send_cq.push(out);
-            return fatal;
+            return;
         };
         // The application's only WR, polled for: it may wait for the peer's answer.
         let waits = lone_write && l.held.is_empty() && env.poller_clock_now().is_some_and(|now| l.answer.start(now, l.conn.counters().rx_msgs));
@@ -821,7 +839,6 @@ impl DataPath {
         } else {
             env.send_cq.push(out);
         }
-        fatal
     }
 
     /// The QP is going to ERROR (or being destroyed): closes the stream and completes every

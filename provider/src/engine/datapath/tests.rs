@@ -838,3 +838,106 @@ fn a_pump_told_the_input_is_quiet_reads_nothing() {
     assert_eq!(got.iter().map(|c| (c.wr_id, c.status, c.byte_len)).collect::<Vec<_>>(), vec![(7, wc_status::SUCCESS, 64)]);
     assert_eq!(mem.get(b_addr, 64), sent);
 }
+
+/// A pair joined over `max_io`-byte pieces, with its own arena and the wire from A to B.
+fn tapped_pair(max_io: usize, crc: Crc) -> (Arena, Side, Side, Tap) {
+    let mem = Arena::new(ARENA);
+    let half = (ARENA / 2) as u64;
+    // Fixed keys: both pairs' STags, and so their bytes on the wire, are the same.
+    let side = |addr: u64| {
+        let mrs = MrTable::with_fixed_keys(16, 0x5a);
+        let mr = mrs.register(PD, addr, half, addr, access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ).unwrap();
+        Side { dp: DataPath::default(), mrs, mr, scq: cq(), rcq: cq(), qp_access: access::REMOTE_WRITE | access::REMOTE_READ }
+    };
+    let (mut a, mut b) = (side(BASE), side(BASE + half));
+    let (a_to_b, _, _) = connect(&mem, &mut a, &mut b, max_io, crc);
+    (mem, a, b, a_to_b)
+}
+
+/// A small Send or RDMA Write rung on its own leaves through `DataPath::post_lone` (framed on
+/// the stack, one call to the stream) when nothing is outstanding; the same WR rung at the end
+/// of a chain (`post_send` without ring, then `doorbell`) takes the general path. Two pairs
+/// run one script of Sends (gathered and inline, signaled or not, solicited), Writes and Reads
+/// of sizes around `TX_COPY_MAX`, one pair ringing each WR alone, the other through the
+/// doorbell: after every post the same bytes are in flight, and the completions on both sides,
+/// the memory and the counters end up the same — over pieces of 1 to 4096 bytes (a lone FPDU
+/// the stream takes only part of), with CRC off and on, with and without a poller that makes a
+/// lone Write's completion wait for the peer's answer.
+#[test]
+fn a_lone_message_leaves_as_a_chained_one_would() {
+    let mut lone_posts = 0;
+    for (max_io, crc, polled) in [(4096, Crc::Off, false), (1, Crc::Off, false), (7, Crc::Initiator, false), (64, Crc::Responder, true), (4096, Crc::Initiator, true)] {
+        set_poller_clock(polled.then_some(1_000));
+        let (mem1, mut a1, mut b1, tap1) = tapped_pair(max_io, crc);
+        let (mem2, mut a2, mut b2, tap2) = tapped_pair(max_io, crc);
+        let (a_key, b_key) = (a1.mr.stag, b1.mr.stag);
+        assert_eq!((a_key, b_key), (a2.mr.stag, b2.mr.stag));
+        let half = (ARENA / 2) as u64;
+        let b_addr = BASE + half;
+        let image = pattern(ARENA / 2, 9);
+        mem1.set(BASE, &image);
+        mem2.set(BASE, &image);
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        let settle = |mem: &Arena, a: &mut Side, b: &mut Side| pump_both(mem, a, b, 4 * 4096 / max_io.min(64) + 64);
+        for i in 0..120u64 {
+            // B keeps receives posted for the Sends.
+            for (mem, b) in [(&mem1, &mut b1), (&mem2, &mut b2)] {
+                while b.dp.rq.len() < 4 {
+                    let recv = RecvWqe { wr_id: 1000 + i, sges: smallvec::smallvec![Sge { addr: b_addr, length: 1024, lkey: b_key }] };
+                    assert_eq!(b.with(mem, |dp, env| dp.post_recv(env, recv, false)), None);
+                }
+            }
+            let len = match next(5) {
+                0 => 0,
+                1 => super::TX_COPY_MAX as u64 - 2 + next(4),
+                _ => next(600),
+            } as u32;
+            let at = BASE + next(8192);
+            let mut wqe = match next(6) {
+                0..=2 => send_wqe(i, opcode::SEND, Sge { addr: at, length: len, lkey: a_key }, 0, 0),
+                3 | 4 => send_wqe(i, opcode::RDMA_WRITE, Sge { addr: at, length: len, lkey: a_key }, b_addr + 4096 + next(4096), b_key),
+                _ => send_wqe(i, opcode::RDMA_READ, Sge { addr: BASE + 16384 + next(4096), length: len.min(1024), lkey: a_key }, b_addr + next(8192), b_key),
+            };
+            if next(3) == 0 {
+                wqe.flags &= !send_flags::SIGNALED;
+            }
+            if next(4) == 0 {
+                wqe.flags |= send_flags::SOLICITED;
+            }
+            if wqe.opcode == opcode::SEND && len <= 64 && next(2) == 0 {
+                wqe.payload = Payload::Inline(mem1.get(at, len as usize).as_slice().into());
+            }
+            // A few WRs in a row before the pairs settle: the later ones find the first still
+            // outstanding.
+            a1.post_send(&mem1, wqe.clone());
+            let r = a2.with(&mem2, |dp, env| dp.post_send(env, wqe, 16, false).map(|f| f.or_else(|| dp.doorbell(env))));
+            assert_eq!(r.unwrap(), None);
+            assert_eq!(tap1.bytes(), tap2.bytes(), "{max_io}-byte pieces, {crc:?}: WR {i} put different bytes in flight");
+            if next(3) != 0 {
+                settle(&mem1, &mut a1, &mut b1);
+                settle(&mem2, &mut a2, &mut b2);
+            }
+            assert_eq!(Side::completions(&a1.scq), Side::completions(&a2.scq), "WR {i}: A's send completions");
+            assert_eq!(Side::completions(&b1.rcq), Side::completions(&b2.rcq), "WR {i}: B's receive completions");
+        }
+        settle(&mem1, &mut a1, &mut b1);
+        settle(&mem2, &mut a2, &mut b2);
+        assert_eq!(Side::completions(&a1.scq), Side::completions(&a2.scq));
+        assert_eq!(mem1.get(BASE, ARENA), mem2.get(BASE, ARENA), "{max_io}-byte pieces, {crc:?}: memory differs");
+        lone_posts += a1.dp.link.as_ref().unwrap().lone_sent;
+        assert_eq!(a2.dp.link.as_ref().unwrap().lone_sent, 0, "a chained WR never goes alone");
+        for (x, y) in [(&a1, &a2), (&b1, &b2)] {
+            let (cx, cy) = (x.dp.link.as_ref().unwrap(), y.dp.link.as_ref().unwrap());
+            assert_eq!(cx.conn.counters(), cy.conn.counters());
+            assert!(cx.conn.is_established());
+        }
+    }
+    set_poller_clock(None);
+    assert!(lone_posts > 150, "only {lone_posts} WRs took the lone path");
+}

@@ -5,14 +5,15 @@
 use std::io;
 
 use smallvec::SmallVec;
-use uiw_wire::conn::Tx;
+use uiw_wire::conn::{LoneMsg, SendFlags, Tx};
+use uiw_wire::segment::DATA_HDR;
 use uiw_wire::placement::Source;
 
 use super::super::mr::Span;
 use super::super::user_memory::{IoPart, Pinned};
-use super::{run_ref_at, DataPath, Env, Fatal, Link, SendEntry, WrTable, TX_BYTES, TX_COPY_MAX, TX_PIECES};
+use super::{run_ref_at, DataPath, Env, Fatal, Link, Runs, SendEntry, WrTable, TRAILER_MAX, TX_BYTES, TX_COPY_MAX, TX_PIECES};
 use crate::engine::transport::would_block;
-use crate::engine::wr::Payload;
+use crate::engine::wr::{opcode, send_flags, Payload, SendWqe};
 
 /// One piece of the transmit backlog.
 #[derive(Debug)]
@@ -211,6 +212,90 @@ impl DataPath {
                 }
             }
         }
+    }
+}
+
+/// The largest FPDU [`DataPath::post_lone`] frames: a data header, a payload copied beside
+/// it, the trailer.
+const LONE_FRAME_MAX: usize = DATA_HDR + TX_COPY_MAX + TRAILER_MAX;
+
+impl DataPath {
+    /// Sends a lone small message at once: a Send or RDMA Write of at most [`TX_COPY_MAX`]
+    /// bytes that fits one FPDU, rung on its own on an established stream with nothing
+    /// outstanding (no WR on the send queue, no byte or completion held, the protocol core
+    /// idle: `Connection::send_lone`). The FPDU is framed on the stack and handed to the
+    /// stream in one call; its completion is reported as [`DataPath::pump_tx`] would have
+    /// reported it (`report_send`). What the general path goes through for it — a send-queue
+    /// entry, the core's posted-WR queue and events, a backlog run, the pins and the iovec
+    /// list of a `sendmsg` — was most of a post on a ping-pong of small messages, which is
+    /// what RDMA's latency tests and an MPI's small messages are.
+    ///
+    /// `None`: nothing was done, the WR takes the general path. `Some`: it was sent (or its
+    /// bytes were queued: a stream that took only part of them sends the rest as the backlog
+    /// does), with what the transmit reported.
+    pub(super) fn post_lone(&mut self, env: &Env, id: u64, wqe: &SendWqe, runs: &Runs) -> Option<Option<Fatal>> {
+        let n = wqe.payload.len() as usize;
+        if n > TX_COPY_MAX || !self.sq.is_empty() || wqe.flags & send_flags::FENCE != 0 {
+            return None;
+        }
+        let solicited = wqe.flags & send_flags::SOLICITED != 0;
+        let msg = match wqe.opcode {
+            opcode::SEND => LoneMsg::Send(SendFlags { solicited, invalidate: None }),
+            opcode::SEND_WITH_INV => LoneMsg::Send(SendFlags { solicited, invalidate: Some(wqe.imm_or_inv) }),
+            opcode::RDMA_WRITE => LoneMsg::Write { stag: wqe.rkey, to: wqe.remote_addr },
+            _ => return None,
+        };
+        let l = self.link.as_mut().filter(|l| l.established && l.tx.is_empty() && l.held.is_empty() && !l.tx_blocked)?;
+        // The payload is read before the core hears of the message: memory that is gone
+        // (deregistered since `resolve`) leaves the WR to the general path, which fails it.
+        let mut payload = [0u8; TX_COPY_MAX];
+        match &wqe.payload {
+            Payload::Inline(b) => payload[..n].copy_from_slice(&b[..n]),
+            Payload::Sges(_) => {
+                let mut at = 0;
+                for run in runs {
+                    let k = run.len() as usize;
+                    env.user_mem.read(&run.pin()?, &mut payload[at..at + k]);
+                    at += k;
+                }
+            }
+        }
+        let payload = &payload[..n];
+        let (seg, done) = l.conn.send_lone(id, msg, n as u32)?;
+        self.sq.pass();
+        #[cfg(test)]
+        {
+            l.lone_sent += 1;
+        }
+        let header = seg.header.as_slice();
+        let trailer = if seg.crc {
+            let mut crc = seg.crc_start();
+            crc.update(payload);
+            seg.trailer_after(crc)
+        } else {
+            seg.trailer_no_crc()
+        };
+        let mut frame = [0u8; LONE_FRAME_MAX];
+        let total = header.len() + n + trailer.as_slice().len();
+        frame[..header.len()].copy_from_slice(header);
+        frame[header.len()..header.len() + n].copy_from_slice(payload);
+        frame[header.len() + n..total].copy_from_slice(trailer.as_slice());
+        let frame = &frame[..total];
+        // A full socket, an interrupted call, a broken stream (an error: nothing sent): the
+        // general path's transmit deals with each, from the backlog.
+        let sent = l.stream.send(env.user_mem, &[IoPart::Bytes(frame)]).unwrap_or_default();
+        l.tx_queued += sent as u64;
+        l.tx_sent += sent as u64;
+        let mut fatal = None;
+        if sent < total {
+            l.push_bytes(&frame[sent..]);
+            fatal = self.pump_tx(env);
+        } else {
+            l.tx_blocked = false;
+            l.follow_mss();
+        }
+        self.report_send(env, wqe, done.status, done.byte_len);
+        Some(fatal)
     }
 }
 
