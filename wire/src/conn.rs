@@ -97,7 +97,8 @@ use crate::rdmap::{
     IMMEDIATE_LEN,
 };
 use crate::segment::{
-    self, DataHeader, Deframer, FrameError, RxEvent, RxSegment, Segmenter, Target, Trailer,
+    self, DataHeader, Deframer, FrameError, HeaderBuf, RxEvent, RxSegment, Segmenter, Target,
+    Trailer,
 };
 
 /// Upper word of an Immediate Data message that announces a Send with
@@ -1062,15 +1063,7 @@ impl Connection {
     ///
     /// `None`, and nothing changed: the message must take the general path.
     pub fn send_lone(&mut self, wr_id: u64, msg: LoneMsg, len: u32) -> Option<(TxSegment, Completion)> {
-        let idle = self.state == State::Established
-            && self.tx_hold.is_none()
-            && self.mpa_out.is_empty()
-            && self.cur_tx.is_none()
-            && self.tx_follow.is_empty()
-            && self.rsp.is_empty()
-            && self.sq.is_empty()
-            && self.sq_slots.is_empty();
-        if !idle || len as usize > self.mulpdu {
+        if !self.tx_idle() || !self.sq_slots.is_empty() || len as usize > self.mulpdu {
             return None;
         }
         let (op, target, wc) = match msg {
@@ -1109,6 +1102,61 @@ impl Connection {
             crc: self.crc,
         };
         Some((seg, Completion::new(wr_id, wc, WcStatus::Success, len)))
+    }
+
+    /// Whether nothing waits to go out: the next message posted would be the next one
+    /// handed out.
+    fn tx_idle(&self) -> bool {
+        self.state == State::Established
+            && self.tx_hold.is_none()
+            && self.mpa_out.is_empty()
+            && self.cur_tx.is_none()
+            && self.tx_follow.is_empty()
+            && self.rsp.is_empty()
+            && self.sq.is_empty()
+    }
+
+    /// Frames a lone RDMA Read Request at once (RFC 5040 §4.4): a Read posted when nothing
+    /// else waits to go out and the peer's IRD (our ORD, RFC 6581) has room for it. The
+    /// connection moves exactly as [`Connection::post_read`] followed by
+    /// [`Connection::next_tx`] would move it (the Read takes the next sequence number and the
+    /// next MSN of the Read Request queue, and is outstanding until its response), and the
+    /// caller gets the FPDU `next_tx` would have handed out — as a header (with the request's
+    /// body) and a trailer, framed without the heap. The Read completes when its response
+    /// has been placed, as any. `None`, and nothing changed: the Read takes the general path.
+    pub fn read_lone(&mut self, wr_id: u64, local_stag: u32, local_to: u64, stag: u32, to: u64, len: u32) -> Option<(HeaderBuf, Trailer)> {
+        let ord = self.neg.as_ref().map(|n| n.ord).unwrap_or(0) as usize;
+        let outstanding = self.orq.iter().filter(|r| !r.rtr).count() + self.atomics.len();
+        if !self.tx_idle() || ord == 0 || outstanding >= ord {
+            return None;
+        }
+        let seq = self.sq_head + self.sq_slots.len() as u64;
+        self.sq_slots.push_back(None);
+        self.tx_completed_last = None;
+        let rr = ReadRequest {
+            sink_stag: local_stag,
+            sink_to: local_to,
+            size: len,
+            src_stag: stag,
+            src_to: to,
+        };
+        let mut body = [0u8; crate::rdmap::READ_REQ_LEN];
+        rr.encode(&mut body);
+        let msn = self.next_msn(qn::READ_REQUEST);
+        let d = DdpHeader::untagged(qn::READ_REQUEST, msn, 0, 0, true, RdmapCtrl::new(Opcode::ReadRequest));
+        let header = segment::encode_header(&d, &body, 0);
+        let trailer = segment::trailer(self.crc, header.as_slice(), &[]);
+        self.orq.push_back(ReadWr {
+            seq,
+            wr_id,
+            local_stag,
+            local_to,
+            len,
+            done: 0,
+            rtr: false,
+        });
+        self.count_tx_control();
+        Some((header, trailer))
     }
 
     /// Post an RDMA Read of `len` bytes from the peer's `(stag, to)` into our

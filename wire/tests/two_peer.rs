@@ -1607,12 +1607,14 @@ fn slow_accept_within_reply_timeout_connects() {
     assert_eq!(a.ev, vec![Event::Failed(Failure::Timeout)]);
 }
 
-/// A Send or Write framed by `Connection::send_lone` leaves the same bytes, moves both
-/// connections the same way (MSNs, sequence numbers, counters) and completes the same as the
-/// same message posted and taken by `next_tx` — for every message that qualifies (payload
-/// within one FPDU, nothing else waiting to go out or to complete), and the lone path
-/// declines every other one (larger payloads, a Read outstanding, messages queued behind
-/// others), which then take the general path. Two pairs run the same script, one posting
+/// A Send or Write framed by `Connection::send_lone`, or a Read Request by
+/// `Connection::read_lone`, leaves the same bytes, moves both connections the same way (MSNs,
+/// sequence numbers, the outstanding Reads, counters) and completes the same as the same
+/// message posted and taken by `next_tx` — for every message that qualifies (a Send or Write
+/// whose payload fits one FPDU with nothing else waiting to go out or to complete; a Read
+/// with nothing waiting to go out and room under the ORD), and the lone path declines every
+/// other one (larger payloads, a Read outstanding, messages queued behind others, ORD
+/// reached), which then take the general path. Two pairs run the same script, one posting
 /// every message, the other trying `send_lone` first; CRC off and on.
 #[test]
 fn lone_messages_match_the_general_path() {
@@ -1620,6 +1622,8 @@ fn lone_messages_match_the_general_path() {
         let cfg = |role| {
             let mut c = Config::new(role);
             c.crc = crc;
+            // A batch of Reads reaches the ORD.
+            (c.ird, c.ord) = (1, 1);
             c
         };
         let (mut a1, mut b1) = pair(cfg(Role::Initiator), cfg(Role::Responder));
@@ -1681,9 +1685,18 @@ fn lone_messages_match_the_general_path() {
                     4..=6 => LoneMsg::Write { stag: 0xb00, to: 0x7000_0000 + next(4096) },
                     _ => {
                         // A Read: outstanding until its response arrives.
-                        let at = 0x10000 + next(2048);
-                        for p in [&mut a1, &mut a2] {
-                            p.c.post_read(wr_id, 0xa00, at, 0xb00, 0x7000_0000, len.min(2048) as u32).unwrap();
+                        let (at, n) = (0x10000 + next(2048), len.min(2048) as u32);
+                        a1.c.post_read(wr_id, 0xa00, at, 0xb00, 0x7000_0000, n).unwrap();
+                        match a2.c.read_lone(wr_id, 0xa00, at, 0xb00, 0x7000_0000, n) {
+                            Some((header, trailer)) => {
+                                lone += 1;
+                                wire2.extend_from_slice(header.as_slice());
+                                wire2.extend_from_slice(trailer.as_slice());
+                            }
+                            None => {
+                                declined += 1;
+                                a2.c.post_read(wr_id, 0xa00, at, 0xb00, 0x7000_0000, n).unwrap();
+                            }
                         }
                         continue;
                     }
