@@ -210,8 +210,8 @@ pub struct Link {
     tx_blocked: bool,
     /// The wire core's counters as last published to the QP's statistics (`stats::QpStats::sync`).
     pub stats_seen: uiw_wire::conn::Counters,
-    /// Messages sent by `DataPath::post_lone` (for the tests that compare it with the
-    /// general path).
+    /// Messages sent by `DataPath::post_lone` and `post_lone_read` (for the tests that
+    /// compare them with the general path).
     #[cfg(test)]
     pub(super) lone_sent: u64,
 }
@@ -579,6 +579,11 @@ impl DataPath {
         debug_assert_eq!(posted, id);
         if !self.established() {
             return Ok(None);
+        }
+        if ring && sink.is_some() {
+            if let Some(fatal) = self.post_lone_read(env, id) {
+                return Ok(fatal);
+            }
         }
         if let Some(f) = self.feed_send(env, id) {
             return Ok(Some(f));

@@ -855,8 +855,9 @@ fn tapped_pair(max_io: usize, crc: Crc) -> (Arena, Side, Side, Tap) {
 }
 
 /// A small Send or RDMA Write rung on its own leaves through `DataPath::post_lone` (framed on
-/// the stack, one call to the stream) when nothing is outstanding; the same WR rung at the end
-/// of a chain (`post_send` without ring, then `doorbell`) takes the general path. Two pairs
+/// the stack, one call to the stream) when nothing is outstanding, and an RDMA Read through
+/// `post_lone_read` when nothing waits to go out; the same WR rung at the end of a chain
+/// (`post_send` without ring, then `doorbell`) takes the general path. Two pairs
 /// run one script of Sends (gathered and inline, signaled or not, solicited), Writes and Reads
 /// of sizes around `TX_COPY_MAX`, one pair ringing each WR alone, the other through the
 /// doorbell: after every post the same bytes are in flight, and the completions on both sides,

@@ -216,8 +216,9 @@ impl DataPath {
 }
 
 /// The largest FPDU [`DataPath::post_lone`] frames: a data header, a payload copied beside
-/// it, the trailer.
+/// it, the trailer (a Read Request's, `post_lone_read`, is shorter).
 const LONE_FRAME_MAX: usize = DATA_HDR + TX_COPY_MAX + TRAILER_MAX;
+const _: () = assert!(LONE_FRAME_MAX >= uiw_wire::mpa::fpdu_len(uiw_wire::ddp::UNTAGGED_HDR_LEN + uiw_wire::rdmap::READ_REQ_LEN));
 
 impl DataPath {
     /// Sends a lone small message at once: a Send or RDMA Write of at most [`TX_COPY_MAX`]
@@ -263,10 +264,6 @@ impl DataPath {
         let payload = &payload[..n];
         let (seg, done) = l.conn.send_lone(id, msg, n as u32)?;
         self.sq.pass();
-        #[cfg(test)]
-        {
-            l.lone_sent += 1;
-        }
         let header = seg.header.as_slice();
         let trailer = if seg.crc {
             let mut crc = seg.crc_start();
@@ -280,22 +277,54 @@ impl DataPath {
         frame[..header.len()].copy_from_slice(header);
         frame[header.len()..header.len() + n].copy_from_slice(payload);
         frame[header.len() + n..total].copy_from_slice(trailer.as_slice());
-        let frame = &frame[..total];
-        // A full socket, an interrupted call, a broken stream (an error: nothing sent): the
-        // general path's transmit deals with each, from the backlog.
+        let fatal = self.send_framed(env, &frame[..total]);
+        self.report_send(env, wqe, done.status, done.byte_len);
+        Some(fatal)
+    }
+
+    /// Sends a lone RDMA Read Request at once (`Connection::read_lone`): a Read rung on its
+    /// own on an idle established stream, with room under the ORD. WR `id` is on the send
+    /// queue already, and stays there until its response has been placed.
+    ///
+    /// `None`: nothing was done, the WR takes the general path. `Some`: its request was sent
+    /// (or queued, as [`DataPath::post_lone`]'s FPDU), with what the transmit reported.
+    pub(super) fn post_lone_read(&mut self, env: &Env, id: u64) -> Option<Option<Fatal>> {
+        let l = self.link.as_mut().filter(|l| l.established && l.tx.is_empty() && !l.tx_blocked)?;
+        let e = self.sq.get_mut(id).filter(|e| !e.fed && e.wqe.opcode == opcode::RDMA_READ && e.wqe.flags & send_flags::FENCE == 0)?;
+        let w = &e.wqe;
+        let (header, trailer) = l.conn.read_lone(id, e.sink?, 0, w.rkey, w.remote_addr, w.payload.len() as u32)?;
+        e.fed = true;
+        let (header, trailer) = (header.as_slice(), trailer.as_slice());
+        let mut frame = [0u8; LONE_FRAME_MAX];
+        let total = header.len() + trailer.len();
+        frame[..header.len()].copy_from_slice(header);
+        frame[header.len()..total].copy_from_slice(trailer);
+        Some(self.send_framed(env, &frame[..total]))
+    }
+
+    /// Hands one framed FPDU to an idle stream in one call. A stream that takes only part of it
+    /// gets the rest through the backlog: a full socket, an interrupted call or a broken stream
+    /// (an error: nothing sent) is then dealt with by the general transmit, [`DataPath::pump_tx`].
+    fn send_framed(&mut self, env: &Env, frame: &[u8]) -> Option<Fatal> {
+        let l = self.link.as_mut()?;
+        debug_assert!(l.tx.is_empty(), "a frame goes ahead of nothing queued");
+        #[cfg(test)]
+        {
+            l.lone_sent += 1;
+        }
         let sent = l.stream.send(env.user_mem, &[IoPart::Bytes(frame)]).unwrap_or_default();
         l.tx_queued += sent as u64;
         l.tx_sent += sent as u64;
-        let mut fatal = None;
-        if sent < total {
+        if sent < frame.len() {
             l.push_bytes(&frame[sent..]);
-            fatal = self.pump_tx(env);
-        } else {
-            l.tx_blocked = false;
-            l.follow_mss();
+            return self.pump_tx(env);
         }
-        self.report_send(env, wqe, done.status, done.byte_len);
-        Some(fatal)
+        l.tx_blocked = false;
+        l.follow_mss();
+        // As after any batch that left: completions held behind earlier bytes, or for an
+        // answer that this new WR makes moot, go now.
+        release_held(l, env, self.sq.is_empty());
+        None
     }
 }
 
