@@ -1453,7 +1453,9 @@ impl Connection {
     }
 
     fn control_fpdu(&self, ddp: &DdpHeader, body: &[u8], payload: &[u8]) -> Vec<u8> {
-        let mut v = Vec::new();
+        // Room for the whole FPDU at once: grown as its three parts were appended, the buffer
+        // was allocated and then moved once more.
+        let mut v = Vec::with_capacity(mpa::fpdu_len(segment::MAX_HDR + body.len() + payload.len()));
         segment::encode_fpdu(ddp, body, payload, self.crc, &mut v);
         v
     }
