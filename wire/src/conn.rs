@@ -1319,6 +1319,20 @@ impl Connection {
         }
     }
 
+    /// Whether [`Connection::next_tx`] may hand out something now: when false, it would hand
+    /// out nothing (a poll of an idle stream need not ask).
+    pub fn tx_pending(&self) -> bool {
+        !self.mpa_out.is_empty()
+            || match self.state {
+                State::Established => {
+                    self.tx_hold.is_none()
+                        && (self.cur_tx.is_some() || !self.tx_follow.is_empty() || !self.rsp.is_empty() || !self.sq.is_empty())
+                }
+                State::Error => !self.rsp.is_empty(),
+                _ => false,
+            }
+    }
+
     /// Zero-copy transmit: the next unit to send. Handing out the last
     /// segment of a Send or Write completes it (as siw does).
     pub fn next_tx(&mut self) -> Option<Tx> {

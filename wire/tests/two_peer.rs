@@ -191,6 +191,12 @@ impl Peer {
 fn pump_with(a: &mut Peer, b: &mut Peer, tamper: &mut dyn FnMut(&mut Vec<u8>)) -> (usize, usize) {
     let (mut na, mut nb) = (0, 0);
     loop {
+        // A connection that says nothing is pending hands out nothing.
+        for p in [&mut *a, &mut *b] {
+            if !p.c.tx_pending() {
+                assert!(p.c.next_tx().is_none(), "tx_pending said no, next_tx had something ({:?})", p.c.state());
+            }
+        }
         let mut moved = false;
         let mut buf = Vec::new();
         while a.c.poll_transmit(&mut buf, &a.m) {
