@@ -35,7 +35,10 @@ impl DataPath {
         if f.is_some() {
             return (false, f);
         }
-        let f = self.pump_tx(env);
+        // A poll of an idle stream (nothing queued or held, nothing for the core to hand out
+        // or report) has nothing to transmit: a spinning application's every empty poll asked.
+        let idle = self.link.as_ref().is_some_and(|l| l.tx.is_empty() && l.held.is_empty() && !l.conn.has_events() && !l.conn.tx_pending());
+        let f = if idle { None } else { self.pump_tx(env) };
         match self.link.as_mut() {
             // A write that fails now (the peer's reset answering bytes sent after its close)
             // does not make the orderly close a lost stream.
