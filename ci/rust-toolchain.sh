@@ -34,7 +34,7 @@ uiw_with_rustup_home() {
 uiw_find_cargo() {
 	local user=${1:-} min dirs=() d home ver found=""
 	min=$(uiw_rust_min)
-	[[ -n "$min" ]] || min=1.75
+	[[ -n "$min" ]] || min=1.88
 	if command -v cargo >/dev/null 2>&1; then
 		dirs+=("$(dirname "$(command -v cargo)")")
 	fi
