@@ -248,36 +248,37 @@ impl DataPath {
         };
         let l = self.link.as_mut().filter(|l| l.established && l.tx.is_empty() && l.held.is_empty() && !l.tx_blocked)?;
         // The payload is read before the core hears of the message: memory that is gone
-        // (deregistered since `resolve`) leaves the WR to the general path, which fails it.
-        let mut payload = [0u8; TX_COPY_MAX];
+        // (deregistered since `resolve`) leaves the WR to the general path, which fails it. It
+        // goes straight to its place in the frame, after the longest data header; the header
+        // then ends where it begins.
+        let mut frame = [0u8; LONE_FRAME_MAX];
+        let body = DATA_HDR..DATA_HDR + n;
         match &wqe.payload {
-            Payload::Inline(b) => payload[..n].copy_from_slice(&b[..n]),
+            Payload::Inline(b) => frame[body.clone()].copy_from_slice(&b[..n]),
             Payload::Sges(_) => {
-                let mut at = 0;
+                let mut at = DATA_HDR;
                 for run in runs {
                     let k = run.len() as usize;
-                    env.user_mem.read(&run.pin()?, &mut payload[at..at + k]);
+                    env.user_mem.read(&run.pin()?, &mut frame[at..at + k]);
                     at += k;
                 }
             }
         }
-        let payload = &payload[..n];
         let (seg, done) = l.conn.send_lone(id, msg, n as u32)?;
         self.sq.pass();
         let header = seg.header.as_slice();
         let trailer = if seg.crc {
             let mut crc = seg.crc_start();
-            crc.update(payload);
+            crc.update(&frame[body.clone()]);
             seg.trailer_after(crc)
         } else {
             seg.trailer_no_crc()
         };
-        let mut frame = [0u8; LONE_FRAME_MAX];
-        let total = header.len() + n + trailer.as_slice().len();
-        frame[..header.len()].copy_from_slice(header);
-        frame[header.len()..header.len() + n].copy_from_slice(payload);
-        frame[header.len() + n..total].copy_from_slice(trailer.as_slice());
-        let fatal = self.send_framed(env, &frame[..total]);
+        let start = DATA_HDR - header.len();
+        let end = body.end + trailer.as_slice().len();
+        frame[start..DATA_HDR].copy_from_slice(header);
+        frame[body.end..end].copy_from_slice(trailer.as_slice());
+        let fatal = self.send_framed(env, &frame[start..end]);
         self.report_send(env, wqe, done.status, done.byte_len);
         Some(fatal)
     }
