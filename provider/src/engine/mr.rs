@@ -172,17 +172,25 @@ impl Mr {
         Ok(off)
     }
 
-    /// [`Mr::check`], and the checked range as a [`Span`].
-    pub fn span(self: &Arc<Mr>, pd: u32, to: u64, len: u64, needed: u32) -> Result<Span, AccessError> {
+    /// [`Mr::check`], and the checked range as a [`Span`]. The span takes the reference
+    /// (callers hold one just looked up: a clone and a drop were two locked instructions on
+    /// every SGE of every post).
+    pub fn span(self: Arc<Mr>, pd: u32, to: u64, len: u64, needed: u32) -> Result<Span, AccessError> {
         let off = self.check(pd, to, len, needed)?;
-        Ok(Span { mr: self.clone(), addr: self.addr + off, len })
+        let addr = self.addr + off;
+        Ok(Span { mr: self, addr, len })
     }
 
     /// The region from `to` (iova space) to its end, for placement whose length the protocol
-    /// core has already checked; `None` if `to` is outside.
-    pub fn span_from(self: &Arc<Mr>, to: u64) -> Option<Span> {
+    /// core has already checked; `None` if `to` is outside. Takes the reference, as
+    /// [`Mr::span`].
+    pub fn span_from(self: Arc<Mr>, to: u64) -> Option<Span> {
         let off = to.checked_sub(self.iova)?;
-        (off < self.length).then(|| Span { mr: self.clone(), addr: self.addr + off, len: self.length - off })
+        if off >= self.length {
+            return None;
+        }
+        let (addr, len) = (self.addr + off, self.length - off);
+        Some(Span { mr: self, addr, len })
     }
 
     /// Stops new pins and waits until the pins held are released (each covers one system call
@@ -475,18 +483,18 @@ mod tests {
     fn spans_are_checked_and_sub_ranges_never_leave_them() {
         let t = MrTable::new(4);
         let mr = t.register(1, 0x1000, 64, 0x9000, LOCAL_WRITE).unwrap();
-        assert!(mr.span(2, 0x9000, 8, 0).is_err(), "other PD");
-        assert!(mr.span(1, 0x9000 + 60, 8, 0).is_err(), "past the end");
-        assert!(mr.span(1, u64::MAX, 2, 0).is_err(), "wraps");
-        let s = mr.span(1, 0x9010, 16, 0).unwrap();
+        assert!(mr.clone().span(2, 0x9000, 8, 0).is_err(), "other PD");
+        assert!(mr.clone().span(1, 0x9000 + 60, 8, 0).is_err(), "past the end");
+        assert!(mr.clone().span(1, u64::MAX, 2, 0).is_err(), "wraps");
+        let s = mr.clone().span(1, 0x9010, 16, 0).unwrap();
         assert_eq!((s.pin().unwrap().addr(), s.len()), (0x1010, 16));
         assert_eq!(s.sub(8, 8).unwrap().pin().unwrap().addr(), 0x1018);
         assert!(s.sub(8, 9).is_none());
         assert!(s.sub(u64::MAX, 2).is_none(), "offset arithmetic is checked");
         assert!(s.tail(17).is_none());
-        assert_eq!(mr.span_from(0x9000 + 63).unwrap().len(), 1);
-        assert!(mr.span_from(0x9000 + 64).is_none());
-        assert!(mr.span_from(0x8fff).is_none());
+        assert_eq!(mr.clone().span_from(0x9000 + 63).unwrap().len(), 1);
+        assert!(mr.clone().span_from(0x9000 + 64).is_none());
+        assert!(mr.clone().span_from(0x8fff).is_none());
     }
 
     #[test]
@@ -494,7 +502,7 @@ mod tests {
         use std::sync::mpsc;
         let t = Arc::new(MrTable::new(4));
         let mr = t.register(1, 0x1000, 64, 0x1000, LOCAL_WRITE).unwrap();
-        let span = mr.span(1, 0x1000, 64, 0).unwrap();
+        let span = mr.clone().span(1, 0x1000, 64, 0).unwrap();
         let pin = span.pin().unwrap();
         let (tx, rx) = mpsc::channel();
         let (t2, stag) = (t.clone(), mr.stag);
