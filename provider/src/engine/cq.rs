@@ -354,7 +354,10 @@ impl CqObj {
     /// waits for this poll, or every half lease (the poller keeps its QPs' leases, so doorbells
     /// posted between its polls go out together at the next).
     pub fn polling(&self, empty: bool) {
-        self.polls.fetch_add(1, Ordering::Relaxed);
+        // A load and a store, not a locked add: pollers of one CQ racing each other may lose
+        // an increment, but the count still moves, and whether it moved since a post is all a
+        // QP asks of it (`Qp::defer_doorbell`).
+        self.polls.store(self.polls.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
         super::affinity::note_app_cpu();
         let (now, _held) = super::clock::hold();
         // A load and a store, not an exchange: pollers of one CQ racing each other only blur

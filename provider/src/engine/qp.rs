@@ -1208,7 +1208,11 @@ impl Qp {
         if !Arc::ptr_eq(&self.send_cq, &self.recv_cq) {
             polls = polls.wrapping_add(self.recv_cq.polls.load(Ordering::Relaxed));
         }
-        let again = self.polls_at_post.swap(polls, Ordering::Relaxed) == polls;
+        // Read, and written only when it changed: no locked exchange on every post.
+        let again = self.polls_at_post.load(Ordering::Relaxed) == polls;
+        if !again {
+            self.polls_at_post.store(polls, Ordering::Relaxed);
+        }
         if !again || !lease_enabled() {
             return false;
         }
