@@ -1104,6 +1104,12 @@ impl Connection {
         Some((seg, Completion::new(wr_id, wc, WcStatus::Success, len)))
     }
 
+    /// Reads and Atomics outstanding: what counts against the peer's IRD, our ORD (RFC 6581;
+    /// RFC 7306 §5.2 for Atomics).
+    fn ord_used(&self) -> usize {
+        self.orq.iter().filter(|r| !r.rtr).count() + self.atomics.len()
+    }
+
     /// Whether nothing waits to go out: the next message posted would be the next one
     /// handed out.
     fn tx_idle(&self) -> bool {
@@ -1126,35 +1132,17 @@ impl Connection {
     /// has been placed, as any. `None`, and nothing changed: the Read takes the general path.
     pub fn read_lone(&mut self, wr_id: u64, local_stag: u32, local_to: u64, stag: u32, to: u64, len: u32) -> Option<(HeaderBuf, Trailer)> {
         let ord = self.neg.as_ref().map(|n| n.ord).unwrap_or(0) as usize;
-        let outstanding = self.orq.iter().filter(|r| !r.rtr).count() + self.atomics.len();
-        if !self.tx_idle() || ord == 0 || outstanding >= ord {
+        if !self.tx_idle() || ord == 0 || self.ord_used() >= ord {
             return None;
         }
         let seq = self.sq_head + self.sq_slots.len() as u64;
         self.sq_slots.push_back(None);
         self.tx_completed_last = None;
-        let rr = ReadRequest {
-            sink_stag: local_stag,
-            sink_to: local_to,
-            size: len,
-            src_stag: stag,
-            src_to: to,
-        };
-        let mut body = [0u8; crate::rdmap::READ_REQ_LEN];
-        rr.encode(&mut body);
+        let body = self.read_outstanding(seq, wr_id, local_stag, local_to, stag, to, len, false);
         let msn = self.next_msn(qn::READ_REQUEST);
         let d = DdpHeader::untagged(qn::READ_REQUEST, msn, 0, 0, true, RdmapCtrl::new(Opcode::ReadRequest));
         let header = segment::encode_header(&d, &body, 0);
         let trailer = segment::trailer(self.crc, header.as_slice(), &[]);
-        self.orq.push_back(ReadWr {
-            seq,
-            wr_id,
-            local_stag,
-            local_to,
-            len,
-            done: 0,
-            rtr: false,
-        });
         self.count_tx_control();
         Some((header, trailer))
     }
@@ -1433,7 +1421,7 @@ impl Connection {
                 );
                 return self.next_tx();
             }
-            if self.orq.iter().filter(|r| !r.rtr).count() + self.atomics.len() >= ord {
+            if self.ord_used() >= ord {
                 return None; // wait for a Read/Atomic Response (ORD)
             }
         }
@@ -1441,7 +1429,7 @@ impl Connection {
             // RFC 7306 §5.2: Atomic Requests count against the peer's IRD (our ORD) with the
             // Reads; the responder Terminates a requester that overruns it.
             let ord = self.neg.as_ref().map(|n| n.ord).unwrap_or(0) as usize;
-            if ord > 0 && self.orq.iter().filter(|r| !r.rtr).count() + self.atomics.len() >= ord {
+            if ord > 0 && self.ord_used() >= ord {
                 return None;
             }
         }
@@ -1615,6 +1603,26 @@ impl Connection {
         len: u32,
         rtr: bool,
     ) {
+        let b = self.read_outstanding(seq, wr_id, local_stag, local_to, stag, to, len, rtr);
+        let bytes = self.control_message(qn::READ_REQUEST, Opcode::ReadRequest, &b, &[]);
+        self.tx_follow.push_back(bytes);
+    }
+
+    /// A Read of `len` bytes from the peer's `(stag, to)` into our `(local_stag, local_to)`
+    /// is outstanding from now on (until its response is placed); returns its Read Request's
+    /// body (RFC 5040 §4.4).
+    #[allow(clippy::too_many_arguments)]
+    fn read_outstanding(
+        &mut self,
+        seq: u64,
+        wr_id: u64,
+        local_stag: u32,
+        local_to: u64,
+        stag: u32,
+        to: u64,
+        len: u32,
+        rtr: bool,
+    ) -> [u8; crate::rdmap::READ_REQ_LEN] {
         let rr = ReadRequest {
             sink_stag: local_stag,
             sink_to: local_to,
@@ -1624,7 +1632,6 @@ impl Connection {
         };
         let mut b = [0u8; crate::rdmap::READ_REQ_LEN];
         rr.encode(&mut b);
-        let bytes = self.control_message(qn::READ_REQUEST, Opcode::ReadRequest, &b, &[]);
         self.orq.push_back(ReadWr {
             seq,
             wr_id,
@@ -1634,7 +1641,7 @@ impl Connection {
             done: 0,
             rtr,
         });
-        self.tx_follow.push_back(bytes);
+        b
     }
 
     // ------------------------------------------------------------------
