@@ -1138,7 +1138,8 @@ impl Connection {
         let seq = self.sq_head + self.sq_slots.len() as u64;
         self.sq_slots.push_back(None);
         self.tx_completed_last = None;
-        let body = self.read_outstanding(seq, wr_id, local_stag, local_to, stag, to, len, false);
+        let read = ReadWr { seq, wr_id, local_stag, local_to, len, done: 0, rtr: false };
+        let body = self.read_outstanding(read, stag, to);
         let msn = self.next_msn(qn::READ_REQUEST);
         let d = DdpHeader::untagged(qn::READ_REQUEST, msn, 0, 0, true, RdmapCtrl::new(Opcode::ReadRequest));
         let header = segment::encode_header(&d, &body, 0);
@@ -1543,7 +1544,8 @@ impl Connection {
                 to,
                 len,
             } => {
-                self.send_read_request(seq, wr_id, local_stag, local_to, stag, to, len, false);
+                let read = ReadWr { seq, wr_id, local_stag, local_to, len, done: 0, rtr: false };
+                self.send_read_request(read, stag, to);
             }
             SqWr::Atomic {
                 wr_id,
@@ -1591,56 +1593,26 @@ impl Connection {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn send_read_request(
-        &mut self,
-        seq: u64,
-        wr_id: u64,
-        local_stag: u32,
-        local_to: u64,
-        stag: u32,
-        to: u64,
-        len: u32,
-        rtr: bool,
-    ) {
-        let b = self.read_outstanding(seq, wr_id, local_stag, local_to, stag, to, len, rtr);
+    /// Queues the Read Request of `read` for the peer's `(stag, to)`.
+    fn send_read_request(&mut self, read: ReadWr, stag: u32, to: u64) {
+        let b = self.read_outstanding(read, stag, to);
         let bytes = self.control_message(qn::READ_REQUEST, Opcode::ReadRequest, &b, &[]);
         self.tx_follow.push_back(bytes);
     }
 
-    /// A Read of `len` bytes from the peer's `(stag, to)` into our `(local_stag, local_to)`
-    /// is outstanding from now on (until its response is placed); returns its Read Request's
-    /// body (RFC 5040 §4.4).
-    #[allow(clippy::too_many_arguments)]
-    fn read_outstanding(
-        &mut self,
-        seq: u64,
-        wr_id: u64,
-        local_stag: u32,
-        local_to: u64,
-        stag: u32,
-        to: u64,
-        len: u32,
-        rtr: bool,
-    ) -> [u8; crate::rdmap::READ_REQ_LEN] {
+    /// `read`, from the peer's `(stag, to)`, is outstanding from now on (until its response is
+    /// placed); returns its Read Request's body (RFC 5040 §4.4).
+    fn read_outstanding(&mut self, read: ReadWr, stag: u32, to: u64) -> [u8; crate::rdmap::READ_REQ_LEN] {
         let rr = ReadRequest {
-            sink_stag: local_stag,
-            sink_to: local_to,
-            size: len,
+            sink_stag: read.local_stag,
+            sink_to: read.local_to,
+            size: read.len,
             src_stag: stag,
             src_to: to,
         };
         let mut b = [0u8; crate::rdmap::READ_REQ_LEN];
         rr.encode(&mut b);
-        self.orq.push_back(ReadWr {
-            seq,
-            wr_id,
-            local_stag,
-            local_to,
-            len,
-            done: 0,
-            rtr,
-        });
+        self.orq.push_back(read);
         b
     }
 
@@ -2112,7 +2084,8 @@ impl Connection {
             }
             Some(RtrKind::Read) => {
                 // Zero-length Read: its Read Response completes nothing.
-                self.send_read_request(u64::MAX, u64::MAX, 1, 0, 1, 0, 0, true);
+                let rtr = ReadWr { seq: u64::MAX, wr_id: u64::MAX, local_stag: 1, local_to: 0, len: 0, done: 0, rtr: true };
+                self.send_read_request(rtr, 1, 0);
             }
             Some(RtrKind::Send) => {
                 let b = self.control_message(qn::SEND, Opcode::Send, &[], &[]);
