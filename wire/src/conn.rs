@@ -359,6 +359,21 @@ pub struct SendFlags {
     pub invalidate: Option<u32>,
 }
 
+impl SendFlags {
+    /// The RDMAP opcode of a Send with these flags (RFC 5040 §4.3: Send, Send with Invalidate,
+    /// with Solicited Event, both), and where it goes: the Send queue's message `msn`, the
+    /// STag to invalidate in the reserved ULP field (RFC 5041 §4.4).
+    fn message(self, msn: u32) -> (Opcode, Target) {
+        let op = match (self.solicited, self.invalidate.is_some()) {
+            (false, false) => Opcode::Send,
+            (false, true) => Opcode::SendInv,
+            (true, false) => Opcode::SendSe,
+            (true, true) => Opcode::SendSeInv,
+        };
+        (op, Target::Untagged { qn: qn::SEND, msn, rsvd_ulp: self.invalidate.unwrap_or(0) })
+    }
+}
+
 /// A message [`Connection::send_lone`] may frame at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LoneMsg {
@@ -1068,17 +1083,7 @@ impl Connection {
         }
         let (op, target, wc) = match msg {
             LoneMsg::Send(flags) => {
-                let op = match (flags.solicited, flags.invalidate.is_some()) {
-                    (false, false) => Opcode::Send,
-                    (false, true) => Opcode::SendInv,
-                    (true, false) => Opcode::SendSe,
-                    (true, true) => Opcode::SendSeInv,
-                };
-                let target = Target::Untagged {
-                    qn: qn::SEND,
-                    msn: self.tx_msn[qn::SEND as usize],
-                    rsvd_ulp: flags.invalidate.unwrap_or(0),
-                };
+                let (op, target) = flags.message(self.tx_msn[qn::SEND as usize]);
                 (op, target, WcOpcode::Send)
             }
             LoneMsg::Write { stag, to } => (Opcode::Write, Target::Tagged { stag, to }, WcOpcode::RdmaWrite),
@@ -1491,18 +1496,7 @@ impl Connection {
                     let word = (u64::from(SEND_IMM_TAG) << 32) | u64::from(v);
                     self.control_message(qn::SEND, Opcode::ImmediateData, &[], &word.to_be_bytes())
                 });
-                let op = match (flags.solicited, flags.invalidate.is_some()) {
-                    (false, false) => Opcode::Send,
-                    (false, true) => Opcode::SendInv,
-                    (true, false) => Opcode::SendSe,
-                    (true, true) => Opcode::SendSeInv,
-                };
-                let msn = self.next_msn(qn::SEND);
-                let target = Target::Untagged {
-                    qn: qn::SEND,
-                    msn,
-                    rsvd_ulp: flags.invalidate.unwrap_or(0),
-                };
+                let (op, target) = flags.message(self.next_msn(qn::SEND));
                 self.cur_tx = Some(OutMsg {
                     seg: self.segmenter(op, target, len, self.mulpdu),
                     source: Source::Wr { wr_id, offset: 0 },
