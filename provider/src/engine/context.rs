@@ -339,9 +339,9 @@ impl Context {
             inner: Mutex::new(QpInner { attrs: qp_state::init_attrs_from_create(&cap), dp: DataPath::default(), parked: Vec::new(), open_at: None, provisional: false, cm: None }),
         });
         let polled: Arc<dyn PolledQp> = qp.clone();
-        qp.send_cq.qps.lock().push(Arc::downgrade(&polled));
+        qp.send_cq.add_qp(Arc::downgrade(&polled));
         if !Arc::ptr_eq(&qp.send_cq, &qp.recv_cq) {
-            qp.recv_cq.qps.lock().push(Arc::downgrade(&polled));
+            qp.recv_cq.add_qp(Arc::downgrade(&polled));
         }
         if let Some(s) = &qp.srq {
             s.qps.lock().push(Arc::downgrade(&qp));

@@ -232,6 +232,9 @@ pub trait PolledQp: Send + Sync {
     /// the QP at the other end is one of this process's, it places what it was sent before
     /// the poll returns (see `Qp::local_peer`).
     fn delivered(&self);
+    /// The QP's stream is up and its peer is known not to be one of this process's QPs (see
+    /// `Qp::local_peer`): [`PolledQp::delivered`] has nothing to do for it, now or later.
+    fn peer_elsewhere(&self) -> bool;
 }
 
 /// The most QPs of one CQ whose input one poll looks at together (see [`input_quiet`]).
@@ -312,6 +315,10 @@ pub struct CqObj {
     armed: AtomicBool,
     /// Completions queued so far, counted under `q`'s lock (see [`CqObj::still_empty`]).
     queued: AtomicU64,
+    /// Every QP in `qps` has its peer in another process ([`PolledQp::peer_elsewhere`]):
+    /// a poll that reports a Send or Write has no QP of ours to place it (see
+    /// [`CqObj::delivered`]). Written under `qps`' lock; a QP that joins clears it.
+    peers_elsewhere: AtomicBool,
 }
 
 impl CqObj {
@@ -334,6 +341,7 @@ impl CqObj {
             polled_at: AtomicU64::new(0),
             armed: AtomicBool::new(false),
             queued: AtomicU64::new(0),
+            peers_elsewhere: AtomicBool::new(false),
         }
     }
 
@@ -498,11 +506,30 @@ impl CqObj {
 
     /// A poll took a completion of QP `qpn` that [`delivered`] says the peer has (called with
     /// the CQ's queue let go: the peer may complete into this CQ).
+    ///
+    /// Once every QP of the CQ is known to talk to another process, that is a load: a poll
+    /// that returned a Send's or Write's completion took the QP list's lock and a reference
+    /// to each QP (four locked instructions) to learn, each time, that there was nothing to do.
     pub fn delivered(&self, qpn: u32) {
+        if self.peers_elsewhere.load(Ordering::Relaxed) {
+            return;
+        }
         let qp = self.qps.lock().iter().filter_map(Weak::upgrade).find(|q| q.qpn() == qpn);
         if let Some(qp) = qp {
+            // Finds out, the first time, where the peer is.
             qp.delivered();
         }
+        let qps = self.qps.lock();
+        if qps.iter().all(|w| w.upgrade().is_none_or(|q| q.peer_elsewhere())) {
+            self.peers_elsewhere.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// A QP completes into this CQ from now on: polls drive it, and learn where its peer is.
+    pub fn add_qp(&self, qp: Weak<dyn PolledQp>) {
+        let mut qps = self.qps.lock();
+        qps.push(qp);
+        self.peers_elsewhere.store(false, Ordering::Relaxed);
     }
 
     /// The CQ's QPs (taken on every poll: a CQ serves one QP or a few, kept without allocating).
@@ -624,6 +651,27 @@ mod tests {
         /// that input (quiet or not).
         probe: Option<i32>,
         last_quiet: Mutex<Option<bool>>,
+        /// Whether its peer is known to be another process's; how often a poll asked it to
+        /// place what it delivered at a peer of this process.
+        elsewhere: AtomicBool,
+        asked_delivered: AtomicU32,
+    }
+
+    impl Fake {
+        fn new(full: bool, probe: Option<i32>) -> Arc<Fake> {
+            Arc::new(Fake {
+                full,
+                driven: AtomicU32::new(0),
+                aside: Mutex::new(None),
+                awaits: AtomicBool::new(false),
+                last_poller: Mutex::new(None),
+                handed_back: AtomicU32::new(0),
+                probe,
+                last_quiet: Mutex::new(None),
+                elsewhere: AtomicBool::new(false),
+                asked_delivered: AtomicU32::new(0),
+            })
+        }
     }
 
     impl PolledQp for Fake {
@@ -648,7 +696,12 @@ mod tests {
         fn serve_others(&self, own: &dyn Fn(u32) -> bool, renewed_before: u64) {
             *self.aside.lock() = Some((renewed_before, own(1)));
         }
-        fn delivered(&self) {}
+        fn delivered(&self) {
+            self.asked_delivered.fetch_add(1, Ordering::Relaxed);
+        }
+        fn peer_elsewhere(&self) -> bool {
+            self.elsewhere.load(Ordering::Relaxed)
+        }
     }
 
     fn cq_with(full: &[bool]) -> (CqObj, Vec<Arc<Fake>>) {
@@ -659,26 +712,41 @@ mod tests {
     fn cq_probing(qps: &[(bool, Option<i32>)]) -> (CqObj, Vec<Arc<Fake>>) {
         let (tx, rx) = std::os::unix::net::UnixStream::pair().unwrap();
         let cq = CqObj::new(8, None, Arc::new(AsyncSink::new(tx, rx, 16)));
-        let qps: Vec<Arc<Fake>> = qps
-            .iter()
-            .map(|&(f, probe)| {
-                Arc::new(Fake {
-                    full: f,
-                    driven: AtomicU32::new(0),
-                    aside: Mutex::new(None),
-                    awaits: AtomicBool::new(false),
-                    last_poller: Mutex::new(None),
-                    handed_back: AtomicU32::new(0),
-                    probe,
-                    last_quiet: Mutex::new(None),
-                })
-            })
-            .collect();
+        let qps: Vec<Arc<Fake>> = qps.iter().map(|&(f, probe)| Fake::new(f, probe)).collect();
         for q in &qps {
-            let w: Weak<dyn PolledQp> = Arc::downgrade(&(q.clone() as Arc<dyn PolledQp>));
-            cq.qps.lock().push(w);
+            add(&cq, q);
         }
         (cq, qps)
+    }
+
+    fn add(cq: &CqObj, qp: &Arc<Fake>) {
+        let w: Weak<dyn PolledQp> = Arc::downgrade(&(qp.clone() as Arc<dyn PolledQp>));
+        cq.add_qp(w);
+    }
+
+    /// A poll that took a Send's or Write's completion asks the QP to place it at a peer of
+    /// this process until every QP of the CQ is known to talk to another process (then there
+    /// is never anything to place: no lock, no walk of the QPs); a QP that joins the CQ makes
+    /// polls ask again.
+    #[test]
+    fn delivery_is_looked_into_until_every_peer_is_known_to_be_elsewhere() {
+        let asked = |q: &Fake| q.asked_delivered.load(Ordering::Relaxed);
+        let (cq, qps) = cq_with(&[false]);
+        cq.delivered(1);
+        cq.delivered(1);
+        assert_eq!(asked(&qps[0]), 2, "where the peer is is not known yet");
+        qps[0].elsewhere.store(true, Ordering::Relaxed);
+        cq.delivered(1);
+        cq.delivered(1);
+        assert_eq!(asked(&qps[0]), 3, "known to be elsewhere after the third poll");
+        let late = Fake::new(false, None);
+        add(&cq, &late);
+        cq.delivered(1);
+        assert_eq!(asked(&qps[0]), 4, "a QP joined whose peer is not known yet");
+        late.elsewhere.store(true, Ordering::Relaxed);
+        cq.delivered(1);
+        cq.delivered(1);
+        assert_eq!(asked(&qps[0]), 5, "both known to be elsewhere");
     }
 
     /// A poll that found the queue empty returns without looking again only while nothing was

@@ -1456,6 +1456,9 @@ impl PolledQp for Qp {
         // not necessarily from a post that served the peer (`post_send`).
         self.sent_to_local_peer()
     }
+    fn peer_elsewhere(&self) -> bool {
+        matches!(self.local_peer.get(), Some(None))
+    }
 }
 
 impl CmQp for Qp {
