@@ -9,8 +9,8 @@ set -euo pipefail
 usage() {
     cat <<'USAGE'
 Usage: perftest/spdk/run.sh build --spdk DIR --isal DIR --isal-crypto DIR [--work DIR]
-       perftest/spdk/run.sh bench [--work DIR] [--time SECS] [--uiw PATH] [--tcp-only|--rdma-only]
-                                  [--alternate N]
+       perftest/spdk/run.sh bench [--work DIR] [--time SECS] [--reps N] [--uiw PATH]
+                                  [--tcp-only|--rdma-only] [--alternate N]
        perftest/spdk/run.sh all   --spdk DIR --isal DIR --isal-crypto DIR [--work DIR] [--time SECS]
 
 build   Copy the SPDK tree (and isa-l / isa-l_crypto, checked out at the commits SPDK pins:
@@ -19,8 +19,9 @@ build   Copy the SPDK tree (and isa-l / isa-l_crypto, checked out at the commits
         --with-rdma, CONFIG_IPSEC_MB=n) and build nvmf_tgt and spdk_nvme_perf.
         Your trees are never modified.
 bench   Run nvmf_tgt + spdk_nvme_perf (each pinned to its own core) over uiw's RDMA (both under
-        `uiw run`) and over SPDK's NVMe/TCP on 127.0.0.1, data verified, and print a table:
-        4 KiB random read / write at QD1 and QD16, 128 KiB sequential read / write at QD16.
+        `uiw run`) and over SPDK's NVMe/TCP on 127.0.0.1, data verified, and print a table of
+        medians over --reps interleaved repetitions: 4 KiB random read / write at QD1 and QD16,
+        128 KiB sequential read / write at QD16.
 all     build, then bench.
 
 Options:
@@ -29,6 +30,10 @@ Options:
   --isal-crypto DIR   isa-l_crypto checkout at SPDK's pinned commit
   --work DIR          build and run directory (default /tmp/uiw-spdk)
   --time SECS         seconds per perf run (default 10)
+  --reps N            run every row N times, the transports interleaved within each repetition
+                      (rdma, tcp, rdma, tcp, ...), and print each cell's median with its range
+                      and the ratio of the medians (default 3; one run of a row swings by up to 2x
+                      on a shared machine)
   --uiw PATH          the uiw CLI (default: target/release/uiw of this repository)
   --no-huge           run SPDK with --no-huge -s 1024 (default: hugepages if 2 MiB pages are free)
   --alternate N       instead of the table: N rounds of 4 KiB random reads at QD1 for SECS seconds,
@@ -47,7 +52,7 @@ die() { say "error: $*"; exit 1; }
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 cmd=${1:-}; [ $# -gt 0 ] && shift
-spdk_src= isal_src= isalc_src= work=/tmp/uiw-spdk secs=10 uiw= nohuge=0 modes="rdma tcp" alternate=0
+spdk_src= isal_src= isalc_src= work=/tmp/uiw-spdk secs=10 reps=3 uiw= nohuge=0 modes="rdma tcp" alternate=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --spdk) spdk_src=$2; shift 2 ;;
@@ -55,6 +60,7 @@ while [ $# -gt 0 ]; do
         --isal-crypto) isalc_src=$2; shift 2 ;;
         --work) work=$2; shift 2 ;;
         --time) secs=$2; shift 2 ;;
+        --reps) reps=$2; shift 2 ;;
         --uiw) uiw=$2; shift 2 ;;
         --no-huge) nohuge=1; shift ;;
         --tcp-only) modes="tcp"; shift ;;
@@ -266,38 +272,63 @@ JSON
         done
         return
     fi
-    local w results=()
+    [ "$reps" -ge 1 ] 2>/dev/null || die "--reps N needs a whole number of at least 1"
     local loads=("randread 4096 1" "randread 4096 16" "randwrite 4096 1" "randwrite 4096 16"
                  "read 131072 16" "write 131072 16")
-    for w in "${loads[@]}"; do
-        set -- $w
-        local row="$1 $2 $3"
-        for m in $modes; do
-            local log=$run/perf-$m-$1-$2-$3.log total
-            say "perf: $1 -o $2 -q $3 -t $secs over $m"
-            if total=$(perf_run "$m" "$1" "$2" "$3" "$log") && [ -n "$total" ]; then
-                row="$row $total"
-            else
-                fail=1; tail -20 "$log" >&2; say "  FAILED (log $log)"; row="$row - - -"
-            fi
+    local cells=$run/cells k w order
+    mkdir -p "$cells"
+    # Repetition after repetition, every row once each time: a row's samples spread over the
+    # whole run, and within a row the transports take turns going first.
+    for k in $(seq 1 "$reps"); do
+        order=$modes
+        if [ $((k % 2)) = 0 ]; then order=$(echo "$modes" | tr ' ' '\n' | tac | xargs); fi
+        for w in "${loads[@]}"; do
+            set -- $w
+            for m in $order; do
+                local log=$run/perf-$m-$1-$2-$3-$k.log total
+                say "perf ($k/$reps): $1 -o $2 -q $3 -t $secs over $m"
+                if total=$(perf_run "$m" "$1" "$2" "$3" "$log") && [ -n "$total" ]; then
+                    echo "$k $total" >>"$cells/$m-$1-$2-$3"
+                else
+                    fail=1; tail -20 "$log" >&2; say "  FAILED (log $log)"
+                fi
+            done
         done
-        results+=("$row")
     done
+    # median FILE COLUMN: the median of a column of "rep IOPS MiB/s avg-us" lines ("-" if none)
+    median() {
+        [ -s "$1" ] || { echo -; return; }
+        awk -v c="$2" '{ print $c }' "$1" | sort -g |
+            awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+    }
+    # range FILE: "min-max" of the IOPS column
+    range() {
+        [ -s "$1" ] || { echo -; return; }
+        awk '{ print $2 }' "$1" | sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%.0f-%.0f", lo, hi }'
+    }
+    # per_rep A B: the ratio A/B of each repetition's IOPS where both ran
+    per_rep() {
+        [ -s "$1" ] && [ -s "$2" ] || return 0
+        join <(sort -k1,1 "$1") <(sort -k1,1 "$2") | sort -n | awk '{ printf "%s%.2f", (NR > 1 ? " " : ""), ($5 > 0 ? $2 / $5 : 0) }'
+    }
 
     echo
-    echo "SPDK $(cat "$work/spdk/VERSION" 2>/dev/null || echo '?') nvmf_tgt (malloc bdev, core 0) + spdk_nvme_perf (core 1), ${secs}s each, $(date -u +%FT%TZ)"
+    echo "SPDK $(cat "$work/spdk/VERSION" 2>/dev/null || echo '?') nvmf_tgt (malloc bdev, core 0) + spdk_nvme_perf (core 1), ${secs}s each, $reps repetition(s), medians, $(date -u +%FT%TZ)"
     printf '%-10s %7s %3s' workload size qd
-    for m in $modes; do printf ' | %-8s %9s %8s %9s' "$m" IOPS MiB/s "avg us"; done
-    [ "$modes" = "rdma tcp" ] && printf ' | %s' "uiw/TCP IOPS"
+    for m in $modes; do printf ' | %-5s %10s %15s %8s %8s' "$m" IOPS "(range)" MiB/s "avg us"; done
+    [ "$modes" = "rdma tcp" ] && printf ' | %s' "uiw/TCP IOPS (per repetition)"
     echo
-    local r
-    for r in "${results[@]}"; do
-        set -- $r
-        printf '%-10s %7s %3s' "$1" "$2" "$3"; shift 3
-        local iops=()
-        for m in $modes; do printf ' | %-8s %9s %8s %9s' "" "$1" "$2" "$3"; iops+=("$1"); shift 3; done
+    for w in "${loads[@]}"; do
+        set -- $w
+        printf '%-10s %7s %3s' "$1" "$2" "$3"
+        local med=()
+        for m in $modes; do
+            local f=$cells/$m-$1-$2-$3
+            printf ' | %-5s %10s %15s %8s %8s' "" "$(median "$f" 2)" "($(range "$f"))" "$(median "$f" 3)" "$(median "$f" 4)"
+            med+=("$(median "$f" 2)")
+        done
         if [ "$modes" = "rdma tcp" ]; then
-            printf ' | %s' "$(ratio "${iops[0]}" "${iops[1]}")"
+            printf ' | %s (%s)' "$(ratio "${med[0]}" "${med[1]}")" "$(per_rep "$cells/rdma-$1-$2-$3" "$cells/tcp-$1-$2-$3")"
         fi
         echo
     done
