@@ -1109,6 +1109,12 @@ impl Connection {
         Some((seg, Completion::new(wr_id, wc, WcStatus::Success, len)))
     }
 
+    /// Our ORD as negotiated (the peer's IRD, RFC 6581): how many Reads and Atomics may be
+    /// outstanding at once; 0 before negotiation, or where none were granted.
+    fn ord(&self) -> usize {
+        self.neg.as_ref().map(|n| n.ord).unwrap_or(0) as usize
+    }
+
     /// Reads and Atomics outstanding: what counts against the peer's IRD, our ORD (RFC 6581;
     /// RFC 7306 §5.2 for Atomics).
     fn ord_used(&self) -> usize {
@@ -1136,7 +1142,7 @@ impl Connection {
     /// body) and a trailer, framed without the heap. The Read completes when its response
     /// has been placed, as any. `None`, and nothing changed: the Read takes the general path.
     pub fn read_lone(&mut self, wr_id: u64, local_stag: u32, local_to: u64, stag: u32, to: u64, len: u32) -> Option<(HeaderBuf, Trailer)> {
-        let ord = self.neg.as_ref().map(|n| n.ord).unwrap_or(0) as usize;
+        let ord = self.ord();
         if !self.tx_idle() || ord == 0 || self.ord_used() >= ord {
             return None;
         }
@@ -1417,7 +1423,7 @@ impl Connection {
         let front = self.sq.front()?;
         if let SqWr::Read { wr_id, .. } = front.wr {
             let seq = front.seq;
-            let ord = self.neg.as_ref().map(|n| n.ord).unwrap_or(0) as usize;
+            let ord = self.ord();
             if ord == 0 {
                 // No outbound reads negotiated (e.g. siw as a rev-1 peer).
                 self.sq.pop_front();
@@ -1434,7 +1440,7 @@ impl Connection {
         if let SqWr::Atomic { .. } = front.wr {
             // RFC 7306 §5.2: Atomic Requests count against the peer's IRD (our ORD) with the
             // Reads; the responder Terminates a requester that overruns it.
-            let ord = self.neg.as_ref().map(|n| n.ord).unwrap_or(0) as usize;
+            let ord = self.ord();
             if ord > 0 && self.ord_used() >= ord {
                 return None;
             }
