@@ -488,10 +488,18 @@ impl Net {
     /// arrived earlier on another stream (perftest's credit Write, sent before its rdma_cm
     /// handshake) must not be placed after that. Kernel sockets need none of this: the
     /// application thread never reads their neighbours' bytes.
+    ///
+    /// Inlined down to the look at whether any raw transport runs (never, on kernel
+    /// sockets): every poll of a spinning application asks (see [`Net::serve_leased`]).
+    #[inline]
     pub fn serve_fed(&self, skip: &dyn Fn(u32) -> bool) {
-        if !self.has_raw.load(Ordering::Acquire) {
-            return;
+        if self.has_raw.load(Ordering::Acquire) {
+            self.serve_fed_raw(skip);
         }
+    }
+
+    #[inline(never)]
+    fn serve_fed_raw(&self, skip: &dyn Fn(u32) -> bool) {
         let mut fds = Vec::new();
         for t in self.raw_turn.read().iter() {
             t.take_readable(&mut fds);
@@ -573,12 +581,23 @@ impl Net {
     /// application posted later to other QPs. A poll of another CQ and a doorbell that rings
     /// at once serve such QPs first, so that placement and the wire keep the application's
     /// order (an RNIC places a Write as it arrives and rings doorbells as they are written).
+    ///
+    /// Inlined down to the glance at the leases, which settles the common cases (nothing
+    /// leased; only the caller's own QP): a poll that read a message and the post that
+    /// answers it each ask, between the `recv` and the `send` of a ping-pong, and the
+    /// call's frame (the collecting path's registers saved and restored) cost more than the
+    /// glance.
+    #[inline]
     pub fn serve_leased(&self, skip: &dyn Fn(u32) -> bool, due: &dyn Fn(&dyn Endpoint) -> bool) {
         match self.leased_glance.load(Ordering::Acquire) {
-            0 => return,
-            g if g >> 32 == 1 && skip(g as u32) => return,
-            _ => {}
+            0 => {}
+            g if g >> 32 == 1 && skip(g as u32) => {}
+            _ => self.serve_leased_others(skip, due),
         }
+    }
+
+    #[inline(never)]
+    fn serve_leased_others(&self, skip: &dyn Fn(u32) -> bool, due: &dyn Fn(&dyn Endpoint) -> bool) {
         let qpns: Vec<u32> = {
             let leased = self.leased.lock();
             if leased.iter().all(|&q| skip(q)) {
