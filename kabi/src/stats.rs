@@ -166,6 +166,25 @@ impl StatsMap {
         unsafe { &*self.ptr.add(i) }
     }
 
+    /// Words `first..first + N` of the file.
+    fn words<const N: usize>(&self, first: usize) -> &[AtomicU64; N] {
+        assert!(first + N <= self.words);
+        // SAFETY: the N words are in bounds of the live mapping, which is 8-byte aligned
+        // (page aligned); an array of N atomics has their layout.
+        unsafe { &*(self.ptr.add(first) as *const [AtomicU64; N]) }
+    }
+
+    /// The device block's counters, indexed by [`Counter`] (one bounds check for all of
+    /// them: a message's publish adds to several).
+    pub fn device_counters(&self) -> &[AtomicU64; NCOUNTERS] {
+        self.words(DEVICE_OFF / 8)
+    }
+
+    /// QP slot `slot`'s counters, indexed by [`Counter`].
+    pub fn slot_counters(&self, slot: usize) -> &[AtomicU64; NCOUNTERS] {
+        self.words((SLOTS_OFF + slot * SLOT_LEN) / 8 + 1)
+    }
+
     /// A device-block counter.
     pub fn device(&self, c: Counter) -> &AtomicU64 {
         self.word(DEVICE_OFF / 8 + c as usize)

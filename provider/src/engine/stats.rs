@@ -100,6 +100,23 @@ fn prune(dir: &Path) {
     }
 }
 
+/// The counters the wire core keeps, in the order of [`wire_order`].
+const WIRE_COUNTERS: [Counter; 8] = [
+    Counter::TxBytes,
+    Counter::RxBytes,
+    Counter::TxMsgs,
+    Counter::RxMsgs,
+    Counter::TxFpdus,
+    Counter::RxFpdus,
+    Counter::TxTerminates,
+    Counter::RxTerminates,
+];
+
+/// The wire core's counters as the values of [`WIRE_COUNTERS`].
+fn wire_order(c: &Counters) -> [u64; 8] {
+    [c.tx_bytes, c.rx_bytes, c.tx_msgs, c.rx_msgs, c.tx_fpdus, c.rx_fpdus, c.tx_terminates, c.rx_terminates]
+}
+
 /// One QP's counters: a slot in its device's file (if one was free) and the device block.
 pub struct QpStats {
     map: Option<Arc<StatsMap>>,
@@ -142,24 +159,16 @@ impl QpStats {
         QpStats { map, slot }
     }
 
-    /// Adds `n` to counter `c`, in the device block and in the QP's slot. `serialized`: the
-    /// caller is the slot counter's one writer ([`QpStats::sync`], under the QP's lock), so
-    /// the slot's word is read and written back rather than added to with a locked
-    /// instruction — a message's sync makes three adds on each side. The device block, which
-    /// every QP of the process adds to, always takes a locked add.
-    fn add(&self, c: Counter, n: u64, serialized: bool) {
+    /// Adds `n` to counter `c`, in the device block and in the QP's slot (with locked adds:
+    /// the callers are not serialized by the QP).
+    fn add(&self, c: Counter, n: u64) {
         if n == 0 {
             return;
         }
         let Some(m) = &self.map else { return };
         m.device(c).fetch_add(n, Ordering::Relaxed);
         if let Some(s) = self.slot {
-            let w = m.slot(s, c);
-            if serialized {
-                w.store(w.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
-            } else {
-                w.fetch_add(n, Ordering::Relaxed);
-            }
+            m.slot(s, c).fetch_add(n, Ordering::Relaxed);
         }
     }
 
@@ -174,38 +183,51 @@ impl QpStats {
         }
     }
 
+    /// The differences go straight into the device block's and the slot's counter arrays
+    /// (one bounds check each): a message's publish, on the path from the `recv` that
+    /// brings it to the `send` of the answer, went through [`QpStats::add`] once per counter,
+    /// each call finding the map, the slot and the word again.
     fn publish(&self, seen: &mut Counters, now: &Counters) {
-        let was = *seen;
+        let was = wire_order(seen);
         *seen = *now;
-        self.add(Counter::TxBytes, now.tx_bytes.wrapping_sub(was.tx_bytes), true);
-        self.add(Counter::RxBytes, now.rx_bytes.wrapping_sub(was.rx_bytes), true);
-        self.add(Counter::TxMsgs, now.tx_msgs.wrapping_sub(was.tx_msgs), true);
-        self.add(Counter::RxMsgs, now.rx_msgs.wrapping_sub(was.rx_msgs), true);
-        self.add(Counter::TxFpdus, now.tx_fpdus.wrapping_sub(was.tx_fpdus), true);
-        self.add(Counter::RxFpdus, now.rx_fpdus.wrapping_sub(was.rx_fpdus), true);
-        self.add(Counter::TxTerminates, now.tx_terminates.wrapping_sub(was.tx_terminates), true);
-        self.add(Counter::RxTerminates, now.rx_terminates.wrapping_sub(was.rx_terminates), true);
+        let Some(m) = &self.map else { return };
+        let device = m.device_counters();
+        let slot = self.slot.map(|s| m.slot_counters(s));
+        for (i, now) in wire_order(now).into_iter().enumerate() {
+            let n = now.wrapping_sub(was[i]);
+            if n == 0 {
+                continue;
+            }
+            device[WIRE_COUNTERS[i] as usize].fetch_add(n, Ordering::Relaxed);
+            if let Some(slot) = slot {
+                // The caller is the slot counter's one writer (it holds the QP): the word is
+                // read and written back, not added to with a locked instruction. The device
+                // block, which every QP of the process adds to, takes a locked add.
+                let w = &slot[WIRE_COUNTERS[i] as usize];
+                w.store(w.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+            }
+        }
     }
 
     /// A thread waiting on a completion channel served the QP's stream (see
     /// `events::EventQueue::serve_ready`).
     pub fn reader_served(&self) {
-        self.add(Counter::ReaderServes, 1, false);
+        self.add(Counter::ReaderServes, 1);
     }
 
     /// `n` work requests completed as flushed.
     pub fn flushed(&self, n: usize) {
-        self.add(Counter::FlushedWrs, n as u64, false);
+        self.add(Counter::FlushedWrs, n as u64);
     }
 
     /// A stream failed (unreachable, reset, peer gone, MPA rejected).
     pub fn conn_error(&self) {
-        self.add(Counter::ConnErrors, 1, false);
+        self.add(Counter::ConnErrors, 1);
     }
 
     /// A stream completed MPA negotiation.
     pub fn established(&self) {
-        self.add(Counter::ConnEstablished, 1, false);
+        self.add(Counter::ConnEstablished, 1);
     }
 }
 
@@ -215,6 +237,51 @@ impl Drop for QpStats {
         if let (Some(m), Some(s)) = (&self.map, self.slot) {
             let w = m.slot_word(s).load(Ordering::Relaxed);
             m.slot_word(s).store((w & !layout::SLOT_LIVE) | layout::SLOT_DESTROYED, Ordering::Release);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every counter of the wire core lands in its own word of the device block and of the
+    /// QP's slot, and a second publish adds only what moved since the first.
+    #[test]
+    fn a_publish_adds_each_wire_counter_to_its_own_word() {
+        let map = Arc::new(StatsMap::anonymous(std::process::id(), 0, "uiw_test").unwrap());
+        let stats = QpStats { map: Some(map.clone()), slot: Some(3) };
+        let mut now = Counters {
+            tx_bytes: 1,
+            rx_bytes: 2,
+            tx_msgs: 4,
+            rx_msgs: 8,
+            tx_fpdus: 16,
+            rx_fpdus: 32,
+            tx_terminates: 64,
+            rx_terminates: 128,
+        };
+        let mut seen = Counters::default();
+        stats.sync(&mut seen, &now);
+        now.rx_bytes += 1000;
+        now.rx_fpdus += 1;
+        stats.sync(&mut seen, &now);
+        stats.sync(&mut seen, &now);
+        let expect = [
+            (Counter::TxBytes, 1),
+            (Counter::RxBytes, 1002),
+            (Counter::TxMsgs, 4),
+            (Counter::RxMsgs, 8),
+            (Counter::TxFpdus, 16),
+            (Counter::RxFpdus, 33),
+            (Counter::TxTerminates, 64),
+            (Counter::RxTerminates, 128),
+            (Counter::FlushedWrs, 0),
+        ];
+        for (c, v) in expect {
+            assert_eq!(map.device(c).load(Ordering::Relaxed), v, "device {c:?}");
+            assert_eq!(map.slot(3, c).load(Ordering::Relaxed), v, "slot {c:?}");
+            assert_eq!(map.slot(2, c).load(Ordering::Relaxed), 0, "another slot {c:?}");
         }
     }
 }
