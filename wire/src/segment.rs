@@ -42,6 +42,11 @@ impl<const N: usize> InlineBuf<N> {
             len: 0,
         }
     }
+    /// `len` zero bytes.
+    pub fn zeroed(len: usize) -> Self {
+        assert!(len <= N);
+        InlineBuf { buf: [0; N], len }
+    }
     pub fn as_slice(&self) -> &[u8] {
         &self.buf[..self.len]
     }
@@ -116,11 +121,9 @@ pub fn trailer(crc_on: bool, header: &[u8], payload: &[&[u8]]) -> Trailer {
 /// The trailer of an FPDU without CRC (pad bytes and a zero CRC field):
 /// only the payload length matters.
 pub fn trailer_for_len(header: &[u8], payload_len: usize) -> Trailer {
-    let pad = pad_len(header.len() - LEN_FIELD + payload_len);
-    let mut t = Trailer::new();
-    t.push(&[0u8; 3][..pad]);
-    t.push(&[0u8; 4]);
-    t
+    // Pad and CRC field are zeros: a fresh buffer holds them already (two pushes of slices
+    // of zeros cost a tenth of a small message's post).
+    Trailer::zeroed(pad_len(header.len() - LEN_FIELD + payload_len) + CRC_LEN)
 }
 
 /// The trailer of an FPDU whose payload the caller checksums where it lies
@@ -529,6 +532,66 @@ impl Deframer {
         };
     }
 
+    /// The length of the header that `probe` (at least [`PROBE`] bytes: the MPA length and
+    /// the DDP and RDMAP control bytes) begins: MPA length field, DDP header and the control
+    /// bytes its RDMAP opcode carries. Checks the ULPDU length against what the opcode needs
+    /// and what this side accepts before anything of the segment is consumed; records it.
+    fn header_len(&mut self, probe: &[u8]) -> Result<usize, FrameError> {
+        let ul = u16::from_be_bytes([probe[0], probe[1]]);
+        if ul as usize > self.max_ulpdu {
+            return Err(FrameError::UlpduTooLong(ul));
+        }
+        let dl = DdpHeader::len_for_ctrl(probe[2]);
+        let op = RdmapCtrl::from_byte(probe[3]).op();
+        let ctl = match op {
+            Some(o) if o.is_control() => (ul as usize).saturating_sub(dl),
+            Some(o) => o.body_len(),
+            None => 0,
+        };
+        let min_body = op.map(|o| o.body_len()).unwrap_or(0);
+        if (ul as usize) < dl + min_body {
+            return Err(FrameError::UlpduTooShort(ul));
+        }
+        if ctl > CONTROL_CAP {
+            return Err(FrameError::ControlTooLong(ul));
+        }
+        self.ulpdu_len = ul;
+        Ok(LEN_FIELD + dl + ctl)
+    }
+
+    /// A segment's whole header `h` ([`Deframer::header_len`] bytes) is in: its CRC starts,
+    /// its control bytes are kept, and its payload or trailer comes next.
+    fn header_done(&mut self, h: &[u8]) -> Result<RxEvent, FrameError> {
+        self.crc = Crc32c::new();
+        if self.crc_on {
+            self.crc.update(h);
+        }
+        let (ddp, dl) = match DdpHeader::parse(&h[LEN_FIELD..]) {
+            Ok(x) => x,
+            Err(_) => return Err(FrameError::UlpduTooShort(self.ulpdu_len)),
+        };
+        self.control.clear();
+        self.control.push(&h[LEN_FIELD + dl..]);
+        let consumed_ulpdu = h.len() - LEN_FIELD;
+        let payload_len = (self.ulpdu_len as usize - consumed_ulpdu) as u32;
+        let seg = RxSegment {
+            ulpdu_len: self.ulpdu_len,
+            ddp,
+            control_len: self.control.len() as u8,
+            payload_len,
+        };
+        self.hdr.clear();
+        self.trailer.clear();
+        self.st = if payload_len > 0 {
+            St::Payload { rem: payload_len }
+        } else {
+            St::Trailer {
+                need: pad_len(self.ulpdu_len as usize) + CRC_LEN,
+            }
+        };
+        Ok(RxEvent::Segment(seg))
+    }
+
     /// Consume bytes of the stream. Header and trailer bytes are copied
     /// into the deframer; payload bytes are only accounted (CRC) and
     /// reported as `RxEvent::Payload(n)` — the caller places `data[..n]`.
@@ -538,6 +601,14 @@ impl Deframer {
     pub fn feed(&mut self, data: &[u8]) -> Result<(usize, Option<RxEvent>), FrameError> {
         match self.st {
             St::Header { mut need } => {
+                // The whole header at the start of `data` (a segment's header nearly always
+                // comes in one read) is parsed where it lies, without gathering it first.
+                if need == PROBE && self.hdr.is_empty() && data.len() >= PROBE {
+                    let full = self.header_len(data)?;
+                    if data.len() >= full {
+                        return Ok((full, Some(self.header_done(&data[..full])?)));
+                    }
+                }
                 let mut take = 0;
                 // The probe (length and control bytes) tells how long the header is; the rest
                 // of it usually came with the probe, and is taken in the same call.
@@ -552,62 +623,17 @@ impl Deframer {
                         break;
                     }
                     let h = self.hdr.as_slice();
-                    let ul = u16::from_be_bytes([h[0], h[1]]);
-                    if ul as usize > self.max_ulpdu {
-                        return Err(FrameError::UlpduTooLong(ul));
-                    }
-                    let dl = DdpHeader::len_for_ctrl(h[2]);
-                    let op = RdmapCtrl::from_byte(h[3]).op();
-                    let ctl = match op {
-                        Some(o) if o.is_control() => (ul as usize).saturating_sub(dl),
-                        Some(o) => o.body_len(),
-                        None => 0,
-                    };
-                    let min_body = op.map(|o| o.body_len()).unwrap_or(0);
-                    if (ul as usize) < dl + min_body {
-                        return Err(FrameError::UlpduTooShort(ul));
-                    }
-                    if ctl > CONTROL_CAP {
-                        return Err(FrameError::ControlTooLong(ul));
-                    }
-                    self.ulpdu_len = ul;
-                    let full = LEN_FIELD + dl + ctl;
+                    let full = self.header_len(&[h[0], h[1], h[2], h[3]])?;
                     if full <= need {
                         break;
                     }
                     need = full;
                     self.st = St::Header { need };
                 }
-                // Header complete.
-                let h = self.hdr.as_slice();
-                self.crc = Crc32c::new();
-                if self.crc_on {
-                    self.crc.update(h);
-                }
-                let (ddp, dl) = match DdpHeader::parse(&h[LEN_FIELD..]) {
-                    Ok(x) => x,
-                    Err(_) => return Err(FrameError::UlpduTooShort(self.ulpdu_len)),
-                };
-                self.control.clear();
-                self.control.push(&h[LEN_FIELD + dl..]);
-                let consumed_ulpdu = h.len() - LEN_FIELD;
-                let payload_len = (self.ulpdu_len as usize - consumed_ulpdu) as u32;
-                let seg = RxSegment {
-                    ulpdu_len: self.ulpdu_len,
-                    ddp,
-                    control_len: self.control.len() as u8,
-                    payload_len,
-                };
-                self.hdr.clear();
-                self.trailer.clear();
-                self.st = if payload_len > 0 {
-                    St::Payload { rem: payload_len }
-                } else {
-                    St::Trailer {
-                        need: pad_len(self.ulpdu_len as usize) + CRC_LEN,
-                    }
-                };
-                Ok((take, Some(RxEvent::Segment(seg))))
+                let mut h = [0u8; MAX_HDR];
+                let n = self.hdr.len();
+                h[..n].copy_from_slice(self.hdr.as_slice());
+                Ok((take, Some(self.header_done(&h[..n])?)))
             }
             St::Payload { rem } => {
                 let n = (rem as usize).min(data.len());
@@ -957,6 +983,48 @@ mod tests {
         // Outside a payload nothing is taken (and the CRC is not asked for).
         let mut d = Deframer::new(true);
         assert_eq!(d.feed_placed(10, |_, _| panic!("no payload")).0, 0);
+    }
+
+    /// The bad headers of [`deframer_errors`] fail the same way when they come a byte at a
+    /// time (gathered before they are looked at) as when they come whole (looked at where
+    /// they lie); a good header is consumed to the same byte either way.
+    #[test]
+    fn deframer_errors_do_not_depend_on_how_the_header_arrives() {
+        let mut terminate = vec![0x03, 0xfa, 0x41, 0x47];
+        terminate.extend([0u8; 16]);
+        let bad: [(&[u8], FrameError); 3] = [
+            (&[0, 4, 0xc1, 0x40], FrameError::UlpduTooShort(4)),
+            (&terminate, FrameError::ControlTooLong(1018)),
+            (&[0, 20, 0x41, 0x41], FrameError::UlpduTooShort(20)),
+        ];
+        for (h, e) in bad {
+            let mut d = Deframer::new(false);
+            assert_eq!(d.feed(h).unwrap_err(), e, "whole {h:02x?}");
+            let mut d = Deframer::new(false);
+            let err = h.iter().find_map(|b| d.feed(std::slice::from_ref(b)).err());
+            assert_eq!(err, Some(e), "a byte at a time {h:02x?}");
+        }
+        let mut d = Deframer::new(false).with_max_ulpdu(100);
+        assert_eq!(d.feed(&[0, 101, 0xc1, 0x40]).unwrap_err(), FrameError::UlpduTooLong(101));
+        let mut d = Deframer::new(false).with_max_ulpdu(100);
+        assert!(matches!(d.feed(&[0, 101]).unwrap(), (2, None)));
+        assert_eq!(d.feed(&[0xc1, 0x40]).unwrap_err(), FrameError::UlpduTooLong(101));
+        // A Write header followed by its payload: whole, the header's 16 bytes are taken;
+        // split after the probe, the rest of them.
+        let w = DdpHeader::tagged(9, 0, true, RdmapCtrl::new(Opcode::Write));
+        let mut wire = Vec::new();
+        encode_fpdu(&w, &[], &[7u8; 8], false, &mut wire);
+        let mut whole = Deframer::new(false);
+        let (n, ev) = whole.feed(&wire).unwrap();
+        assert_eq!(n, LEN_FIELD + TAGGED_HDR_LEN);
+        let Some(RxEvent::Segment(a)) = ev else { panic!("{ev:?}") };
+        let mut split = Deframer::new(false);
+        assert!(matches!(split.feed(&wire[..PROBE]).unwrap(), (PROBE, None)));
+        let (k, ev) = split.feed(&wire[PROBE..]).unwrap();
+        assert_eq!(PROBE + k, n);
+        let Some(RxEvent::Segment(b)) = ev else { panic!("{ev:?}") };
+        assert_eq!((a.ulpdu_len, a.payload_len, a.control_len), (b.ulpdu_len, b.payload_len, b.control_len));
+        assert_eq!(whole.want(), split.want());
     }
 
     #[test]
