@@ -339,10 +339,15 @@ impl MrTable {
 
     /// The region a peer may address with `stag` (not invalidated).
     pub fn lookup_remote(&self, stag: u32) -> Option<Arc<Mr>> {
-        if self.any_invalidated.load(Ordering::Acquire) && self.invalidated.read().contains(&stag) {
+        if self.invalidated(stag) {
             return None;
         }
         self.lookup(stag)
+    }
+
+    /// Whether a peer invalidated `stag` (RFC 5040 §5.2) and it is still registered.
+    fn invalidated(&self, stag: u32) -> bool {
+        self.any_invalidated.load(Ordering::Acquire) && self.invalidated.read().contains(&stag)
     }
 
     /// Send with Invalidate: `stag` of protection domain `pd` stops being valid for remote
@@ -386,6 +391,69 @@ impl MrTable {
     }
 }
 
+/// The region a QP addressed last, kept by the QP (under its lock) beside the table it came
+/// from: the next access through the same STag finds it without the table's lock.
+///
+/// A ping-pong's message and its answer address one region three times between the `recv`
+/// that brings the message and the `send` of the answer (the peer's Write checked, its
+/// payload placed, the answer's SGE resolved); each table lookup took the table's read lock
+/// and released it, two locked instructions of the thirty on that path. What the table
+/// would say is what the hint says: a region found deregistered (or being deregistered) is
+/// looked up again, and the STag a peer invalidated is refused as the table refuses it.
+/// Holding the region's reference keeps only its description, never its memory: accesses
+/// still pin it ([`Span::pin`]), which fails once `ibv_dereg_mr` began.
+#[derive(Default)]
+pub struct MrHint {
+    last: std::cell::Cell<Option<Arc<Mr>>>,
+}
+
+impl std::fmt::Debug for MrHint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MrHint")
+    }
+}
+
+impl MrHint {
+    /// `f` applied to the region `stag` names in `table` now (`None`: none does).
+    fn with<R>(&self, table: &MrTable, stag: u32, f: impl FnOnce(&Arc<Mr>) -> R) -> Option<R> {
+        let mut last = self.last.take();
+        if !last.as_ref().is_some_and(|m| m.stag == stag && m.pins.load(Ordering::Acquire) & GONE == 0) {
+            match table.lookup(stag) {
+                Some(m) => last = Some(m),
+                None => {
+                    self.last.set(last);
+                    return None;
+                }
+            }
+        }
+        let r = last.as_ref().map(f);
+        self.last.set(last);
+        r
+    }
+
+    /// [`MrTable::lookup`].
+    pub fn lookup(&self, table: &MrTable, stag: u32) -> Option<Arc<Mr>> {
+        self.with(table, stag, Arc::clone)
+    }
+
+    /// [`MrTable::lookup_remote`].
+    pub fn lookup_remote(&self, table: &MrTable, stag: u32) -> Option<Arc<Mr>> {
+        if table.invalidated(stag) {
+            return None;
+        }
+        self.lookup(table, stag)
+    }
+
+    /// [`Mr::check`] of the region a peer addresses with `stag` (not invalidated), without
+    /// taking a reference to it; `Ok(None)`: no region has that STag.
+    pub fn check_remote(&self, table: &MrTable, stag: u32, pd: u32, to: u64, len: u64, needed: u32) -> Result<Option<u64>, AccessError> {
+        if table.invalidated(stag) {
+            return Ok(None);
+        }
+        self.with(table, stag, |mr| mr.check(pd, to, len, needed).map(|off| mr.addr + off)).transpose()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::access::*;
@@ -418,6 +486,40 @@ mod tests {
         assert_eq!(a.stag >> 8, MAX_INDEX - 1);
         assert_eq!(b.stag >> 8, 1);
         assert!(a.stag >> 24 != 0xff && b.stag >> 24 != 0xff);
+    }
+
+    /// The hint answers what the table answers: the region an STag names now, none once it
+    /// was deregistered (though the hint held it), another after the STag was reused, none
+    /// for a remote access through an STag the peer invalidated; and its check is the
+    /// region's (protection domain, bounds, rights).
+    #[test]
+    fn a_hint_says_what_the_table_says() {
+        let t = MrTable::with_fixed_keys(8, 0x5a);
+        let hint = MrHint::default();
+        let a = t.register(1, 0x1000, 64, 0x1000, LOCAL_WRITE | REMOTE_WRITE).unwrap();
+        let b = t.register(1, 0x2000, 64, 0x2000, LOCAL_WRITE | REMOTE_WRITE).unwrap();
+        assert!(Arc::ptr_eq(&hint.lookup(&t, a.stag).unwrap(), &a));
+        assert!(Arc::ptr_eq(&hint.lookup(&t, b.stag).unwrap(), &b), "another STag: the table's region");
+        assert_eq!(hint.check_remote(&t, b.stag, 1, 0x2008, 8, REMOTE_WRITE), Ok(Some(0x2008)));
+        assert_eq!(hint.check_remote(&t, b.stag, 2, 0x2008, 8, REMOTE_WRITE), Err(AccessError::PdMismatch));
+        assert_eq!(hint.check_remote(&t, b.stag, 1, 0x2038, 9, REMOTE_WRITE), Err(AccessError::BaseBounds));
+        assert_eq!(hint.check_remote(&t, b.stag, 1, 0x2008, 8, REMOTE_READ), Err(AccessError::AccessRights));
+        assert_eq!(hint.check_remote(&t, 0x77, 1, 0x2008, 8, REMOTE_WRITE), Ok(None));
+        // Deregistered while the hint holds it: gone for the hint too.
+        t.deregister(b.stag);
+        assert!(hint.lookup(&t, b.stag).is_none());
+        assert_eq!(hint.check_remote(&t, b.stag, 1, 0x2008, 8, REMOTE_WRITE), Ok(None));
+        // The STag named again (an index reused after a wrap, the same key): the new region.
+        t.next_index.store(b.stag >> 8, Ordering::Relaxed);
+        assert!(Arc::ptr_eq(&hint.lookup(&t, a.stag).unwrap(), &a));
+        let c = t.register(1, 0x3000, 64, 0x3000, LOCAL_WRITE | REMOTE_WRITE).unwrap();
+        assert_eq!(c.stag, b.stag);
+        assert!(Arc::ptr_eq(&hint.lookup(&t, b.stag).unwrap(), &c));
+        // Invalidated by the peer: refused for remote access, still there for local.
+        assert!(t.invalidate(c.stag, 1));
+        assert!(hint.lookup_remote(&t, c.stag).is_none());
+        assert_eq!(hint.check_remote(&t, c.stag, 1, 0x3008, 8, REMOTE_WRITE), Ok(None));
+        assert!(Arc::ptr_eq(&hint.lookup(&t, c.stag).unwrap(), &c));
     }
 
     #[test]

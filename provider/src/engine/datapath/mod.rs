@@ -23,7 +23,7 @@ use uiw_wire::{PostError as WirePostError, TaggedError, WcStatus};
 
 use super::access;
 use super::cq::{wc_flags, wc_opcode, wc_status, Completion, CqObj};
-use super::mr::{AccessError, MrTable, Span};
+use super::mr::{AccessError, MrHint, MrTable, Span};
 use super::srq::SrqObj;
 pub use super::transport::Closing;
 use super::transport::Stream;
@@ -371,6 +371,8 @@ pub struct DataPath {
     pub link: Option<Link>,
     /// Connection-level news for connection management (rdma_cm).
     pub notices: Vec<Notice>,
+    /// The region the QP addressed last (see [`MrHint`]).
+    hint: MrHint,
 }
 
 /// What the stream's negotiation produced, for rdma_cm.
@@ -388,10 +390,10 @@ impl std::fmt::Debug for DataPath {
 
 /// Resolves an SGE list against registered memory with the rights `needed` (local read is
 /// always granted). Zero-length SGEs are skipped, as the kernel's providers do.
-pub fn resolve(mrs: &MrTable, pd: u32, sges: &[Sge], needed: u32) -> Result<Runs, AccessError> {
+pub fn resolve(mrs: &MrTable, hint: &MrHint, pd: u32, sges: &[Sge], needed: u32) -> Result<Runs, AccessError> {
     let mut runs = Runs::new();
     for s in sges.iter().filter(|s| s.length > 0) {
-        let mr = mrs.lookup(s.lkey).ok_or(AccessError::InvalidStag)?;
+        let mr = hint.lookup(mrs, s.lkey).ok_or(AccessError::InvalidStag)?;
         runs.push(mr.span(pd, s.addr, u64::from(s.length), needed)?);
     }
     Ok(runs)
@@ -420,6 +422,7 @@ fn total(runs: &[Span]) -> u64 {
 /// The protocol core's view of this QP's memory.
 struct Mem<'a> {
     mrs: &'a MrTable,
+    hint: &'a MrHint,
     pd: u32,
     qp_access: u32,
     user_mem: &'a dyn UserMemory,
@@ -452,12 +455,12 @@ impl Memory for Mem<'_> {
             Access::RemoteRead => access::REMOTE_READ,
             Access::RemoteAtomic => access::REMOTE_ATOMIC,
         };
-        let mr = self.mrs.lookup_remote(stag).ok_or(TaggedError::InvalidStag)?;
-        let span = mr.span(self.pd, to, u64::from(len), needed).map_err(tagged_error)?;
+        let addr = self.hint.check_remote(self.mrs, stag, self.pd, to, u64::from(len), needed).map_err(tagged_error)?.ok_or(TaggedError::InvalidStag)?;
         if self.qp_access & needed == 0 {
             return Err(TaggedError::AccessRights);
         }
-        if acc == Access::RemoteAtomic && !span.aligned8() {
+        // RFC 7306 §5.2.1: 64-bit aligned in this process's memory (as `Span::aligned8`).
+        if acc == Access::RemoteAtomic && addr & 7 != 0 {
             return Err(TaggedError::Misaligned);
         }
         Ok(())
@@ -474,7 +477,7 @@ impl Memory for Mem<'_> {
     /// The region may have gone since the check: then the peer gets a Terminate, never a
     /// made-up original value.
     fn atomic(&mut self, stag: u32, to: u64, op: AtomicOperation) -> Result<u64, TaggedError> {
-        let mr = self.mrs.lookup_remote(stag).ok_or(TaggedError::InvalidStag)?;
+        let mr = self.hint.lookup_remote(self.mrs, stag).ok_or(TaggedError::InvalidStag)?;
         let span = mr.span(self.pd, to, 8, access::REMOTE_ATOMIC).map_err(tagged_error)?;
         let p = span.pin().ok_or(TaggedError::InvalidStag)?;
         Ok(self.user_mem.atomic(&p, op))
@@ -485,6 +488,7 @@ impl Memory for Mem<'_> {
 fn place_at(
     place: Placement,
     mrs: &MrTable,
+    hint: &MrHint,
     sinks: &HashMap<u32, u64>,
     sq: &WrTable<SendEntry>,
     rq: &WrTable<RecvEntry>,
@@ -495,7 +499,7 @@ fn place_at(
             if let Some(id) = (!sinks.is_empty()).then(|| sinks.get(&stag)).flatten() {
                 return run_at(&sq.get(*id)?.runs, to);
             }
-            mrs.lookup(stag)?.span_from(to)
+            hint.lookup(mrs, stag)?.span_from(to)
         }
         Placement::Recv { wr_id, offset } => run_at(&rq.get(wr_id).filter(|e| !e.bad)?.runs, u64::from(offset)),
         Placement::Discard => None,
@@ -529,10 +533,10 @@ impl DataPath {
             return Err(PostError::QueueFull);
         }
         let (runs, sink) = match (wqe.opcode, &wqe.payload) {
-            (opcode::RDMA_READ, Payload::Sges(s)) => (resolve(env.mrs, env.pd, s, access::LOCAL_WRITE), true),
+            (opcode::RDMA_READ, Payload::Sges(s)) => (resolve(env.mrs, &self.hint, env.pd, s, access::LOCAL_WRITE), true),
             (opcode::RDMA_READ, Payload::Inline(_)) => return Err(PostError::BadState),
             (opcode::ATOMIC_CMP_AND_SWP | opcode::ATOMIC_FETCH_AND_ADD, Payload::Sges(s)) => {
-                let r = resolve(env.mrs, env.pd, s, access::LOCAL_WRITE);
+                let r = resolve(env.mrs, &self.hint, env.pd, s, access::LOCAL_WRITE);
                 match &r {
                     Ok(runs) if runs.len() != 1 || runs[0].len() < 8 => return Err(PostError::BadState),
                     _ => {}
@@ -540,7 +544,7 @@ impl DataPath {
                 (r, true)
             }
             (opcode::ATOMIC_CMP_AND_SWP | opcode::ATOMIC_FETCH_AND_ADD, Payload::Inline(_)) => return Err(PostError::BadState),
-            (_, Payload::Sges(s)) => (resolve(env.mrs, env.pd, s, 0), false),
+            (_, Payload::Sges(s)) => (resolve(env.mrs, &self.hint, env.pd, s, 0), false),
             (_, Payload::Inline(_)) => (Ok(Runs::new()), false),
         };
         if wqe.payload.len() > u64::from(u32::MAX) {
@@ -624,7 +628,7 @@ impl DataPath {
             (true, Some(srq)) => srq.pd,
             _ => env.pd,
         };
-        let (runs, bad) = match resolve(env.mrs, pd, &wqe.sges, access::LOCAL_WRITE) {
+        let (runs, bad) = match resolve(env.mrs, &self.hint, pd, &wqe.sges, access::LOCAL_WRITE) {
             Ok(r) => (r, false),
             Err(e) => {
                 crate::engine::debug::why(format_args!(

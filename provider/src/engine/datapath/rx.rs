@@ -89,9 +89,9 @@ impl DataPath {
                     continue;
                 }
             }
-            let DataPath { sq, rq, sinks, link, .. } = self;
+            let DataPath { sq, rq, sinks, link, hint, .. } = self;
             let l = link.as_mut().unwrap();
-            let mut mem = Mem { mrs: env.mrs, pd: env.pd, qp_access: env.qp_access, user_mem: env.user_mem, sinks, sq };
+            let mut mem = Mem { mrs: env.mrs, hint, pd: env.pd, qp_access: env.qp_access, user_mem: env.user_mem, sinks, sq };
             let step = match want {
                 RxWant::Wait => return (false, self.drain_events(env)),
                 RxWant::Bytes(_) | RxWant::Place { place: Placement::Discard, .. } | RxWant::Discard => {
@@ -107,7 +107,7 @@ impl DataPath {
                     }
                 }
                 RxWant::Place { len, place } => {
-                    let dst = place_at(place, env.mrs, mem.sinks, mem.sq, rq);
+                    let dst = place_at(place, env.mrs, mem.hint, mem.sinks, mem.sq, rq);
                     let staged = l.st_hi - l.st_lo;
                     match dst {
                         Some(span) => {
