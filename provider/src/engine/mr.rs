@@ -479,7 +479,9 @@ mod tests {
         let keys: std::collections::HashSet<u32> = (0..64).map(|_| t.register(1, 0x1000, 64, 0x1000, 0).unwrap().stag & 0xff).collect();
         assert!(keys.len() > 16, "64 registrations drew only {} distinct keys", keys.len());
         // Past MAX_INDEX the index wraps (skipping 0) instead of reaching 0xff: never a Read
-        // sink's tag (0xff00_0000 | id).
+        // sink's tag (0xff00_0000 | id). A table of its own: in the one above, index 1 is
+        // taken, and its random key equals the next draw's one time in 256.
+        let t = MrTable::new(1 << 20);
         t.next_index.store(MAX_INDEX - 1, Ordering::Relaxed);
         let a = t.register(1, 0x1000, 64, 0x1000, 0).unwrap();
         let b = t.register(1, 0x1000, 64, 0x1000, 0).unwrap();
