@@ -83,60 +83,81 @@ impl Span {
     }
 
     /// Pins the range for an access; `None` once its region is being deregistered.
-    pub fn pin(&self) -> Option<Pinned> {
-        self.clone().into_pinned()
+    pub fn pin(&self) -> Option<Pinned<'_>> {
+        Pinned::new(&self.mr, self.addr, self.len)
     }
 
     /// Pins `len` bytes at `offset` of the span (`None` past its end, or once its region is
-    /// being deregistered): one reference to the region, not one per intermediate span.
-    pub fn pin_sub(&self, offset: u64, len: u64) -> Option<Pinned> {
-        self.sub(offset, len)?.into_pinned()
-    }
-
-    fn into_pinned(self) -> Option<Pinned> {
-        let prev = self.mr.pins.fetch_add(1, Ordering::AcqRel);
-        if prev & GONE != 0 {
-            self.mr.pins.fetch_sub(1, Ordering::AcqRel);
+    /// being deregistered).
+    pub fn pin_sub(&self, offset: u64, len: u64) -> Option<Pinned<'_>> {
+        let end = offset.checked_add(len)?;
+        if end > self.len {
             return None;
         }
-        Some(Pinned { span: self })
+        Pinned::new(&self.mr, self.addr + offset, len)
+    }
+
+    /// Pins the span from `offset` to its end (`None` past its end, or once its region is
+    /// being deregistered).
+    pub fn pin_from(&self, offset: u64) -> Option<Pinned<'_>> {
+        self.pin_sub(offset, self.len.checked_sub(offset)?)
     }
 }
 
 /// A pinned range of registered memory: while it exists, deregistering its region waits. What
 /// [`super::user_memory::UserMemory`] accesses.
+///
+/// It borrows the region from the [`Span`] it was pinned from rather than taking a reference
+/// of its own: a pin is an access, over within the call that makes it, and a reference taken
+/// and dropped around each was two more locked instructions on every placement and every
+/// send from registered memory.
 #[derive(Debug)]
-pub struct Pinned {
-    span: Span,
+pub struct Pinned<'a> {
+    mr: &'a Mr,
+    addr: u64,
+    len: u64,
 }
 
-impl Pinned {
+impl<'a> Pinned<'a> {
+    /// Pins `[addr, addr+len)` of `mr` (checked by the caller); `None` once deregistration began.
+    fn new(mr: &'a Mr, addr: u64, len: u64) -> Option<Pinned<'a>> {
+        let prev = mr.pins.fetch_add(1, Ordering::AcqRel);
+        if prev & GONE != 0 {
+            mr.pins.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(Pinned { mr, addr, len })
+    }
+
     /// Where the range is in this process (for the FFI layer's raw access).
     pub fn addr(&self) -> u64 {
-        self.span.addr
+        self.addr
     }
 
     pub fn len(&self) -> usize {
-        self.span.len as usize
+        self.len as usize
     }
 
     pub fn is_empty(&self) -> bool {
-        self.span.len == 0
+        self.len == 0
     }
 
     /// `[offset, offset+len)` of this range, pinned in turn (the region stays registered
     /// while either is held); `None` unless entirely inside it.
-    pub fn sub(&self, offset: usize, len: usize) -> Option<Pinned> {
-        let span = self.span.sub(offset as u64, len as u64)?;
+    pub fn sub(&self, offset: usize, len: usize) -> Option<Pinned<'a>> {
+        let end = (offset as u64).checked_add(len as u64)?;
+        if end > self.len {
+            return None;
+        }
         // This range's own pin keeps the region from going meanwhile: the count only rises.
-        span.mr.pins.fetch_add(1, Ordering::AcqRel);
-        Some(Pinned { span })
+        self.mr.pins.fetch_add(1, Ordering::AcqRel);
+        Some(Pinned { mr: self.mr, addr: self.addr + offset as u64, len: len as u64 })
     }
 }
 
-impl Drop for Pinned {
+impl Drop for Pinned<'_> {
     fn drop(&mut self) {
-        self.span.mr.pins.fetch_sub(1, Ordering::AcqRel);
+        self.mr.pins.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -596,6 +617,19 @@ mod tests {
         assert!(s.sub(8, 9).is_none());
         assert!(s.sub(u64::MAX, 2).is_none(), "offset arithmetic is checked");
         assert!(s.tail(17).is_none());
+        // Pins of part of a span: the same bounds, checked arithmetic.
+        let p = s.pin_sub(8, 8).unwrap();
+        assert_eq!((p.addr(), p.len()), (0x1018, 8));
+        assert!(s.pin_sub(8, 9).is_none());
+        assert!(s.pin_sub(u64::MAX, 2).is_none());
+        let p = s.pin_from(4).unwrap();
+        assert_eq!((p.addr(), p.len()), (0x1014, 12));
+        assert_eq!(s.pin_from(16).unwrap().len(), 0);
+        assert!(s.pin_from(17).is_none());
+        let q = p.sub(2, 10).unwrap();
+        assert_eq!((q.addr(), q.len()), (0x1016, 10));
+        assert!(p.sub(2, 11).is_none());
+        assert!(p.sub(usize::MAX, 2).is_none());
         assert_eq!(mr.clone().span_from(0x9000 + 63).unwrap().len(), 1);
         assert!(mr.clone().span_from(0x9000 + 64).is_none());
         assert!(mr.clone().span_from(0x8fff).is_none());
@@ -607,7 +641,10 @@ mod tests {
         let t = Arc::new(MrTable::new(4));
         let mr = t.register(1, 0x1000, 64, 0x1000, LOCAL_WRITE).unwrap();
         let span = mr.clone().span(1, 0x1000, 64, 0).unwrap();
-        let pin = span.pin().unwrap();
+        // A pin of part of a pin holds the region on its own.
+        let whole = span.pin().unwrap();
+        let pin = whole.sub(8, 8).unwrap();
+        drop(whole);
         let (tx, rx) = mpsc::channel();
         let (t2, stag) = (t.clone(), mr.stag);
         let h = std::thread::spawn(move || {
@@ -630,5 +667,6 @@ mod tests {
         h.join().unwrap();
         assert!(span.pin().is_none(), "a span of a deregistered region cannot be pinned");
         assert!(span.sub(0, 8).unwrap().pin().is_none());
+        assert!(span.pin_sub(0, 8).is_none() && span.pin_from(8).is_none());
     }
 }

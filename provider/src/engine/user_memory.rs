@@ -20,7 +20,7 @@ pub enum IoPart<'a> {
     /// Bytes the engine owns (headers, trailers, control messages, inline data).
     Bytes(&'a [u8]),
     /// Pinned application memory.
-    User(&'a Pinned),
+    User(&'a Pinned<'a>),
 }
 
 impl IoPart<'_> {

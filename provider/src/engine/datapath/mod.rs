@@ -869,7 +869,7 @@ impl DataPath {
                         // A region being deregistered cannot be read any more: then the stream
                         // ends without the rest (and without a Terminate, which could not be
                         // framed after a partial FPDU).
-                        match s.tail(skip as u64).and_then(|s| s.pin()) {
+                        match s.pin_from(skip as u64) {
                             Some(pin) => {
                                 let n = tail.len();
                                 tail.resize(n + pin.len(), 0);

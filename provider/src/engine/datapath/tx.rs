@@ -141,19 +141,24 @@ impl DataPath {
             // flight) cannot be sent from: the FPDU it is part of may be half out, so the
             // stream ends (the peer sees it lost, our WRs are flushed).
             let mut pins: SmallVec<[Option<Pinned>; 8]> = SmallVec::new();
+            let mut gone = false;
             for (i, p) in l.tx.iter().take(IOV_MAX).enumerate() {
                 let skip = if i == 0 { l.tx_skip } else { 0 };
                 pins.push(match p {
-                    Piece::User(s) => match s.tail(skip as u64).and_then(|s| s.pin()) {
+                    Piece::User(s) => match s.pin_from(skip as u64) {
                         Some(pin) => Some(pin),
                         None => {
-                            drop(pins);
-                            l.conn.handle_eof();
-                            return self.drain_events(env).or(Some(Fatal::Lost));
+                            gone = true;
+                            break;
                         }
                     },
                     _ => None,
                 });
+            }
+            if gone {
+                drop(pins);
+                l.conn.handle_eof();
+                return self.drain_events(env).or(Some(Fatal::Lost));
             }
             let parts: SmallVec<[IoPart<'_>; 8]> = l
                 .tx

@@ -308,7 +308,8 @@ fn a_checked_memory_catches_a_stray_write() {
     for (i, r) in REGIONS.iter().enumerate() {
         mem.mrs.register(r.pd, addr(i), r.len, addr(i), r.access).unwrap();
     }
-    let ro = mem.mrs.lookup(stag(RO)).unwrap().span(PD, addr(RO), 8, 0).unwrap().pin().unwrap();
+    let span = mem.mrs.lookup(stag(RO)).unwrap().span(PD, addr(RO), 8, 0).unwrap();
+    let ro = span.pin().unwrap();
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mem.write(&ro, &[1; 8])));
     assert!(r.is_err(), "a write into a read-only region passed the harness");
 }
