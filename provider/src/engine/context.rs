@@ -372,8 +372,8 @@ impl Context {
         for cq in [&qp.send_cq, &qp.recv_cq] {
             cq.qps.lock().retain(|w| w.upgrade().is_some_and(|q| q.qpn() != qp.qpn));
         }
-        qp.send_cq.q.lock().purge_qp(qp.qpn);
-        qp.recv_cq.q.lock().purge_qp(qp.qpn);
+        qp.send_cq.lock_q().purge_qp(qp.qpn);
+        qp.recv_cq.lock_q().purge_qp(qp.qpn);
         qp.send_cq.users.fetch_sub(1, Ordering::AcqRel);
         qp.recv_cq.users.fetch_sub(1, Ordering::AcqRel);
         if let Some(s) = &qp.srq {

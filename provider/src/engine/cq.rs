@@ -3,7 +3,7 @@
 //! receive or any error completion, IBTA Vol 1 §11.4.2.2).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
@@ -286,7 +286,12 @@ pub fn delivered(c: &Completion) -> bool {
 pub struct CqObj {
     /// The application's `ibv_cq*`, which completion events carry.
     pub handle: AtomicU64,
-    pub q: Mutex<Cq>,
+    /// The queue: taken with [`CqObj::lock_q`], which keeps [`CqObj::len`] in step.
+    q: Mutex<Cq>,
+    /// How many completions `q` holds, as of the last time its lock was let go: a poll asks
+    /// whether the queue is empty without taking the lock (two locked instructions on every
+    /// poll of a spinning application).
+    len: AtomicUsize,
     pub channel: Option<Arc<ChannelSink>>,
     pub(crate) async_sink: Arc<AsyncSink>,
     pub comp_events_reported: AtomicU32,
@@ -327,6 +332,7 @@ impl CqObj {
         CqObj {
             handle: AtomicU64::new(0),
             q: Mutex::new(Cq::new(capacity)),
+            len: AtomicUsize::new(0),
             channel,
             async_sink,
             comp_events_reported: AtomicU32::new(0),
@@ -441,7 +447,7 @@ impl CqObj {
         if let Some(qp) = qps.first() {
             qp.serve_others(&|n| qps.iter().any(|q| q.qpn() == n), previous);
         }
-        full && self.q.lock().is_empty()
+        full && self.lock_q().is_empty()
     }
 
     /// A poll returned completions: a run of polls waiting for a completion that waits for
@@ -454,7 +460,7 @@ impl CqObj {
     /// `ibv_req_notify_cq`: the application will sleep until a completion event, so the
     /// progress thread must serve the CQ's QPs from now on.
     pub fn arm(&self, solicited_only: bool) {
-        let mut q = self.q.lock();
+        let mut q = self.lock_q();
         q.arm(solicited_only);
         self.armed.store(true, Ordering::Relaxed);
         drop(q);
@@ -473,10 +479,18 @@ impl CqObj {
     }
 
     /// Whether the queue is empty now, and how many completions were queued so far (for
-    /// [`CqObj::still_empty`]).
+    /// [`CqObj::still_empty`]). Read without the queue's lock: the count first, so that a
+    /// completion queued meanwhile makes the queue look either not empty, or empty with the
+    /// count moved on (`still_empty` then sends the poll on to the queue) — never empty with
+    /// the count from before it.
     fn emptiness(&self) -> (bool, u64) {
-        let q = self.q.lock();
-        (q.is_empty(), self.queued.load(Ordering::Relaxed))
+        let queued = self.queued.load(Ordering::Acquire);
+        (self.len.load(Ordering::Acquire) == 0, queued)
+    }
+
+    /// The queue, locked; [`CqObj::len`] follows what the holder leaves in it.
+    pub fn lock_q(&self) -> CqGuard<'_> {
+        CqGuard { q: self.q.lock(), len: &self.len }
     }
 
     /// Whether a queue found empty when `queued` completions had been queued has had none
@@ -538,7 +552,7 @@ impl CqObj {
     }
 
     pub fn push(&self, c: Completion) {
-        let mut q = self.q.lock();
+        let mut q = self.lock_q();
         let pushed = q.push(c);
         self.queued.store(self.queued.load(Ordering::Relaxed).wrapping_add(1), Ordering::Release);
         if pushed == Pushed::Notify {
@@ -555,6 +569,32 @@ impl CqObj {
             }
             Pushed::Overflow => self.async_sink.raise(handle, event_type::CQ_ERR, &self.async_events_reported),
         }
+    }
+}
+
+/// [`CqObj`]'s queue, locked ([`CqObj::lock_q`]). Letting it go publishes the queue's length
+/// for the polls that look without the lock.
+pub struct CqGuard<'a> {
+    q: parking_lot::MutexGuard<'a, Cq>,
+    len: &'a AtomicUsize,
+}
+
+impl std::ops::Deref for CqGuard<'_> {
+    type Target = Cq;
+    fn deref(&self) -> &Cq {
+        &self.q
+    }
+}
+
+impl std::ops::DerefMut for CqGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Cq {
+        &mut self.q
+    }
+}
+
+impl Drop for CqGuard<'_> {
+    fn drop(&mut self) {
+        self.len.store(self.q.len(), Ordering::Release);
     }
 }
 
@@ -763,12 +803,30 @@ mod tests {
         assert!(!cq.still_empty(queued), "a completion was queued since the look");
         let (empty, queued) = cq.emptiness();
         assert!(!empty);
-        assert_eq!(cq.q.lock().pop().map(|c| c.wr_id), Some(1));
+        assert_eq!(cq.lock_q().pop().map(|c| c.wr_id), Some(1));
         let (empty, after) = cq.emptiness();
         assert!(empty && after == queued && cq.still_empty(after), "taking completions queues none");
         assert!(!cq.poll_begins(), "empty, and the drive queued nothing: nothing to take");
         cq.push(c(2));
         assert!(cq.poll_begins(), "a completion waits");
+    }
+
+    /// Polls see the queue's length without its lock as whoever held it left it: a QP's
+    /// completions purged at its destroy leave an empty queue, which the next poll drives
+    /// the QPs for.
+    #[test]
+    fn polls_see_the_length_the_queue_was_left_with() {
+        let (cq, qps) = cq_with(&[false]);
+        cq.push(Completion { qp_num: 7, ..c(1) });
+        cq.push(Completion { qp_num: 8, ..c(2) });
+        assert!(!cq.emptiness().0);
+        cq.lock_q().purge_qp(7);
+        assert!(!cq.emptiness().0, "one left");
+        cq.lock_q().purge_qp(8);
+        assert!(cq.emptiness().0, "purged");
+        let before = qps[0].driven.load(Ordering::Relaxed);
+        assert!(!cq.poll_begins(), "nothing to take");
+        assert_eq!(qps[0].driven.load(Ordering::Relaxed), before + 1, "an empty poll drives the QP");
     }
 
     /// Polls read the CQ's arming without its lock: armed by `ibv_req_notify_cq`, disarmed by
@@ -781,7 +839,7 @@ mod tests {
         cq.arm(false);
         assert!(cq.poller_clock().is_none(), "armed");
         cq.push(c(1));
-        assert!(!cq.q.lock().armed());
+        assert!(!cq.lock_q().armed());
         assert!(cq.poller_clock().is_some(), "the notification disarmed it");
     }
 

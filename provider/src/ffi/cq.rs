@@ -80,7 +80,7 @@ fn new_cq(ctx: *mut ibv_context, cqe: c_int, channel: *mut ibv_comp_channel, com
     // SAFETY: VerbsCq is plain C data; libibverbs' verbs_init_cq fills the generic fields after
     // we return.
     let mut vcq: VerbsCq = unsafe { core::mem::zeroed() };
-    vcq.cq_ex.cqe = obj.q.lock().capacity() as c_int;
+    vcq.cq_ex.cqe = obj.lock_q().capacity() as c_int;
     if let Some(flags) = ex {
         let c = &mut vcq.cq_ex;
         c.start_poll = Some(start_poll);
@@ -190,7 +190,7 @@ pub(super) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
         // ibv_poll_cq allows.
         let mut delivered = [0u32; 8];
         let mut n_delivered = 0;
-        let mut q = obj.q.lock();
+        let mut q = obj.lock_q();
         let mut got = 0;
         while got < n {
             if n_delivered == delivered.len() {
@@ -233,7 +233,7 @@ pub(super) unsafe extern "C" fn resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int 
         if cqe < 1 || cqe as u32 > max {
             return refuse("ibv_resize_cq", libc::EINVAL, format_args!("cqe = {cqe} is outside 1..={max} (max_cqe)"));
         }
-        match obj.q.lock().resize(cqe as usize) {
+        match obj.lock_q().resize(cqe as usize) {
             Ok(()) => {
                 // SAFETY: cq is ours.
                 unsafe { (*cq).cqe = cqe };
@@ -249,7 +249,7 @@ pub(super) unsafe extern "C" fn resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int 
 /// `taken`: completions this poll (`ibv_start_poll` .. `ibv_end_poll`) has already read.
 unsafe fn advance(cq: *mut ibv_cq_ex, taken: usize) -> c_int {
     let u = uiw_cq(cq);
-    let Some(c) = u.obj.q.lock().pop_batch(taken) else {
+    let Some(c) = u.obj.lock_q().pop_batch(taken) else {
         return libc::ENOENT;
     };
     if cq::delivered(&c) {

@@ -468,7 +468,7 @@ impl Harness {
     fn drain_cqs(&mut self) {
         let failed = self.mem.watch.lock().unwrap().failed;
         for (q, recv) in [(&self.scq, false), (&self.rcq, true)] {
-            while let Some(c) = q.q.lock().pop() {
+            while let Some(c) = q.lock_q().pop() {
                 assert_eq!(c.qp_num, QPN, "{c:?}");
                 assert!(STATUSES.contains(&c.status), "completion with status {}: {c:?}", c.status);
                 let Some(p) = self.posted.remove(&c.wr_id) else {

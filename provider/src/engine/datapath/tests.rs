@@ -96,7 +96,7 @@ impl Side {
 
     fn completions(q: &CqObj) -> Vec<Completion> {
         let mut v = Vec::new();
-        while let Some(c) = q.q.lock().pop() {
+        while let Some(c) = q.lock_q().pop() {
             v.push(c);
         }
         v
@@ -337,7 +337,7 @@ fn peer_fin_fails_the_qp_when_it_is_read() {
         assert_eq!(fatal, Some(super::Fatal::Closed), "the FIN was read but the QP did not fail (max_io {max_io})");
         // The QP fails: its receives are flushed behind the Send's completion.
         b.with(&mem, |dp, env| dp.shutdown(env, true));
-        let mut q = b.rcq.q.lock();
+        let mut q = b.rcq.lock_q();
         let first = q.pop_batch(0).expect("the Send's completion");
         assert_eq!((first.wr_id, first.status, first.byte_len), (7, wc_status::SUCCESS, 4));
         assert_eq!(q.pop_batch(1), None, "flushes share no poll with the completions before them");
