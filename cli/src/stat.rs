@@ -38,8 +38,7 @@ pub fn scan(dir: &Path) -> Vec<Proc> {
     let mut out = Vec::new();
     let Ok(rd) = fs::read_dir(dir) else { return out };
     for e in rd.flatten() {
-        let Ok(b) = fs::read(e.path()) else { continue };
-        let Some(snap) = stats::parse(&b) else { continue };
+        let Ok(Some(snap)) = stats::read(&e.path()) else { continue };
         let live = stats::process_start_time(snap.pid) == Some(snap.start_time);
         let comm = if live {
             fs::read_to_string(format!("/proc/{}/comm", snap.pid)).map(|s| s.trim_end().to_string()).unwrap_or_default()

@@ -1,14 +1,14 @@
 //! The statistics file: one per process and device, `<state>/stats/<ibdev>.<pid>`.
 //!
-//! A process's provider maps its file `MAP_SHARED` and updates the counters with relaxed
-//! atomic adds on its own data path; `uiw stat` reads the file with plain `read(2)` — no
-//! cooperation from the application's threads, no socket, no lock. Layout (native byte
-//! order, every field naturally aligned, all counters `u64`):
+//! A process's provider maps its file `MAP_SHARED` and updates the counters on its own data
+//! path; `uiw stat` reads the file with plain `read(2)` — no cooperation from the
+//! application's threads, no socket, no lock. Layout (native byte order, every field
+//! naturally aligned, all counters `u64`):
 //!
 //! ```text
 //! offset  size  field
 //!      0     8  magic "UIWSTAT1"
-//!      8     4  version (1)
+//!      8     4  version (2)
 //!     12     4  header length (128)
 //!     16     4  pid of the writing process
 //!     20     4  QP slots (256)
@@ -17,13 +17,22 @@
 //!     32     8  process start time (field 22 of /proc/<pid>/stat, clock ticks since boot):
 //!               with the pid, tells a live writer from a dead one whose pid was reused
 //!     40    64  ibdev name, NUL-padded
-//!    104    24  reserved (0)
-//!    128   128  device block: 16 counters, the sum over every QP this process had on the
-//!               device (destroyed ones included)
-//!    256   136  QP slot 0: a u64 word — bit 63 live, bit 62 destroyed, bits 0..23 the
-//!               QPN, 0 = never used — then 16 counters
+//!    104     8  fold sequence: odd while a destroyed QP's slot is being folded into the
+//!               device block (version 2)
+//!    112    16  reserved (0)
+//!    128   128  device block: 16 counters — what the QPs without a slot counted, and what
+//!               the folded slots counted (version 1: the sum over every QP)
+//!    256   136  QP slot 0: a u64 word — bit 63 live, bit 62 destroyed, bit 61 folded into
+//!               the device block, bits 0..23 the QPN, 0 = never used — then 16 counters
 //!    ...        QP slots 1..255 (QPs beyond 256 live ones count in the device block only)
 //! ```
+//!
+//! A process's totals are the device block plus every slot not folded into it ([`parse`]
+//! adds them up): a QP's data path writes its own slot only, with plain stores (it is the
+//! slot's one writer), and a QP's destroy folds its slot into the device block between two
+//! steps of the fold sequence, which a reader ([`read`]) waits out. Version 1 files (the
+//! device block the sum over every QP, each message added to it with locked instructions)
+//! are read as they were written.
 //!
 //! Counter indices are [`Counter`]; unused indices read 0. A writer only ever adds to a
 //! counter and sets a slot's word; a reader may see a slot's word and counters from
@@ -36,7 +45,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub const MAGIC: [u8; 8] = *b"UIWSTAT1";
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 pub const HEADER_LEN: usize = 128;
 pub const NCOUNTERS: usize = 16;
 pub const QP_SLOTS: usize = 256;
@@ -46,6 +55,10 @@ pub const SLOTS_OFF: usize = DEVICE_OFF + 8 * NCOUNTERS;
 pub const FILE_LEN: usize = SLOTS_OFF + QP_SLOTS * SLOT_LEN;
 pub const SLOT_LIVE: u64 = 1 << 63;
 pub const SLOT_DESTROYED: u64 = 1 << 62;
+/// A destroyed slot whose counters were added to the device block (version 2).
+pub const SLOT_FOLDED: u64 = 1 << 61;
+/// Offset of the fold sequence (version 2).
+pub const FOLD_SEQ_OFF: usize = 104;
 pub const SLOT_QPN_MASK: u64 = 0xff_ffff;
 pub const IBDEV_OFF: usize = 40;
 pub const IBDEV_LEN: usize = 64;
@@ -166,6 +179,11 @@ impl StatsMap {
         unsafe { &*self.ptr.add(i) }
     }
 
+    /// The fold sequence (see the module documentation).
+    pub fn fold_seq(&self) -> &AtomicU64 {
+        self.word(FOLD_SEQ_OFF / 8)
+    }
+
     /// Words `first..first + N` of the file.
     fn words<const N: usize>(&self, first: usize) -> &[AtomicU64; N] {
         assert!(first + N <= self.words);
@@ -219,13 +237,41 @@ pub struct Snapshot {
     pub qps: Vec<(u32, bool, [u64; NCOUNTERS])>,
 }
 
-/// Parses the bytes of a statistics file; `None` if it is not one (or of another version).
+/// Reads and parses the statistics file at `path` ([`parse`]), waiting out a fold in
+/// progress: the file is read again while its fold sequence is odd or moved during the read
+/// (a fold takes microseconds; a writer that died in the middle of one leaves it odd, and
+/// after a few tries the file is taken as it is). `Ok(None)`: not a statistics file.
+pub fn read(path: &Path) -> io::Result<Option<Snapshot>> {
+    use std::os::unix::fs::FileExt;
+    let f = fs::File::open(path)?;
+    let mut b = vec![0u8; FILE_LEN];
+    for attempt in 0.. {
+        match f.read_exact_at(&mut b, 0) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+            Err(e) => return Err(e),
+        }
+        let before = u64::from_ne_bytes(b[FOLD_SEQ_OFF..FOLD_SEQ_OFF + 8].try_into().unwrap());
+        let mut after = [0u8; 8];
+        f.read_exact_at(&mut after, FOLD_SEQ_OFF as u64)?;
+        if (before % 2 == 0 && u64::from_ne_bytes(after) == before) || attempt >= 100 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(100));
+    }
+    Ok(parse(&b))
+}
+
+/// Parses the bytes of a statistics file; `None` if it is not one (or of an unknown
+/// version). The snapshot's device counters are the process's totals: for version 2, the
+/// device block plus every slot not folded into it.
 pub fn parse(b: &[u8]) -> Option<Snapshot> {
     let u32_at = |o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().unwrap());
     let u64_at = |o: usize| u64::from_ne_bytes(b[o..o + 8].try_into().unwrap());
-    if b.len() < FILE_LEN || b[0..8] != MAGIC || u32_at(8) != VERSION {
+    if b.len() < FILE_LEN || b[0..8] != MAGIC || !(1..=VERSION).contains(&u32_at(8)) {
         return None;
     }
+    let folds = u32_at(8) >= 2;
     if u32_at(12) as usize != HEADER_LEN || u32_at(20) as usize != QP_SLOTS || u32_at(24) as usize != NCOUNTERS || u32_at(28) as usize != SLOT_LEN {
         return None;
     }
@@ -239,18 +285,25 @@ pub fn parse(b: &[u8]) -> Option<Snapshot> {
         c
     };
     let mut qps = Vec::new();
+    let mut device = block(DEVICE_OFF);
     for s in 0..QP_SLOTS {
         let o = SLOTS_OFF + s * SLOT_LEN;
         let w = u64_at(o);
         if w & (SLOT_LIVE | SLOT_DESTROYED) != 0 {
-            qps.push(((w & SLOT_QPN_MASK) as u32, w & SLOT_LIVE == 0, block(o + 8)));
+            let counters = block(o + 8);
+            if folds && w & SLOT_FOLDED == 0 {
+                for (d, c) in device.iter_mut().zip(counters) {
+                    *d = d.wrapping_add(c);
+                }
+            }
+            qps.push(((w & SLOT_QPN_MASK) as u32, w & SLOT_LIVE == 0, counters));
         }
     }
     Some(Snapshot {
         pid: u32_at(16),
         start_time: u64_at(32),
         ibdev: String::from_utf8_lossy(name).into_owned(),
-        device: block(DEVICE_OFF),
+        device,
         qps,
     })
 }
@@ -287,6 +340,37 @@ mod tests {
         assert_eq!((s.qps[1].0, s.qps[1].1), (0x2002, true));
         assert_eq!(fs::metadata(&p).unwrap().len(), FILE_LEN as u64);
         assert!(parse(&[0u8; FILE_LEN]).is_none());
+        // Version 2: the totals are the device block plus the slots not folded into it.
+        assert_eq!(s.device[Counter::RxMsgs as usize], 7, "a live QP's slot counts in the totals");
+        m.slot(5, Counter::RxMsgs).fetch_add(100, Ordering::Relaxed);
+        m.slot_word(5).store(SLOT_DESTROYED | SLOT_FOLDED | 0x2002, Ordering::Relaxed);
+        let s = read(&p).unwrap().expect("reads");
+        assert_eq!(s.device[Counter::RxMsgs as usize], 7, "a folded slot is in the device block already");
+        assert_eq!(s.qps[1].2[Counter::RxMsgs as usize], 100, "and still readable");
+        // Version 1: the device block was the sum over every QP.
+        let mut b = fs::read(&p).unwrap();
+        b[8..12].copy_from_slice(&1u32.to_ne_bytes());
+        assert_eq!(parse(&b).unwrap().device[Counter::RxMsgs as usize], 0);
+        b[8..12].copy_from_slice(&3u32.to_ne_bytes());
+        assert!(parse(&b).is_none(), "an unknown version");
+        // A fold in progress is waited out; one that never ends (its writer died) is taken
+        // as it is after a few tries.
+        m.fold_seq().store(1, Ordering::Relaxed);
+        let m2 = std::sync::Arc::new(m);
+        let folder = {
+            let m = m2.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+                m.device(Counter::RxMsgs).fetch_add(1000, Ordering::Relaxed);
+                m.fold_seq().store(2, Ordering::Release);
+            })
+        };
+        let s = read(&p).unwrap().unwrap();
+        folder.join().unwrap();
+        assert_eq!(s.device[Counter::RxMsgs as usize], 1007, "read after the fold ended");
+        m2.fold_seq().store(3, Ordering::Relaxed);
+        assert_eq!(read(&p).unwrap().unwrap().device[Counter::RxMsgs as usize], 1007, "a fold that never ends");
+        let m = std::sync::Arc::into_inner(m2).unwrap();
         drop(m);
         let _ = fs::remove_dir_all(&dir);
     }

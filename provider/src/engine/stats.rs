@@ -3,9 +3,10 @@
 //! Each process keeps one statistics file per device it opens, `<state>/stats/<ibdev>.<pid>`
 //! (the layout is `uiw_kabi::stats`), mapped shared: the data path adds to counters with
 //! relaxed atomics and nobody else in the process is involved, so a reader needs no
-//! cooperation from the application's threads. A QP owns a slot while it lives; its
-//! counters also add up in the device block, which outlives the QP. When no file can be
-//! made (no state directory, a read-only one) the counters live in anonymous memory.
+//! cooperation from the application's threads. A QP owns a slot while it lives and counts
+//! there alone; its destroy folds the slot into the device block, which outlives the QP
+//! and also takes what QPs without a slot count. When no file can be made (no state
+//! directory, a read-only one) the counters live in anonymous memory.
 //!
 //! The data path calls in at a few named points only:
 //! - [`QpStats::sync`] after a stream was served (the wire core's [`Counters`]: bytes,
@@ -159,17 +160,17 @@ impl QpStats {
         QpStats { map, slot }
     }
 
-    /// Adds `n` to counter `c`, in the device block and in the QP's slot (with locked adds:
-    /// the callers are not serialized by the QP).
+    /// Adds `n` to counter `c`: in the QP's slot, or the device block for a QP without one
+    /// (with a locked add: the callers are not serialized by the QP).
     fn add(&self, c: Counter, n: u64) {
         if n == 0 {
             return;
         }
         let Some(m) = &self.map else { return };
-        m.device(c).fetch_add(n, Ordering::Relaxed);
-        if let Some(s) = self.slot {
-            m.slot(s, c).fetch_add(n, Ordering::Relaxed);
-        }
+        match self.slot {
+            Some(s) => m.slot(s, c).fetch_add(n, Ordering::Relaxed),
+            None => m.device(c).fetch_add(n, Ordering::Relaxed),
+        };
     }
 
     /// Publishes what a stream's wire core counted (`now`) since the last call (`seen`, kept
@@ -183,27 +184,29 @@ impl QpStats {
         }
     }
 
-    /// The differences go straight into the device block's and the slot's counter arrays
-    /// (one bounds check each): a message's publish, on the path from the `recv` that
-    /// brings it to the `send` of the answer, went through [`QpStats::add`] once per counter,
-    /// each call finding the map, the slot and the word again.
+    /// The differences go into the QP's slot, whose one writer the caller is (it holds the
+    /// QP): each word is read and written back, no locked instruction; `uiw stat` adds the
+    /// slots of live QPs to the device block (see `uiw_kabi::stats`). A QP without a slot
+    /// adds to the device block, which every QP of the process may add to, with locked adds.
+    /// A message's publish lies between the `recv` that brings it and the `send` of the
+    /// answer; it made three locked adds to the device block on each side, full barriers.
     fn publish(&self, seen: &mut Counters, now: &Counters) {
         let was = wire_order(seen);
         *seen = *now;
         let Some(m) = &self.map else { return };
-        let device = m.device_counters();
-        let slot = self.slot.map(|s| m.slot_counters(s));
+        let (words, locked) = match self.slot {
+            Some(s) => (m.slot_counters(s), false),
+            None => (m.device_counters(), true),
+        };
         for (i, now) in wire_order(now).into_iter().enumerate() {
             let n = now.wrapping_sub(was[i]);
             if n == 0 {
                 continue;
             }
-            device[WIRE_COUNTERS[i] as usize].fetch_add(n, Ordering::Relaxed);
-            if let Some(slot) = slot {
-                // The caller is the slot counter's one writer (it holds the QP): the word is
-                // read and written back, not added to with a locked instruction. The device
-                // block, which every QP of the process adds to, takes a locked add.
-                let w = &slot[WIRE_COUNTERS[i] as usize];
+            let w = &words[WIRE_COUNTERS[i] as usize];
+            if locked {
+                w.fetch_add(n, Ordering::Relaxed);
+            } else {
                 w.store(w.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
             }
         }
@@ -231,12 +234,26 @@ impl QpStats {
     }
 }
 
+/// Folds are made one at a time in the process (a reader tells a fold in progress by the
+/// fold sequence being odd: two folds at once would hide that).
+static FOLDING: Mutex<()> = Mutex::new(());
+
 impl Drop for QpStats {
-    /// The slot stays readable (marked destroyed) until a new QP needs it.
+    /// The slot's counters are folded into the device block, which keeps the process's
+    /// totals once the slot is reused, and the slot stays readable (marked destroyed and
+    /// folded) until a new QP needs it. Between the two steps of the fold sequence, a reader
+    /// waits (`uiw_kabi::stats::read`): it would count the QP twice, or not at all.
     fn drop(&mut self) {
         if let (Some(m), Some(s)) = (&self.map, self.slot) {
+            let _one = FOLDING.lock().unwrap_or_else(|e| e.into_inner());
+            m.fold_seq().fetch_add(1, Ordering::SeqCst);
+            let device = m.device_counters();
+            for (d, c) in device.iter().zip(m.slot_counters(s)) {
+                d.fetch_add(c.load(Ordering::Relaxed), Ordering::Relaxed);
+            }
             let w = m.slot_word(s).load(Ordering::Relaxed);
-            m.slot_word(s).store((w & !layout::SLOT_LIVE) | layout::SLOT_DESTROYED, Ordering::Release);
+            m.slot_word(s).store((w & !layout::SLOT_LIVE) | layout::SLOT_DESTROYED | layout::SLOT_FOLDED, Ordering::Release);
+            m.fold_seq().fetch_add(1, Ordering::SeqCst);
         }
     }
 }
@@ -245,11 +262,14 @@ impl Drop for QpStats {
 mod tests {
     use super::*;
 
-    /// Every counter of the wire core lands in its own word of the device block and of the
-    /// QP's slot, and a second publish adds only what moved since the first.
+    /// Every counter of the wire core lands in its own word of the QP's slot, a second
+    /// publish adds only what moved since the first, and the device block stays untouched
+    /// until the QP goes: then the slot is folded into it (and marked so), and the file's
+    /// totals are the same before and after. A QP without a slot counts in the device block.
     #[test]
     fn a_publish_adds_each_wire_counter_to_its_own_word() {
         let map = Arc::new(StatsMap::anonymous(std::process::id(), 0, "uiw_test").unwrap());
+        map.slot_word(3).store(layout::SLOT_LIVE | 0x11, Ordering::Relaxed);
         let stats = QpStats { map: Some(map.clone()), slot: Some(3) };
         let mut now = Counters {
             tx_bytes: 1,
@@ -267,6 +287,7 @@ mod tests {
         now.rx_fpdus += 1;
         stats.sync(&mut seen, &now);
         stats.sync(&mut seen, &now);
+        stats.flushed(5);
         let expect = [
             (Counter::TxBytes, 1),
             (Counter::RxBytes, 1002),
@@ -276,12 +297,34 @@ mod tests {
             (Counter::RxFpdus, 33),
             (Counter::TxTerminates, 64),
             (Counter::RxTerminates, 128),
-            (Counter::FlushedWrs, 0),
+            (Counter::FlushedWrs, 5),
+            (Counter::ConnErrors, 0),
         ];
+        let file = |m: &StatsMap| {
+            let mut b = vec![0u8; layout::FILE_LEN];
+            for (i, w) in b.chunks_exact_mut(8).enumerate() {
+                w.copy_from_slice(&m.word(i).load(Ordering::Relaxed).to_ne_bytes());
+            }
+            layout::parse(&b).unwrap()
+        };
+        let before = file(&map);
         for (c, v) in expect {
-            assert_eq!(map.device(c).load(Ordering::Relaxed), v, "device {c:?}");
             assert_eq!(map.slot(3, c).load(Ordering::Relaxed), v, "slot {c:?}");
             assert_eq!(map.slot(2, c).load(Ordering::Relaxed), 0, "another slot {c:?}");
+            assert_eq!(map.device(c).load(Ordering::Relaxed), 0, "device {c:?}, while the QP lives");
+            assert_eq!(before.device[c as usize], v, "the file's total {c:?}");
         }
+        drop(stats);
+        let after = file(&map);
+        assert_eq!(map.slot_word(3).load(Ordering::Relaxed), layout::SLOT_DESTROYED | layout::SLOT_FOLDED | 0x11);
+        assert_eq!(map.fold_seq().load(Ordering::Relaxed), 2, "one fold, over");
+        for (c, v) in expect {
+            assert_eq!(map.device(c).load(Ordering::Relaxed), v, "device {c:?}, folded");
+            assert_eq!(after.device[c as usize], v, "the file's total {c:?}, folded");
+        }
+        assert_eq!(after.qps, [(0x11, true, before.qps[0].2)], "the destroyed QP stays readable");
+        let slotless = QpStats { map: Some(map.clone()), slot: None };
+        slotless.sync(&mut Counters::default(), &Counters { tx_bytes: 10, ..Counters::default() });
+        assert_eq!(map.device(Counter::TxBytes).load(Ordering::Relaxed), 11, "a QP without a slot counts in the device block");
     }
 }
