@@ -339,9 +339,9 @@ impl Context {
             inner: Mutex::new(QpInner { attrs: qp_state::init_attrs_from_create(&cap), dp: DataPath::default(), parked: Vec::new(), open_at: None, provisional: false, cm: None }),
         });
         let polled: Arc<dyn PolledQp> = qp.clone();
-        qp.send_cq.add_qp(Arc::downgrade(&polled));
+        qp.send_cq.add_qp(polled.clone());
         if !Arc::ptr_eq(&qp.send_cq, &qp.recv_cq) {
-            qp.recv_cq.add_qp(Arc::downgrade(&polled));
+            qp.recv_cq.add_qp(polled);
         }
         if let Some(s) = &qp.srq {
             s.qps.lock().push(Arc::downgrade(&qp));
@@ -370,7 +370,7 @@ impl Context {
             inner.open_at = None;
         }
         for cq in [&qp.send_cq, &qp.recv_cq] {
-            cq.qps.lock().retain(|w| w.upgrade().is_some_and(|q| q.qpn() != qp.qpn));
+            cq.remove_qp(qp.qpn);
         }
         qp.send_cq.lock_q().purge_qp(qp.qpn);
         qp.recv_cq.lock_q().purge_qp(qp.qpn);

@@ -4,9 +4,9 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 use super::events::{event_type, AsyncSink, ChannelSink};
 
@@ -237,6 +237,12 @@ pub trait PolledQp: Send + Sync {
     fn peer_elsewhere(&self) -> bool;
 }
 
+impl std::fmt::Debug for dyn PolledQp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "QP 0x{:06x}", self.qpn())
+    }
+}
+
 /// The most QPs of one CQ whose input one poll looks at together (see [`input_quiet`]).
 const QUIET_LOOK_MAX: usize = uiw_kabi::sys::POLL_QUIET_MAX;
 
@@ -298,8 +304,11 @@ pub struct CqObj {
     pub async_events_reported: AtomicU32,
     /// QPs using this CQ (destroy fails with EBUSY while any do).
     pub(crate) users: AtomicU32,
-    /// The same QPs, for progress driven by `ibv_poll_cq`.
-    pub(crate) qps: Mutex<Vec<Weak<dyn PolledQp>>>,
+    /// The same QPs, for progress driven by `ibv_poll_cq`. Held, not weak: a poll drives them
+    /// under the read lock without taking a reference to each (an upgrade and a drop, with
+    /// the lock's own two, were four locked instructions on every poll); `ibv_destroy_qp`
+    /// takes its QP out ([`CqObj::remove_qp`]) before the QP goes.
+    qps: RwLock<Vec<Arc<dyn PolledQp>>>,
     /// When (engine µs) a poll that finds completions next renews the QPs' leases (see
     /// `lease`): a poller that keeps finding completions drives its QPs too, at most every
     /// half lease.
@@ -338,7 +347,7 @@ impl CqObj {
             comp_events_reported: AtomicU32::new(0),
             async_events_reported: AtomicU32::new(0),
             users: AtomicU32::new(0),
-            qps: Mutex::new(Vec::new()),
+            qps: RwLock::new(Vec::new()),
             renew_at: AtomicU64::new(0),
             deferred: AtomicBool::new(false),
             awaiting_since: AtomicU64::new(0),
@@ -419,7 +428,9 @@ impl CqObj {
     fn drive(&self, poller: Poller, now: u64, previous: u64, empty: bool) -> bool {
         let poller = if self.armed.load(Ordering::Relaxed) { Poller::Sleeps } else { poller };
         self.renew_at.store(now + super::lease::LEASE_US / 2, Ordering::Relaxed);
-        let qps = self.polled_qps();
+        // Recursive: a writer waiting (a QP being created or destroyed) does not stop a
+        // poll that is already driving, whatever it calls.
+        let qps = self.qps.read_recursive();
         // A poller that keeps waiting for a Write's completion that waits for the answer reads
         // the answer itself: it takes the QP after a short run of empty polls (see `reaped`).
         let poller = match poller {
@@ -464,7 +475,7 @@ impl CqObj {
         q.arm(solicited_only);
         self.armed.store(true, Ordering::Relaxed);
         drop(q);
-        for qp in self.polled_qps() {
+        for qp in self.qps.read_recursive().iter() {
             qp.hand_back();
         }
     }
@@ -528,27 +539,27 @@ impl CqObj {
         if self.peers_elsewhere.load(Ordering::Relaxed) {
             return;
         }
-        let qp = self.qps.lock().iter().filter_map(Weak::upgrade).find(|q| q.qpn() == qpn);
+        let qp = self.qps.read_recursive().iter().find(|q| q.qpn() == qpn).cloned();
         if let Some(qp) = qp {
             // Finds out, the first time, where the peer is.
             qp.delivered();
         }
-        let qps = self.qps.lock();
-        if qps.iter().all(|w| w.upgrade().is_none_or(|q| q.peer_elsewhere())) {
+        let qps = self.qps.read_recursive();
+        if qps.iter().all(|q| q.peer_elsewhere()) {
             self.peers_elsewhere.store(true, Ordering::Relaxed);
         }
     }
 
     /// A QP completes into this CQ from now on: polls drive it, and learn where its peer is.
-    pub fn add_qp(&self, qp: Weak<dyn PolledQp>) {
-        let mut qps = self.qps.lock();
+    pub fn add_qp(&self, qp: Arc<dyn PolledQp>) {
+        let mut qps = self.qps.write();
         qps.push(qp);
         self.peers_elsewhere.store(false, Ordering::Relaxed);
     }
 
-    /// The CQ's QPs (taken on every poll: a CQ serves one QP or a few, kept without allocating).
-    fn polled_qps(&self) -> smallvec::SmallVec<[Arc<dyn PolledQp>; 4]> {
-        self.qps.lock().iter().filter_map(Weak::upgrade).collect()
+    /// QP `qpn` is being destroyed: polls no longer drive it, and the CQ lets go of it.
+    pub fn remove_qp(&self, qpn: u32) {
+        self.qps.write().retain(|q| q.qpn() != qpn);
     }
 
     pub fn push(&self, c: Completion) {
@@ -760,8 +771,7 @@ mod tests {
     }
 
     fn add(cq: &CqObj, qp: &Arc<Fake>) {
-        let w: Weak<dyn PolledQp> = Arc::downgrade(&(qp.clone() as Arc<dyn PolledQp>));
-        cq.add_qp(w);
+        cq.add_qp(qp.clone());
     }
 
     /// A poll that took a Send's or Write's completion asks the QP to place it at a peer of
@@ -827,6 +837,22 @@ mod tests {
         let before = qps[0].driven.load(Ordering::Relaxed);
         assert!(!cq.poll_begins(), "nothing to take");
         assert_eq!(qps[0].driven.load(Ordering::Relaxed), before + 1, "an empty poll drives the QP");
+    }
+
+    /// A QP taken out of the CQ (its destroy) is driven by no poll, and the CQ lets go of it:
+    /// the CQ holds its QPs, so a QP left in it would never be freed.
+    #[test]
+    fn a_removed_qp_is_not_driven_and_not_held() {
+        let (cq, qps) = cq_with(&[false]);
+        assert!(!cq.poll_begins());
+        assert_eq!(qps[0].driven.load(Ordering::Relaxed), 1);
+        assert_eq!(Arc::strong_count(&qps[0]), 2, "the test's and the CQ's");
+        cq.remove_qp(2);
+        assert_eq!(Arc::strong_count(&qps[0]), 2, "another QP's number takes nothing out");
+        cq.remove_qp(1);
+        assert_eq!(Arc::strong_count(&qps[0]), 1, "the CQ let go");
+        assert!(!cq.poll_begins());
+        assert_eq!(qps[0].driven.load(Ordering::Relaxed), 1, "not driven after its removal");
     }
 
     /// Polls read the CQ's arming without its lock: armed by `ibv_req_notify_cq`, disarmed by
