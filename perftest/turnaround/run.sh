@@ -1,0 +1,53 @@
+#!/bin/bash
+# perftest/turnaround/run.sh — the turnaround of a uiw latency test: what the process does
+# between the recv that brings the peer's message and the send of its answer.
+#
+#   run.sh time  [TEST [ITERS]]   wall clock (turn.c), client and server, and the test's own
+#                                 latency; TEST: ib_write_lat (default), ib_send_lat, ...
+#   run.sh count [TEST [ITERS]]   the client under callgrind, collecting only its turnarounds
+#                                 (cgturn.c): instructions and locked instructions per
+#                                 turnaround, and where they are
+#
+# Needs a published device (uiw up), perftest, gcc; `count` valgrind and objdump. UIW (the
+# uiw binary, default target/release/uiw of this tree) and UIW_STATE_DIR are honoured.
+# 8-byte messages, MPA CRC off (as uiw-bench's latency rows).
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+uiw=${UIW:-$here/../../target/release/uiw}
+mode=${1:-}
+test=${2:-ib_write_lat}
+build=${TMPDIR:-/tmp}/uiw-turnaround
+mkdir -p "$build"
+port=$((20000 + RANDOM % 20000))
+case $mode in
+time)
+	iters=${3:-60000}
+	gcc -O2 -shared -fPIC -o "$build/turn.so" "$here/turn.c" -ldl
+	UIW_CRC=0 LD_PRELOAD="$build/turn.so" "$uiw" run -- "$test" -d uiw_lo -x 0 -p "$port" -s 8 -F -n "$iters" >"$build/server.log" 2>&1 &
+	sleep 0.5
+	UIW_CRC=0 LD_PRELOAD="$build/turn.so" "$uiw" run -- "$test" -d uiw_lo -x 0 -p "$port" -s 8 -F -n "$iters" 127.0.0.1 >"$build/client.log" 2>&1
+	wait
+	sed -n 's/^turnaround: /client: /p' "$build/client.log"
+	sed -n 's/^turnaround: /server: /p' "$build/server.log"
+	awk '/^ *[0-9]+ +[0-9]+ /{print "latency (half round trip, us): typical " $5 ", average " $6}' "$build/client.log" | tail -1
+	;;
+count)
+	iters=${3:-5000}
+	gcc -O2 -shared -fPIC -o "$build/cgturn.so" "$here/cgturn.c" -ldl
+	UIW_CRC=0 "$uiw" run -- "$test" -d uiw_lo -x 0 -p "$port" -s 8 -F -n "$iters" >"$build/server.log" 2>&1 &
+	sleep 0.5
+	UIW_CRC=0 LD_PRELOAD="$build/cgturn.so" "$uiw" run -- valgrind --tool=callgrind --collect-atstart=no \
+		--separate-threads=yes --dump-instr=yes --callgrind-out-file="$build/cg.out" \
+		"$test" -d uiw_lo -x 0 -p "$port" -s 8 -F -n "$iters" 127.0.0.1 >"$build/client.log" 2>&1
+	wait
+	turns=$(sed -n 's/^cgturn: turns //p' "$build/client.log")
+	total=$(callgrind_annotate "$build/cg.out-01" 2>/dev/null | awk '/PROGRAM TOTALS/{gsub(",","",$1); print $1}')
+	lib=$(readlink -f "$(dirname "$uiw")/libuiw_rdmav34.so")
+	echo "turnarounds $turns, instructions per turnaround $((total / turns))"
+	python3 "$here/locked.py" "$build/cg.out-01" "$turns" "$lib"
+	;;
+*)
+	sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+	exit 2
+	;;
+esac
