@@ -465,6 +465,26 @@ impl MrHint {
         self.lookup(table, stag)
     }
 
+    /// Copies `bytes` to `to` (in the region's iova space) of the region `stag` names, pinned
+    /// for the copy, without taking a reference to the region: a peer's Write's payload,
+    /// staged, whose rights the protocol core checked at its segment's header. `None` (nothing
+    /// written): no region has that STag, it is being deregistered, or the range leaves it —
+    /// the caller then places the bytes the general way, which fails the message where it
+    /// must. A reference taken and dropped around the copy was two locked instructions on
+    /// every such payload.
+    pub fn write_at(&self, table: &MrTable, stag: u32, to: u64, bytes: &[u8], user_mem: &dyn super::user_memory::UserMemory) -> Option<()> {
+        self.with(table, stag, |mr| {
+            let off = to.checked_sub(mr.iova)?;
+            if off.checked_add(bytes.len() as u64)? > mr.length {
+                return None;
+            }
+            let pinned = Pinned::new(mr, mr.addr + off, bytes.len() as u64)?;
+            user_mem.write(&pinned, bytes);
+            Some(())
+        })
+        .flatten()
+    }
+
     /// [`Mr::check`] of the region a peer addresses with `stag` (not invalidated), without
     /// taking a reference to it; `Ok(None)`: no region has that STag.
     pub fn check_remote(&self, table: &MrTable, stag: u32, pd: u32, to: u64, len: u64, needed: u32) -> Result<Option<u64>, AccessError> {
@@ -543,6 +563,27 @@ mod tests {
         assert!(hint.lookup_remote(&t, c.stag).is_none());
         assert_eq!(hint.check_remote(&t, c.stag, 1, 0x3008, 8, REMOTE_WRITE), Ok(None));
         assert!(Arc::ptr_eq(&hint.lookup(&t, c.stag).unwrap(), &c));
+    }
+
+    /// A write through the hint lands where the region says, and nowhere when the range
+    /// leaves the region, the STag names none, or the region was deregistered.
+    #[test]
+    fn a_write_through_the_hint_stays_in_its_region() {
+        use crate::engine::datapath::testkit::{Arena, BASE};
+        let arena = Arena::new(4096);
+        let t = MrTable::with_fixed_keys(8, 0x5a);
+        let hint = MrHint::default();
+        let a = t.register(1, BASE + 64, 64, 0x9000, LOCAL_WRITE | REMOTE_WRITE).unwrap();
+        assert_eq!(hint.write_at(&t, a.stag, 0x9008, &[7; 8], &arena), Some(()));
+        assert_eq!(arena.get(BASE + 72, 8), [7; 8]);
+        assert_eq!(hint.write_at(&t, a.stag, 0x9000 + 60, &[9; 4], &arena), Some(()), "up to the end");
+        assert_eq!(hint.write_at(&t, a.stag, 0x9000 + 61, &[9; 4], &arena), None, "past the end");
+        assert_eq!(hint.write_at(&t, a.stag, 0x8fff, &[9; 1], &arena), None, "before the start");
+        assert_eq!(hint.write_at(&t, a.stag, u64::MAX, &[9; 2], &arena), None, "wraps");
+        assert_eq!(hint.write_at(&t, a.stag ^ 0x100, 0x9008, &[9; 1], &arena), None, "no such STag");
+        t.deregister(a.stag);
+        assert_eq!(hint.write_at(&t, a.stag, 0x9008, &[9; 8], &arena), None, "deregistered");
+        assert_eq!(arena.get(BASE + 64, 64).iter().filter(|&&b| b == 9).count(), 4, "only the write up to the end");
     }
 
     #[test]

@@ -106,6 +106,18 @@ impl DataPath {
                         refill(l)
                     }
                 }
+                // A peer's Write's payload, staged, into a region of ours (not a Read's sink):
+                // copied under the hint's borrow of the region (`MrHint::write_at`).
+                RxWant::Place { len, place: Placement::Tagged { stag, to } }
+                    if l.st_lo < l.st_hi
+                        && (mem.sinks.is_empty() || !mem.sinks.contains_key(&stag))
+                        && mem.hint.write_at(env.mrs, stag, to, staged_payload(l, len), env.user_mem).is_some() =>
+                {
+                    let k = staged_payload(l, len).len();
+                    l.conn.rx_placed(&l.stage[l.st_lo..l.st_lo + k], &mut mem);
+                    l.st_lo += k;
+                    Ok(k)
+                }
                 RxWant::Place { len, place } => {
                     let dst = place_at(place, env.mrs, mem.hint, mem.sinks, mem.sq, rq);
                     let staged = l.st_hi - l.st_lo;
@@ -194,6 +206,11 @@ impl DataPath {
             }
         }
     }
+}
+
+/// The staged bytes of a payload of which `len` bytes are still to come.
+fn staged_payload(l: &Link, len: u32) -> &[u8] {
+    &l.stage[l.st_lo..l.st_hi.min(l.st_lo + len as usize)]
 }
 
 /// Reads what the socket has into the staging buffer.
