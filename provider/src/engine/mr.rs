@@ -485,6 +485,21 @@ impl MrHint {
         .flatten()
     }
 
+    /// Copies into `out` the bytes at `addr` (in the iova space) of the region `lkey` names
+    /// in protection domain `pd`, pinned for the copy, without taking a reference to the
+    /// region: a small Send's or Write's SGE, framed for the wire (local read is always
+    /// granted). `None` (nothing read): the SGE does not check out as [`Mr::check`] says, or
+    /// the region is being deregistered.
+    pub fn read_at(&self, table: &MrTable, pd: u32, lkey: u32, addr: u64, out: &mut [u8], user_mem: &dyn super::user_memory::UserMemory) -> Option<()> {
+        self.with(table, lkey, |mr| {
+            let off = mr.check(pd, addr, out.len() as u64, 0).ok()?;
+            let pinned = Pinned::new(mr, mr.addr + off, out.len() as u64)?;
+            user_mem.read(&pinned, out);
+            Some(())
+        })
+        .flatten()
+    }
+
     /// [`Mr::check`] of the region a peer addresses with `stag` (not invalidated), without
     /// taking a reference to it; `Ok(None)`: no region has that STag.
     pub fn check_remote(&self, table: &MrTable, stag: u32, pd: u32, to: u64, len: u64, needed: u32) -> Result<Option<u64>, AccessError> {
@@ -584,6 +599,31 @@ mod tests {
         t.deregister(a.stag);
         assert_eq!(hint.write_at(&t, a.stag, 0x9008, &[9; 8], &arena), None, "deregistered");
         assert_eq!(arena.get(BASE + 64, 64).iter().filter(|&&b| b == 9).count(), 4, "only the write up to the end");
+    }
+
+    /// A read through the hint takes the bytes an SGE names, and none when the SGE does not
+    /// check out (another PD, outside the region, an unknown lkey) or after deregistration.
+    #[test]
+    fn a_read_through_the_hint_checks_the_sge() {
+        use crate::engine::datapath::testkit::{Arena, BASE};
+        let arena = Arena::new(4096);
+        arena.set(BASE + 64, &(0..64).collect::<Vec<u8>>());
+        let t = MrTable::with_fixed_keys(8, 0x5a);
+        let hint = MrHint::default();
+        let a = t.register(1, BASE + 64, 64, 0x9000, 0).unwrap();
+        let mut out = [0u8; 4];
+        assert_eq!(hint.read_at(&t, 1, a.stag, 0x9008, &mut out, &arena), Some(()));
+        assert_eq!(out, [8, 9, 10, 11]);
+        assert_eq!(hint.read_at(&t, 1, a.stag, 0x9000 + 60, &mut out, &arena), Some(()), "up to the end");
+        assert_eq!(out, [60, 61, 62, 63]);
+        let mut out = [0xeeu8; 4];
+        assert_eq!(hint.read_at(&t, 2, a.stag, 0x9008, &mut out, &arena), None, "another PD");
+        assert_eq!(hint.read_at(&t, 1, a.stag, 0x9000 + 61, &mut out, &arena), None, "past the end");
+        assert_eq!(hint.read_at(&t, 1, a.stag, u64::MAX - 1, &mut out, &arena), None, "wraps");
+        assert_eq!(hint.read_at(&t, 1, a.stag ^ 0x100, 0x9008, &mut out, &arena), None, "no such lkey");
+        t.deregister(a.stag);
+        assert_eq!(hint.read_at(&t, 1, a.stag, 0x9008, &mut out, &arena), None, "deregistered");
+        assert_eq!(out, [0xee; 4], "nothing read");
     }
 
     #[test]

@@ -371,8 +371,11 @@ pub struct DataPath {
     pub link: Option<Link>,
     /// Connection-level news for connection management (rdma_cm).
     pub notices: Vec<Notice>,
-    /// The region the QP addressed last (see [`MrHint`]).
-    hint: MrHint,
+    /// The regions the QP addressed last (see [`MrHint`]): through a peer's STag (its
+    /// Writes, Reads and atomics), and through an lkey of its own work requests — two, so
+    /// that a ping-pong whose messages come into one region and go out of another finds both.
+    remote_hint: MrHint,
+    local_hint: MrHint,
 }
 
 /// What the stream's negotiation produced, for rdma_cm.
@@ -532,11 +535,19 @@ impl DataPath {
         if self.sq.len() >= max_wr as usize {
             return Err(PostError::QueueFull);
         }
+        // A lone Send or Write goes out framed from its SGEs, read through the hint: no runs
+        // resolved (a reference to each region, taken and dropped). What it cannot send (not
+        // lone, memory that does not check out) goes on below, where a bad SGE fails the WR.
+        if ring && self.established() {
+            if let Some(fatal) = self.post_lone(env, self.sq.next_id(), &wqe) {
+                return Ok(fatal);
+            }
+        }
         let (runs, sink) = match (wqe.opcode, &wqe.payload) {
-            (opcode::RDMA_READ, Payload::Sges(s)) => (resolve(env.mrs, &self.hint, env.pd, s, access::LOCAL_WRITE), true),
+            (opcode::RDMA_READ, Payload::Sges(s)) => (resolve(env.mrs, &self.local_hint, env.pd, s, access::LOCAL_WRITE), true),
             (opcode::RDMA_READ, Payload::Inline(_)) => return Err(PostError::BadState),
             (opcode::ATOMIC_CMP_AND_SWP | opcode::ATOMIC_FETCH_AND_ADD, Payload::Sges(s)) => {
-                let r = resolve(env.mrs, &self.hint, env.pd, s, access::LOCAL_WRITE);
+                let r = resolve(env.mrs, &self.local_hint, env.pd, s, access::LOCAL_WRITE);
                 match &r {
                     Ok(runs) if runs.len() != 1 || runs[0].len() < 8 => return Err(PostError::BadState),
                     _ => {}
@@ -544,7 +555,7 @@ impl DataPath {
                 (r, true)
             }
             (opcode::ATOMIC_CMP_AND_SWP | opcode::ATOMIC_FETCH_AND_ADD, Payload::Inline(_)) => return Err(PostError::BadState),
-            (_, Payload::Sges(s)) => (resolve(env.mrs, &self.hint, env.pd, s, 0), false),
+            (_, Payload::Sges(s)) => (resolve(env.mrs, &self.local_hint, env.pd, s, 0), false),
             (_, Payload::Inline(_)) => (Ok(Runs::new()), false),
         };
         if wqe.payload.len() > u64::from(u32::MAX) {
@@ -569,11 +580,6 @@ impl DataPath {
             });
             return Ok(Some(Fatal::LocalError));
         };
-        if ring && !sink && self.established() {
-            if let Some(fatal) = self.post_lone(env, id, &wqe, &runs) {
-                return Ok(fatal);
-            }
-        }
         let sink = sink.then(|| {
             let s = SINK_TAG | (id as u32 & 0x00ff_ffff);
             self.sinks.insert(s, id);
@@ -628,7 +634,7 @@ impl DataPath {
             (true, Some(srq)) => srq.pd,
             _ => env.pd,
         };
-        let (runs, bad) = match resolve(env.mrs, &self.hint, pd, &wqe.sges, access::LOCAL_WRITE) {
+        let (runs, bad) = match resolve(env.mrs, &self.local_hint, pd, &wqe.sges, access::LOCAL_WRITE) {
             Ok(r) => (r, false),
             Err(e) => {
                 crate::engine::debug::why(format_args!(

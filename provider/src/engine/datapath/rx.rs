@@ -89,9 +89,9 @@ impl DataPath {
                     continue;
                 }
             }
-            let DataPath { sq, rq, sinks, link, hint, .. } = self;
+            let DataPath { sq, rq, sinks, link, remote_hint, .. } = self;
             let l = link.as_mut().unwrap();
-            let mut mem = Mem { mrs: env.mrs, hint, pd: env.pd, qp_access: env.qp_access, user_mem: env.user_mem, sinks, sq };
+            let mut mem = Mem { mrs: env.mrs, hint: remote_hint, pd: env.pd, qp_access: env.qp_access, user_mem: env.user_mem, sinks, sq };
             let step = match want {
                 RxWant::Wait => return (false, self.drain_events(env)),
                 RxWant::Bytes(_) | RxWant::Place { place: Placement::Discard, .. } | RxWant::Discard => {

@@ -942,3 +942,41 @@ fn a_lone_message_leaves_as_a_chained_one_would() {
     set_poller_clock(None);
     assert!(lone_posts > 150, "only {lone_posts} WRs took the lone path");
 }
+
+/// A small Send or Write rung alone whose SGE does not check out — an unknown lkey, a range
+/// past its region, a region of another protection domain, a region deregistered — fails as
+/// it would on the general path: `IBV_WC_LOC_PROT_ERR`, the QP failed, nothing on the wire.
+/// (The lone path reads such an SGE through the QP's hint, and leaves it to the general path
+/// when it does not check out.) A good one, after the same region was hinted, goes out alone.
+#[test]
+fn a_lone_message_whose_memory_does_not_check_out_fails_as_any() {
+    let half = (ARENA / 2) as u32;
+    for (case, op) in [0, 1, 2, 3].into_iter().flat_map(|c| [(c, opcode::SEND), (c, opcode::RDMA_WRITE)]) {
+        let (mem, mut a, _b, tap) = tapped_pair(4096, Crc::Off);
+        let good = Sge { addr: BASE, length: 8, lkey: a.mr.stag };
+        let sge = match case {
+            0 => Sge { lkey: a.mr.stag ^ 0x100, ..good },
+            1 => Sge { addr: BASE + u64::from(half) - 4, ..good },
+            2 => {
+                let other = a.mrs.register(PD + 1, BASE, 64, BASE, access::LOCAL_WRITE).unwrap();
+                Sge { lkey: other.stag, ..good }
+            }
+            _ => {
+                // Hinted first (a good post), then deregistered.
+                let r = a.mrs.register(PD, BASE + 64, 64, BASE + 64, access::LOCAL_WRITE).unwrap();
+                let ok = a.with(&mem, |dp, env| dp.post_send(env, send_wqe(9, op, Sge { addr: BASE + 64, length: 8, lkey: r.stag }, BASE, 0), 16, true));
+                assert_eq!(ok.unwrap(), None, "case {case}: the good post");
+                assert_eq!(a.dp.link.as_ref().unwrap().lone_sent, 1, "case {case}: it went alone");
+                Side::completions(&a.scq);
+                a.mrs.deregister(r.stag);
+                Sge { addr: BASE + 64, length: 8, lkey: r.stag }
+            }
+        };
+        let before = tap.bytes().len();
+        let r = a.with(&mem, |dp, env| dp.post_send(env, send_wqe(1, op, sge, BASE, 0), 16, true));
+        assert_eq!(r.unwrap(), Some(Fatal::LocalError), "case {case}, opcode {op}");
+        let done = Side::completions(&a.scq);
+        assert_eq!(done.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), vec![(1, wc_status::LOC_PROT_ERR)], "case {case}, opcode {op}");
+        assert_eq!(tap.bytes().len(), before, "case {case}, opcode {op}: nothing on the wire");
+    }
+}

@@ -11,7 +11,7 @@ use uiw_wire::placement::Source;
 
 use super::super::mr::Span;
 use super::super::user_memory::{IoPart, Pinned};
-use super::{run_ref_at, DataPath, Env, Fatal, Link, Runs, SendEntry, WrTable, TRAILER_MAX, TX_BYTES, TX_COPY_MAX, TX_PIECES};
+use super::{run_ref_at, DataPath, Env, Fatal, Link, SendEntry, WrTable, TRAILER_MAX, TX_BYTES, TX_COPY_MAX, TX_PIECES};
 use crate::engine::transport::would_block;
 use crate::engine::wr::{opcode, send_flags, Payload, SendWqe};
 
@@ -242,7 +242,7 @@ impl DataPath {
     /// `None`: nothing was done, the WR takes the general path. `Some`: it was sent (or its
     /// bytes were queued: a stream that took only part of them sends the rest as the backlog
     /// does), with what the transmit reported.
-    pub(super) fn post_lone(&mut self, env: &Env, id: u64, wqe: &SendWqe, runs: &Runs) -> Option<Option<Fatal>> {
+    pub(super) fn post_lone(&mut self, env: &Env, id: u64, wqe: &SendWqe) -> Option<Option<Fatal>> {
         let n = wqe.payload.len() as usize;
         if n > TX_COPY_MAX || !self.sq.is_empty() || wqe.flags & send_flags::FENCE != 0 {
             return None;
@@ -258,29 +258,29 @@ impl DataPath {
         // The frame is zeroed before it is filled: a frame for the largest payload cost a
         // tenth of an 8-byte message's post in `memset`.
         if n <= LONE_SMALL {
-            self.frame_lone::<{ DATA_HDR + LONE_SMALL + TRAILER_MAX }>(env, id, wqe, runs, msg)
+            self.frame_lone::<{ DATA_HDR + LONE_SMALL + TRAILER_MAX }>(env, id, wqe, msg)
         } else {
-            self.frame_lone::<LONE_FRAME_MAX>(env, id, wqe, runs, msg)
+            self.frame_lone::<LONE_FRAME_MAX>(env, id, wqe, msg)
         }
     }
 
     /// [`DataPath::post_lone`]'s message, framed in `N` bytes (enough for its payload) and sent.
-    fn frame_lone<const N: usize>(&mut self, env: &Env, id: u64, wqe: &SendWqe, runs: &Runs, msg: LoneMsg) -> Option<Option<Fatal>> {
+    fn frame_lone<const N: usize>(&mut self, env: &Env, id: u64, wqe: &SendWqe, msg: LoneMsg) -> Option<Option<Fatal>> {
         let n = wqe.payload.len() as usize;
         let l = self.link.as_mut()?;
-        // The payload is read before the core hears of the message: memory that is gone
-        // (deregistered since `resolve`) leaves the WR to the general path, which fails it. It
-        // goes straight to its place in the frame, after the longest data header; the header
-        // then ends where it begins.
+        // The payload is read before the core hears of the message: memory that does not
+        // check out (an SGE outside its region, of another PD, a region deregistered) leaves
+        // the WR to the general path, which fails it. It goes straight to its place in the
+        // frame, after the longest data header; the header then ends where it begins.
         let mut frame = [0u8; N];
         let body = DATA_HDR..DATA_HDR + n;
         match &wqe.payload {
             Payload::Inline(b) => frame[body.clone()].copy_from_slice(&b[..n]),
-            Payload::Sges(_) => {
+            Payload::Sges(sges) => {
                 let mut at = DATA_HDR;
-                for run in runs {
-                    let k = run.len() as usize;
-                    env.user_mem.read(&run.pin()?, &mut frame[at..at + k]);
+                for s in sges.iter().filter(|s| s.length > 0) {
+                    let k = s.length as usize;
+                    self.local_hint.read_at(env.mrs, env.pd, s.lkey, s.addr, &mut frame[at..at + k], env.user_mem)?;
                     at += k;
                 }
             }
