@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""locked.py CALLGRIND_OUT TURNS LIBRARY — locked instructions per turnaround.
+"""locked.py LIBRARY TURNS CALLGRIND_OUT... — locked instructions per turnaround.
 
-Reads a callgrind output made with --dump-instr=yes (see run.sh), takes the execution count
-of every instruction of LIBRARY it collected, finds in `objdump -d LIBRARY` the instructions
-that lock the bus (a `lock` prefix, or `xchg` with memory: each a full barrier, tens of
-cycles), and prints how many ran per turnaround, and where.
+Reads callgrind outputs made with --dump-instr=yes (see run.sh) that together hold TURNS
+turnarounds, takes the execution count of every instruction of LIBRARY they collected, finds
+in `objdump -d LIBRARY` the instructions that lock the bus (a `lock` prefix, or `xchg` with
+memory: each a full barrier, tens of cycles), and prints how many ran per turnaround, and
+where.
 """
 import collections
 import re
@@ -63,10 +64,13 @@ def locked_instructions(lib):
 
 
 def main():
-    path, turns, lib = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    lib, turns, paths = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
     locked = locked_instructions(lib)
     total, where = 0, collections.Counter()
-    for (obj, addr), n in executed(path).items():
+    counts = collections.Counter()
+    for path in paths:
+        counts.update(executed(path))
+    for (obj, addr), n in counts.items():
         if obj and obj.endswith(lib.rsplit("/", 1)[-1]) and addr in locked:
             total += n
             fn, ins = locked[addr]

@@ -34,17 +34,25 @@ time)
 count)
 	iters=${3:-5000}
 	gcc -O2 -shared -fPIC -o "$build/cgturn.so" "$here/cgturn.c" -ldl
+	rm -f "$build"/cg.out*
 	UIW_CRC=0 "$uiw" run -- "$test" -d uiw_lo -x 0 -p "$port" -s 8 -F -n "$iters" >"$build/server.log" 2>&1 &
 	sleep 0.5
 	UIW_CRC=0 LD_PRELOAD="$build/cgturn.so" "$uiw" run -- valgrind --tool=callgrind --collect-atstart=no \
 		--separate-threads=yes --dump-instr=yes --callgrind-out-file="$build/cg.out" \
 		"$test" -d uiw_lo -x 0 -p "$port" -s 8 -F -n "$iters" 127.0.0.1 >"$build/client.log" 2>&1
 	wait
-	turns=$(sed -n 's/^cgturn: turns //p' "$build/client.log")
-	total=$(callgrind_annotate "$build/cg.out-01" 2>/dev/null | awk '/PROGRAM TOTALS/{gsub(",","",$1); print $1}')
+	# The dumps of whole thousands of turnarounds, the first (warm-up) left out.
+	dumps=$(ls "$build"/cg.out.*-01 2>/dev/null | sort -t. -k3 -n | tail -n +2)
+	[ -n "$dumps" ] || { echo "run.sh: fewer than 2000 turnarounds collected (ITERS $iters)" >&2; exit 1; }
+	turns=$((1000 * $(echo "$dumps" | wc -l)))
+	total=0
+	for d in $dumps; do
+		total=$((total + $(callgrind_annotate "$d" 2>/dev/null | awk '/PROGRAM TOTALS/{gsub(",","",$1); print $1}')))
+	done
 	lib=$(readlink -f "$(dirname "$uiw")/libuiw_rdmav34.so")
-	echo "turnarounds $turns, instructions per turnaround $((total / turns))"
-	python3 "$here/locked.py" "$build/cg.out-01" "$turns" "$lib"
+	echo "turnarounds $turns (of $(sed -n 's/^cgturn: turns //p' "$build/client.log")), instructions per turnaround $((total / turns))"
+	# shellcheck disable=SC2086
+	python3 "$here/locked.py" "$lib" "$turns" $dumps
 	;;
 *)
 	sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
