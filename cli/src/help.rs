@@ -330,10 +330,14 @@ OPTIONS
 FILES
     <state>/stats/<ibdev>.<pid>
         Fixed layout, native byte order: a 128-byte header (magic
-        \"UIWSTAT1\", version 1, pid, process start time, device name), a
-        device block of 16 u64 counters, then 256 QP slots (a u64 word: bit 63
-        live, bit 62 destroyed, bits 0-23 the QPN; then 16 u64 counters). The
-        full description is in kabi/src/stats.rs. The directory is mode 1777.
+        \"UIWSTAT1\", version 2, pid, process start time, device name, a fold
+        sequence), a device block of 16 u64 counters, then 256 QP slots (a u64
+        word: bit 63 live, bit 62 destroyed, bit 61 folded, bits 0-23 the QPN;
+        then 16 u64 counters). A live QP counts in its slot; its destroy folds
+        the slot into the device block, and a process's totals are the device
+        block plus the slots not folded. Version 1 files (the device block the
+        sum over every QP) are read as well. The full description is in
+        kabi/src/stats.rs. The directory is mode 1777.
 
 EXIT STATUS
     0, also when no process uses a device (a note says so on stderr);
