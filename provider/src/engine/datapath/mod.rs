@@ -23,7 +23,7 @@ use uiw_wire::{PostError as WirePostError, TaggedError, WcStatus};
 
 use super::access;
 use super::cq::{wc_flags, wc_opcode, wc_status, Completion, CqObj};
-use super::mr::{AccessError, MrHint, MrTable, Span};
+use super::mr::{AccessError, MrHint, MrTable, Pinned, Span};
 use super::srq::SrqObj;
 pub use super::transport::Closing;
 use super::transport::Stream;
@@ -402,11 +402,6 @@ pub fn resolve(mrs: &MrTable, hint: &MrHint, pd: u32, sges: &[Sge], needed: u32)
     Ok(runs)
 }
 
-/// The rest of the run at byte `offset` of a gather/scatter list.
-fn run_at(runs: &[Span], offset: u64) -> Option<Span> {
-    run_ref_at(runs, offset).and_then(|(r, within)| r.tail(within))
-}
-
 /// The run of `runs` that holds byte `offset` of their concatenation, and where in it.
 fn run_ref_at(runs: &[Span], mut offset: u64) -> Option<(&Span, u64)> {
     for r in runs {
@@ -488,24 +483,56 @@ impl Memory for Mem<'_> {
 }
 
 /// Where received payload goes (the rest of the run it starts in), or `None` to drop it.
-fn place_at(
+fn place_at<'a>(
     place: Placement,
     mrs: &MrTable,
     hint: &MrHint,
     sinks: &HashMap<u32, u64>,
-    sq: &WrTable<SendEntry>,
-    rq: &WrTable<RecvEntry>,
-) -> Option<Span> {
+    sq: &'a WrTable<SendEntry>,
+    rq: &'a WrTable<RecvEntry>,
+) -> Option<Dst<'a>> {
     match place {
         Placement::Tagged { stag, to } => {
             // The engine's own sinks exist only while a Read or atomic is outstanding.
             if let Some(id) = (!sinks.is_empty()).then(|| sinks.get(&stag)).flatten() {
-                return run_at(&sq.get(*id)?.runs, to);
+                return Dst::run_at(&sq.get(*id)?.runs, to);
             }
-            hint.lookup(mrs, stag)?.span_from(to)
+            hint.lookup(mrs, stag)?.span_from(to).map(Dst::Region)
         }
-        Placement::Recv { wr_id, offset } => run_at(&rq.get(wr_id).filter(|e| !e.bad)?.runs, u64::from(offset)),
+        Placement::Recv { wr_id, offset } => Dst::run_at(&rq.get(wr_id).filter(|e| !e.bad)?.runs, u64::from(offset)),
         Placement::Discard => None,
+    }
+}
+
+/// Where received payload goes ([`place_at`]): a span of a region of its own (what a peer's
+/// Write names), or the rest of a run of a work request's memory, borrowed from the request
+/// — a receive's for a Send, a Read's for its response: placing there takes no reference to
+/// the region (a locked increment and decrement on every Send received).
+enum Dst<'a> {
+    Region(Span),
+    /// A run, and where in it the payload starts.
+    Run(&'a Span, u64),
+}
+
+impl<'a> Dst<'a> {
+    /// The rest of the run of `runs` that holds byte `offset` of their concatenation.
+    fn run_at(runs: &'a [Span], offset: u64) -> Option<Dst<'a>> {
+        run_ref_at(runs, offset).map(|(r, within)| Dst::Run(r, within))
+    }
+
+    fn len(&self) -> u64 {
+        match self {
+            Dst::Region(s) => s.len(),
+            Dst::Run(s, at) => s.len() - at,
+        }
+    }
+
+    /// Pins `len` bytes at `offset` of it (see [`Span::pin_sub`]).
+    fn pin_sub(&self, offset: u64, len: u64) -> Option<Pinned<'_>> {
+        match self {
+            Dst::Region(s) => s.pin_sub(offset, len),
+            Dst::Run(s, at) => s.pin_sub(at.checked_add(offset)?, len),
+        }
     }
 }
 

@@ -980,3 +980,30 @@ fn a_lone_message_whose_memory_does_not_check_out_fails_as_any() {
         assert_eq!(tap.bytes().len(), before, "case {case}, opcode {op}: nothing on the wire");
     }
 }
+
+/// A Send's payload lands across the SGEs of the receive it takes, each piece in its own
+/// run and nowhere past it, whether the FPDU came whole into the staging buffer or in pieces
+/// of a few bytes (placement into a receive's runs borrows them: `Dst::Run`).
+#[test]
+fn a_send_lands_across_the_sges_of_its_receive() {
+    for max_io in [4096, 3] {
+        let (mem, mut a, mut b, a_addr, b_addr) = connected_pair(max_io, Crc::Off);
+        let payload = pattern(40, 5);
+        mem.set(a_addr, &payload);
+        // 7 bytes, then 13 bytes elsewhere, then the rest: three runs of one receive.
+        let runs = [(b_addr + 100, 7u32), (b_addr + 300, 13), (b_addr + 500, 64)];
+        let sges = runs.iter().map(|&(addr, length)| Sge { addr, length, lkey: b.mr.stag }).collect();
+        let recv = RecvWqe { wr_id: 77, sges };
+        assert_eq!(b.with(&mem, |dp, env| dp.post_recv(env, recv, false)), None);
+        a.post_send(&mem, send_wqe(1, opcode::SEND, Sge { addr: a_addr, length: 40, lkey: a.mr.stag }, 0, 0));
+        pump_both(&mem, &mut a, &mut b, 200);
+        let done = Side::completions(&b.rcq);
+        assert_eq!(done.iter().map(|c| (c.wr_id, c.status, c.byte_len)).collect::<Vec<_>>(), vec![(77, wc_status::SUCCESS, 40)], "{max_io}-byte pieces");
+        assert_eq!(mem.get(b_addr + 100, 7), payload[..7], "{max_io}-byte pieces: first run");
+        assert_eq!(mem.get(b_addr + 300, 13), payload[7..20], "{max_io}-byte pieces: second run");
+        assert_eq!(mem.get(b_addr + 500, 20), payload[20..], "{max_io}-byte pieces: third run");
+        assert_eq!(mem.get(b_addr + 107, 8), vec![0u8; 8], "{max_io}-byte pieces: nothing past the first run");
+        assert_eq!(mem.get(b_addr + 313, 8), vec![0u8; 8], "{max_io}-byte pieces: nothing past the second run");
+        assert_eq!(mem.get(b_addr + 520, 8), vec![0u8; 8], "{max_io}-byte pieces: nothing past the payload");
+    }
+}
