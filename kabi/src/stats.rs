@@ -205,7 +205,7 @@ impl StatsMap {
 
     /// A device-block counter.
     pub fn device(&self, c: Counter) -> &AtomicU64 {
-        self.word(DEVICE_OFF / 8 + c as usize)
+        &self.device_counters()[c as usize]
     }
 
     /// QP slot `slot`'s word (`SLOT_LIVE | qpn`, …).
@@ -215,7 +215,7 @@ impl StatsMap {
 
     /// A counter of QP slot `slot`.
     pub fn slot(&self, slot: usize, c: Counter) -> &AtomicU64 {
-        self.word((SLOTS_OFF + slot * SLOT_LEN) / 8 + 1 + c as usize)
+        &self.slot_counters(slot)[c as usize]
     }
 }
 
