@@ -5,7 +5,7 @@
 #   run.sh time  [TEST [ITERS]]   wall clock (turn.c), client and server, and the test's own
 #                                 latency; TEST: ib_write_lat (default), ib_send_lat, ...
 #   run.sh count [TEST [ITERS]]   the client under callgrind, collecting only its turnarounds
-#                                 (cgturn.c): instructions and locked instructions per
+#                                 (turn.c again): instructions and locked instructions per
 #                                 turnaround, and where they are
 #
 # Needs a published device (uiw up), perftest, gcc; `count` valgrind and objdump. UIW (the
@@ -33,11 +33,11 @@ time)
 	;;
 count)
 	iters=${3:-5000}
-	gcc -O2 -shared -fPIC -o "$build/cgturn.so" "$here/cgturn.c" -ldl
+	gcc -O2 -shared -fPIC -o "$build/turn.so" "$here/turn.c" -ldl
 	rm -f "$build"/cg.out*
 	UIW_CRC=0 "$uiw" run -- "$test" -d uiw_lo -x 0 -p "$port" -s 8 -F -n "$iters" >"$build/server.log" 2>&1 &
 	sleep 0.5
-	UIW_CRC=0 LD_PRELOAD="$build/cgturn.so" "$uiw" run -- valgrind --tool=callgrind --collect-atstart=no \
+	UIW_CRC=0 LD_PRELOAD="$build/turn.so" "$uiw" run -- valgrind --tool=callgrind --collect-atstart=no \
 		--separate-threads=yes --dump-instr=yes --callgrind-out-file="$build/cg.out" \
 		"$test" -d uiw_lo -x 0 -p "$port" -s 8 -F -n "$iters" 127.0.0.1 >"$build/client.log" 2>&1
 	wait
@@ -50,7 +50,7 @@ count)
 		total=$((total + $(callgrind_annotate "$d" 2>/dev/null | awk '/PROGRAM TOTALS/{gsub(",","",$1); print $1}')))
 	done
 	lib=$(readlink -f "$(dirname "$uiw")/libuiw_rdmav34.so")
-	echo "turnarounds $turns (of $(sed -n 's/^cgturn: turns //p' "$build/client.log")), instructions per turnaround $((total / turns))"
+	echo "turnarounds $turns (of $(sed -n 's/^turnaround: collected //p' "$build/client.log")), instructions per turnaround $((total / turns))"
 	# shellcheck disable=SC2086
 	python3 "$here/locked.py" "$lib" "$turns" $dumps
 	;;
