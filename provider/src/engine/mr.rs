@@ -71,12 +71,6 @@ impl Span {
         (end <= self.len).then(|| Span { mr: self.mr.clone(), addr: self.addr + offset, len })
     }
 
-    /// Whether the span starts on an 8-byte boundary of this process's memory (RFC 7306 §5.2.1:
-    /// an atomic's buffer address is 64-bit aligned; §8.2 for the Terminate when it is not).
-    pub fn aligned8(&self) -> bool {
-        self.addr & 7 == 0
-    }
-
     /// Pins the range for an access; `None` once its region is being deregistered.
     pub fn pin(&self) -> Option<Pinned<'_>> {
         Pinned::new(&self.mr, self.addr, self.len)

@@ -457,7 +457,8 @@ impl Memory for Mem<'_> {
         if self.qp_access & needed == 0 {
             return Err(TaggedError::AccessRights);
         }
-        // RFC 7306 §5.2.1: 64-bit aligned in this process's memory (as `Span::aligned8`).
+        // RFC 7306 §5.2.1: an atomic's target is 64-bit aligned in this process's memory
+        // (§8.2 for the Terminate when it is not).
         if acc == Access::RemoteAtomic && addr & 7 != 0 {
             return Err(TaggedError::Misaligned);
         }
