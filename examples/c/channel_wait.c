@@ -13,7 +13,9 @@
  *      nothing on the cancelled thread's stack may catch the unwinding: before the fix the
  *      process aborted with "FATAL: exception not rethrown");
  *   5. with O_NONBLOCK on the channel's fd and no event, ibv_get_cq_event fails with EAGAIN
- *      at once.
+ *      at once;
+ *   6. B's 128 MiB of Sends to A go while the waiter sleeps holding B, and a signal without
+ *      SA_RESTART then ends the wait with errno EINTR, not what handing B back left in it.
  *
  *   channel_wait [-d DEV]
  *
@@ -36,6 +38,9 @@
 #include "rc_pair.h"
 
 static struct ibv_comp_channel *ch;
+
+/* Step 6's messages: long enough to keep B's stream full for a while. */
+#define BIG (32u << 20)
 
 /* What the waiter's ibv_get_cq_event returned. */
 struct waited {
@@ -109,7 +114,9 @@ int main(int argc, char **argv)
 	pthread_t t;
 	void *res;
 	char detail[160];
-	int n, flags;
+	int n, flags, i, waits = 0;
+	char *big = NULL;
+	struct ibv_mr *bigmr = NULL;
 
 	if (!pick_device(argc, argv, &dev))
 		return 2;
@@ -214,6 +221,43 @@ int main(int argc, char **argv)
 	snprintf(detail, sizeof(detail), "ibv_get_cq_event %d (%s)", w.ret, strerror(w.err));
 	check(w.ret == -1 && w.err == EAGAIN, "O_NONBLOCK channel, no event: EAGAIN", detail);
 	fcntl(ch->fd, F_SETFL, flags);
+
+	/* 6. B sends A 128 MiB while the waiter sleeps holding B: it all goes (B's stream is
+	 *    full at times, and its room is watched for). Then a signal: EINTR — handing B back
+	 *    to the progress thread as the waiter wakes must leave its errno alone (qperf's timed
+	 *    tests end by an alarm and tell its EINTR from a failure by errno; it read EEXIST). */
+	catch_usr1(0);
+	check(!ibv_req_notify_cq(bcq, 0), "B's CQ armed again", strerror(errno));
+	big = malloc(BIG);
+	bigmr = big ? ibv_reg_mr(pd, big, BIG, IBV_ACCESS_LOCAL_WRITE) : NULL;
+	if (!check(bigmr != NULL, "a 32 MiB MR", strerror(errno)))
+		goto out;
+	ssge.addr = rsge.addr = (uintptr_t)big;
+	ssge.length = rsge.length = BIG;
+	ssge.lkey = rsge.lkey = bigmr->lkey;
+	for (i = 0; i < 4; i++)
+		if (!check(!ibv_post_recv(a, &rwr, &bad_r), "A's 32 MiB receive posted", strerror(errno)))
+			goto out;
+	start_waiter(&t, &w);
+	/* Unsignaled: nothing of theirs reaches B's CQ, so only the signal ends the wait. */
+	for (i = 0; i < 4; i++)
+		if (!check(!ibv_post_send(b, &swr, &bad_s), "B sends 32 MiB to A", strerror(errno)))
+			goto out;
+	for (i = 0, n = 0; i < 4 && n >= 0;) {
+		n = ibv_poll_cq(acq, 1, &wc);
+		if (n == 1)
+			i += wc.status == IBV_WC_SUCCESS && wc.byte_len == BIG;
+		else if (++waits > 30000)
+			break;
+		else
+			usleep(1000);
+	}
+	snprintf(detail, sizeof(detail), "%d of 4", i);
+	check(i == 4, "A received B's four messages whole", detail);
+	pthread_kill(t, SIGUSR1);
+	n = join_within(t, 10, &res);
+	snprintf(detail, sizeof(detail), "join %d, ibv_get_cq_event %d (%s)", n, w.ret, strerror(w.err));
+	check(n == 0 && w.ret == -1 && w.err == EINTR, "then a signal: EINTR, errno untouched by the hand-back", detail);
 out:
 	printf("%d passed, %d failed\n", passed, failed);
 	return failed ? 1 : 0;

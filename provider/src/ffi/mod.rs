@@ -484,61 +484,63 @@ unsafe extern "C" fn read_channel(engine: *mut c_void, fd: c_int, buf: *mut c_vo
         // (see `engine::lease`) until it returns anything but READ_WAIT.
         let slept = why == WHY_WOKEN || why == WHY_INTERRUPTED;
         let r = read_or_wait(engine, &ch, fd, buf, len, why, wait_fd);
-        match (slept, r == READ_WAIT) {
+        match (slept, r == Ok(READ_WAIT)) {
             (false, true) => engine.channel_reader_sleeps(&ch),
             (true, false) => engine.channel_reader_woke(&ch),
             _ => {}
         }
-        r
+        // errno last: handing the channel's QPs back (epoll_ctl) may set it on success
+        // (`EEXIST` from an add answered by a modify), and qperf, at the end of a timed test,
+        // tells the alarm's EINTR from a failure by errno alone.
+        r.unwrap_or_else(|errno| {
+            set_errno(errno);
+            -1
+        })
     })
 }
 
-/// `read_channel`'s work: an event read, an error, `READ_PLAIN`, or `READ_WAIT` with
-/// `*wait_fd` set.
-fn read_or_wait(engine: &Context, ch: &EventQueue, fd: c_int, buf: *mut c_void, len: usize, why: c_int, wait_fd: *mut c_int) -> isize {
+/// `read_channel`'s work: an event read, `READ_PLAIN`, `READ_WAIT` with `*wait_fd` set, or
+/// the errno of a failed read.
+fn read_or_wait(engine: &Context, ch: &EventQueue, fd: c_int, buf: *mut c_void, len: usize, why: c_int, wait_fd: *mut c_int) -> Result<isize, c_int> {
     match why {
         WHY_WOKEN => {
             if let Some(rec) = engine.serve_channel_ready(ch) {
                 if len >= rec.len() {
                     // SAFETY: the caller's buffer, of `len` bytes (read()'s arguments).
                     unsafe { ptr::copy_nonoverlapping(rec.as_ptr(), buf as *mut u8, rec.len()) };
-                    return rec.len() as isize;
+                    return Ok(rec.len() as isize);
                 }
                 ch.requeue(&rec);
             }
         }
         // As a read(2) would: restarted after SA_RESTART handlers, EINTR otherwise.
-        WHY_INTERRUPTED if !uiw_kabi::sys::interrupted_reads_restart() => {
-            set_errno(libc::EINTR);
-            return -1;
-        }
+        WHY_INTERRUPTED if !uiw_kabi::sys::interrupted_reads_restart() => return Err(libc::EINTR),
         _ => {}
     }
     loop {
         // SAFETY: the caller's buffer and length, as read() was given them.
         let n = unsafe { libc::recv(fd, buf, len, libc::MSG_DONTWAIT) };
         if n >= 0 {
-            return n as isize;
+            return Ok(n as isize);
         }
         match std::io::Error::last_os_error().raw_os_error() {
             Some(libc::EINTR) => continue,
             Some(libc::EAGAIN) => break,
             // Not our socket any more (replaced behind the shim's back): a plain read.
-            _ => return READ_PLAIN,
+            _ => return Ok(READ_PLAIN),
         }
     }
     // SAFETY: F_GETFL on the caller's fd has no memory arguments.
     if unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0 {
-        set_errno(libc::EAGAIN);
-        return -1;
+        return Err(libc::EAGAIN);
     }
     match ch.wait_fd() {
         Some(w) => {
             // SAFETY: the shim passes a valid out pointer.
             unsafe { *wait_fd = w };
-            READ_WAIT
+            Ok(READ_WAIT)
         }
-        None => READ_PLAIN,
+        None => Ok(READ_PLAIN),
     }
 }
 
