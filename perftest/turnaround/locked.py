@@ -81,4 +81,5 @@ def main():
             print("  %5.2f  %-22s %s" % (n / turns, ins, fn))
 
 
-main()
+if __name__ == "__main__":
+    main()

@@ -15,7 +15,9 @@
  * only, so that callgrind counts the instructions of that path alone, and dumps the counts
  * every 1000 turnarounds (which starts them over): a dump holds 1000 whole turnarounds,
  * where the final counts also hold whatever a last, unanswered message's window collected
- * (perftest sorting its samples). It then prints the number of turnarounds at exit.
+ * (perftest sorting its samples). It then prints the number of turnarounds at exit. The
+ * windows of perftest's out-of-band exchanges (its TCP socket's small messages) are
+ * counted too: the first dump's and the last dump's (run.sh leaves both out).
  *
  *   gcc -O2 -shared -fPIC -o turn.so turn.c -ldl
  *   LD_PRELOAD=./turn.so PROGRAM...   (under `uiw run`, LD_PRELOAD is appended to)
