@@ -10,7 +10,7 @@ usage() {
     cat <<'USAGE'
 Usage: perftest/spdk/run.sh build --spdk DIR --isal DIR --isal-crypto DIR [--work DIR]
        perftest/spdk/run.sh bench [--work DIR] [--time SECS] [--reps N] [--uiw PATH]
-                                  [--tcp-only|--rdma-only] [--alternate N]
+                                  [--tcp-only|--rdma-only] [--alternate N] [--count QD]
        perftest/spdk/run.sh all   --spdk DIR --isal DIR --isal-crypto DIR [--work DIR] [--time SECS]
 
 build   Copy the SPDK tree (and isa-l / isa-l_crypto, checked out at the commits SPDK pins:
@@ -36,6 +36,11 @@ Options:
                       on a shared machine)
   --uiw PATH          the uiw CLI (default: target/release/uiw of this repository)
   --no-huge           run SPDK with --no-huge -s 1024 (default: hugepages if 2 MiB pages are free)
+  --count QD          instead of the table: the target under callgrind (instrumented only while a
+                      run goes), one 4 KiB random read run at queue depth QD over each transport
+                      (slowed down about 50 times: the target is the bottleneck), and the
+                      target's instructions per I/O, by library — deterministic where IOPS are
+                      not, to compare builds by. No data verification in this mode.
   --alternate N       instead of the table: N rounds of 4 KiB random reads at QD1 for SECS seconds,
                       over uiw's RDMA then NVMe/TCP, on the same target, each round's ratio
                       printed (the machine's speed moves both; the ratio is what to read)
@@ -52,7 +57,7 @@ die() { say "error: $*"; exit 1; }
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 cmd=${1:-}; [ $# -gt 0 ] && shift
-spdk_src= isal_src= isalc_src= work=/tmp/uiw-spdk secs=10 reps=3 uiw= nohuge=0 modes="rdma tcp" alternate=0
+spdk_src= isal_src= isalc_src= work=/tmp/uiw-spdk secs=10 reps=3 uiw= nohuge=0 modes="rdma tcp" alternate=0 count=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --spdk) spdk_src=$2; shift 2 ;;
@@ -66,6 +71,7 @@ while [ $# -gt 0 ]; do
         --tcp-only) modes="tcp"; shift ;;
         --rdma-only) modes="rdma"; shift ;;
         --alternate) alternate=$2; shift 2 ;;
+        --count) count=$2; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) usage >&2; die "unknown argument '$1'" ;;
     esac
@@ -169,6 +175,31 @@ perf_total() { awk -F: '/^Total/ { split($2, f, " "); printf "%s %s %s\n", f[1],
 # ratio A B: A/B to two decimals, or "-" when either is missing or zero
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a+0 > 0 && b+0 > 0) printf "%.2f", a/b; else print "-" }'; }
 
+# count_per_io (inside bench, the target under callgrind): per transport, one 4 KiB random read
+# run at QD $count with the target instrumented for exactly that run, its counts dumped, and the
+# target's instructions per I/O printed by library.
+count_per_io() {
+    local vg m log total ios
+    vg=$(pgrep -f -- "--callgrind-out-file=$run/cg.out" | head -1)
+    [ -n "$vg" ] || die "no callgrind process for $run/cg.out"
+    echo "SPDK $(cat "$work/spdk/VERSION" 2>/dev/null || echo '?') nvmf_tgt under callgrind (core 0) + spdk_nvme_perf (core 1): 4 KiB randread QD $count, ${secs}s, $(date -u +%FT%TZ)"
+    for m in $modes; do
+        log=$run/count-$m.log
+        callgrind_control -z "$vg" >/dev/null 2>&1
+        callgrind_control -i on "$vg" >/dev/null 2>&1
+        total=$(perf_run "$m" randread 4096 "$count" "$log") || { tail -20 "$log" >&2; die "perf over $m failed (log $log)"; }
+        callgrind_control -i off "$vg" >/dev/null 2>&1
+        callgrind_control -d "$m" "$vg" >/dev/null 2>&1
+        ios=$(awk -v i="${total%% *}" -v s="$secs" 'BEGIN { printf "%.0f", i * s }')
+        local dump; dump=$(ls -t "$run"/cg.out.* | head -1)
+        echo "$m: ${total%% *} IOPS under callgrind, $ios I/Os; target instructions per I/O:"
+        callgrind_annotate --inclusive=no --threshold=100 "$dump" 2>/dev/null |
+            awk -v ios="$ios" '/^ *[0-9,]+ .*\[.*\] *$/ { n = $1; gsub(",", "", n); o = $NF; gsub(/^\[|\]$/, "", o); sub(/.*\//, "", o); by[o] += n; t += n }
+                END { for (o in by) if (by[o] / ios >= 10) printf "  %8.0f  %s\n", by[o] / ios, o; printf "  %8.0f  total\n", t / ios }' |
+            sort -k2,2 -s | sort -rn
+    done
+}
+
 bench() {
     local bin=$work/spdk/build/bin ex=$work/spdk/build/examples
     [ -x "$bin/nvmf_tgt" ] && [ -x "$bin/spdk_nvme_perf" ] || die "no SPDK build in $work/spdk: run '$0 build ...' first"
@@ -203,16 +234,22 @@ bench() {
         { "trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": "$tport" } } } ] } ] }
 JSON
     say "nvmf_tgt on core 0 under uiw run (RDMA 127.0.0.1:$rport, TCP 127.0.0.1:$tport, malloc 256 MiB; log $run/tgt.log)"
-    "$uiw" run -- "$bin/nvmf_tgt" -m 0x1 -u "${mem[@]}" -r "$run/tgt.sock" --json "$run/tgt.json" \
+    local tgt_pre=() wait_s=60
+    if [ "$count" != 0 ]; then
+        command -v valgrind >/dev/null && command -v callgrind_control >/dev/null || die "--count needs valgrind (apt-get install valgrind)"
+        tgt_pre=(valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$run/cg.out")
+        wait_s=300
+    fi
+    "$uiw" run -- "${tgt_pre[@]}" "$bin/nvmf_tgt" -m 0x1 -u "${mem[@]}" -r "$run/tgt.sock" --json "$run/tgt.json" \
         >"$run/tgt.log" 2>&1 &
     pids+=($!)
     local i
-    for i in $(seq 1 60); do
+    for i in $(seq 1 "$wait_s"); do
         grep -q "NVMe/TCP Target Listening" "$run/tgt.log" && grep -q "NVMe/RDMA Target Listening" "$run/tgt.log" && break
         kill -0 "${pids[0]}" 2>/dev/null || { cat "$run/tgt.log"; die "nvmf_tgt exited"; }
         sleep 1
     done
-    grep -q "NVMe/RDMA Target Listening" "$run/tgt.log" || { cat "$run/tgt.log"; die "nvmf_tgt is not listening on RDMA after 60 s"; }
+    grep -q "NVMe/RDMA Target Listening" "$run/tgt.log" || { cat "$run/tgt.log"; die "nvmf_tgt is not listening on RDMA after $wait_s s"; }
 
     host() { # transport → the command prefix that runs a host program for it
         if [ "$1" = rdma ]; then echo "$uiw run --"; fi
@@ -232,7 +269,9 @@ JSON
     # 1. Data verified: bdevperf's verify workload writes a pattern, reads it back and compares
     #    every byte (a mismatch fails the job); 4 KiB QD16 and 128 KiB QD16, over each transport.
     local m bs fail=0
-    for m in $modes; do
+    local modes_verify=$modes
+    if [ "$count" != 0 ]; then modes_verify=; fi
+    for m in $modes_verify; do
         local TR; TR=$(echo "$m" | tr a-z A-Z)
         local port=$rport; [ "$m" = tcp ] && port=$tport
         cat >"$run/host-$m.json" <<JSON
@@ -263,6 +302,10 @@ JSON
     say "warm-up: 128 KiB sequential writes at QD16 for 2 s over NVMe/TCP (every block of the bdev touched)"
     "$bin/spdk_nvme_perf" -c 0x2 "${mem[@]}" -r "$(trid tcp)" -w write -o 131072 -q 16 -t 2 >"$run/warm-up.log" 2>&1 ||
         { tail -20 "$run/warm-up.log" >&2; die "warm-up failed (log $run/warm-up.log)"; }
+    if [ "$count" != 0 ]; then
+        count_per_io
+        return
+    fi
     if [ "$alternate" -gt 0 ]; then
         local k r t
         for k in $(seq 1 "$alternate"); do
