@@ -196,7 +196,7 @@ count_per_io() {
         callgrind_annotate --inclusive=no --threshold=100 "$dump" 2>/dev/null |
             awk -v ios="$ios" '/^ *[0-9,]+ .*\[.*\] *$/ { n = $1; gsub(",", "", n); o = $NF; gsub(/^\[|\]$/, "", o); sub(/.*\//, "", o); by[o] += n; t += n }
                 END { for (o in by) if (by[o] / ios >= 10) printf "  %8.0f  %s\n", by[o] / ios, o; printf "  %8.0f  total\n", t / ios }' |
-            sort -k2,2 -s | sort -rn
+            sort -rn
     done
 }
 
