@@ -72,7 +72,14 @@ impl<T> WrTable<T> {
     /// Takes WR `id` out; the slots of WRs already gone before the oldest left are dropped.
     pub fn remove(&mut self, id: u64) -> Option<T> {
         let i = self.index(id)?;
-        let e = self.slots.get_mut(i)?.take()?;
+        // The oldest (the usual case: queues complete in order) leaves with its slot, moved
+        // once; taking it out first and then popping the empty slot moved the slot twice.
+        let e = if i == 0 {
+            self.base += 1;
+            self.slots.pop_front()??
+        } else {
+            self.slots.get_mut(i)?.take()?
+        };
         self.live -= 1;
         while let Some(None) = self.slots.front() {
             self.slots.pop_front();
