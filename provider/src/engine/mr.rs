@@ -735,6 +735,7 @@ mod tests {
         rx.recv().unwrap();
         h.join().unwrap();
         assert!(span.pin().is_none(), "a span of a deregistered region cannot be pinned");
+        assert!(span.sub(0, 8).unwrap().pin().is_none(), "nor a part of it taken as a span of its own");
         assert!(span.pin_sub(0, 8).is_none() && span.pin_from(8).is_none());
     }
 }
