@@ -1278,8 +1278,12 @@ impl Qp {
                 }
                 let r = inner.dp.post_send(&env, wqe, self.cap.max_send_wr, ring);
                 self.note_answer_wait(&mut inner);
-                // An idle stream sends at once, from here.
-                self.sync_stats(&mut inner);
+                // An idle stream sends at once, from here. A WR inside a chain is counted by
+                // the doorbell or the pump that sends it (a chain's every WR published its
+                // counters: a tenth of an NVMe-oF target's provider instructions).
+                if ring {
+                    self.sync_stats(&mut inner);
+                }
                 if let Some(f) = r? {
                     self.fail_locked(inner, f);
                     return Ok(false);

@@ -210,10 +210,14 @@ pub struct Link {
     tx_blocked: bool,
     /// The wire core's counters as last published to the QP's statistics (`stats::QpStats::sync`).
     pub stats_seen: uiw_wire::conn::Counters,
-    /// Messages sent by `DataPath::post_lone` and `post_lone_read` (for the tests that
+    /// Bytes queued by [`DataPath::post_direct`] that no `sendmsg` was offered yet (a chain's
+    /// FPDUs before its doorbell): the backlog beyond them is what the stream did not take
+    /// ([`Link::backed_up`]).
+    unrung: u64,
+    /// Messages sent by `DataPath::post_direct` and `post_lone_read` (for the tests that
     /// compare them with the general path).
     #[cfg(test)]
-    pub(super) lone_sent: u64,
+    pub(super) direct_sent: u64,
 }
 
 impl Link {
@@ -241,8 +245,9 @@ impl Link {
             drained: false,
             tx_blocked: false,
             stats_seen: Default::default(),
+            unrung: 0,
             #[cfg(test)]
-            lone_sent: 0,
+            direct_sent: 0,
         }
     }
 
@@ -360,6 +365,12 @@ impl Link {
     fn backlog(&self) -> u64 {
         self.tx_queued - self.tx_sent
     }
+
+    /// Whether bytes offered to the stream are still waiting for it (it did not take them
+    /// all): a doorbell then leaves the sending to the stream's room.
+    fn backed_up(&self) -> bool {
+        self.backlog() > self.unrung
+    }
 }
 
 /// A QP's work requests and its stream.
@@ -376,6 +387,9 @@ pub struct DataPath {
     /// that a ping-pong whose messages come into one region and go out of another finds both.
     remote_hint: MrHint,
     local_hint: MrHint,
+    /// Every WR takes the general path (the tests' reference for `post_direct`).
+    #[cfg(test)]
+    pub(super) general_only: bool,
 }
 
 /// What the stream's negotiation produced, for rdma_cm.
@@ -563,11 +577,12 @@ impl DataPath {
         if self.sq.len() >= max_wr as usize {
             return Err(PostError::QueueFull);
         }
-        // A lone Send or Write goes out framed from its SGEs, read through the hint: no runs
-        // resolved (a reference to each region, taken and dropped). What it cannot send (not
-        // lone, memory that does not check out) goes on below, where a bad SGE fails the WR.
-        if ring && self.established() {
-            if let Some(fatal) = self.post_lone(env, self.sq.next_id(), &wqe) {
+        // A Send or Write of one FPDU behind nothing outstanding is framed at once (a small
+        // one from its SGEs read through the hint: no runs resolved, no reference to each
+        // region taken and dropped). What that path does not take (WRs outstanding, memory that
+        // does not check out) goes on below, where a bad SGE fails the WR.
+        if self.established() {
+            if let Some(fatal) = self.post_direct(env, self.sq.next_id(), &wqe, ring) {
                 return Ok(fatal);
             }
         }
@@ -640,7 +655,7 @@ impl DataPath {
         }
         // Doorbell: send now unless the socket is already backed up (then the progress thread
         // sends when it drains, and this WR rides along without a system call of its own).
-        let idle = self.link.as_ref().is_some_and(|l| l.backlog() == 0);
+        let idle = self.link.as_ref().is_some_and(|l| !l.backed_up());
         if idle {
             self.pump_tx(env)
         } else {
@@ -849,14 +864,16 @@ impl DataPath {
         if e.wqe.opcode == opcode::LOCAL_INV && status == WcStatus::Success {
             env.mrs.invalidate(e.wqe.imm_or_inv, env.pd);
         }
-        self.report_send(env, &e.wqe, status, c.byte_len);
+        self.report_send(env, &e.wqe, status, c.byte_len, true);
         (status != c.status).then_some(Fatal::LocalError)
     }
 
     /// Reports the completion of send-queue WR `wqe` (taken off the send queue): to the send
     /// CQ if it is signaled or failed — at once, or held until its bytes have left the backlog
     /// (and a lone RDMA Write's, polled for, maybe until the peer's answer: `answer`).
-    fn report_send(&mut self, env: &Env, wqe: &SendWqe, status: WcStatus, byte_len: u32) {
+    /// `rung`: the WR ended its posted chain (a Write reported as it is posted, ahead of the
+    /// rest of its chain, is not lone).
+    fn report_send(&mut self, env: &Env, wqe: &SendWqe, status: WcStatus, byte_len: u32, rung: bool) {
         let signaled = env.sq_sig_all || wqe.flags & send_flags::SIGNALED != 0;
         if status == WcStatus::Success && !signaled {
             return;
@@ -869,7 +886,7 @@ impl DataPath {
             qp_num: env.qpn,
             ..Default::default()
         };
-        let lone_write = out.opcode == wc_opcode::RDMA_WRITE && status == WcStatus::Success && self.sq.is_empty();
+        let lone_write = rung && out.opcode == wc_opcode::RDMA_WRITE && status == WcStatus::Success && self.sq.is_empty();
         let Some(l) = self.link.as_mut() else {
             env.send_cq.push(out);
             return;

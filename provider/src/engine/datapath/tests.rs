@@ -395,6 +395,8 @@ fn a_send_into_a_receive_whose_region_was_deregistered_fails() {
 fn a_small_write_whose_region_went_is_undone_behind_the_write_before_it() {
     for crc in [Crc::Off, Crc::Initiator] {
         let (mem, mut a, mut b, a_addr, b_addr) = connected_pair(64 << 10, crc);
+        // The general path (`DataPath::post_direct` copies a small payload as it is posted).
+        a.dp.general_only = true;
         let gone = a.mrs.register(PD, a_addr + 8192, 64, a_addr + 8192, access::LOCAL_WRITE).unwrap();
         mem.set(a_addr, &pattern(100, 1));
         mem.set(a_addr + 8192, &pattern(64, 2));
@@ -854,23 +856,31 @@ fn tapped_pair(max_io: usize, crc: Crc) -> (Arena, Side, Side, Tap) {
     (mem, a, b, a_to_b)
 }
 
-/// A small Send or RDMA Write rung on its own leaves through `DataPath::post_lone` (framed on
-/// the stack, one call to the stream) when nothing is outstanding, and an RDMA Read through
-/// `post_lone_read` when nothing waits to go out; the same WR rung at the end of a chain
-/// (`post_send` without ring, then `doorbell`) takes the general path. Two pairs
-/// run one script of Sends (gathered and inline, signaled or not, solicited), Writes and Reads
-/// of sizes around `TX_COPY_MAX`, one pair ringing each WR alone, the other through the
-/// doorbell: after every post the same bytes are in flight, and the completions on both sides,
-/// the memory and the counters end up the same — over pieces of 1 to 4096 bytes (a lone FPDU
-/// the stream takes only part of), with CRC off and on, with and without a poller that makes a
-/// lone Write's completion wait for the peer's answer.
+/// A Send or RDMA Write of one FPDU posted behind nothing outstanding is framed as it is
+/// posted (`DataPath::post_direct`): rung on its own on an idle stream, handed to the stream in
+/// one call; in a chain, or behind a backlog, queued, and sent at the chain's doorbell. An RDMA
+/// Read rung on its own goes through `post_lone_read`. Two pairs run one script of chains of
+/// one to four WRs, rung by their last WR or by the doorbell alone — Sends (gathered from one
+/// or two SGEs, or inline; signaled or not;
+/// solicited), Writes and Reads of sizes around `TX_COPY_MAX` and up to two MSS (one FPDU, or
+/// more, which the direct path leaves to the general one) — the second pair's QP taking the
+/// general path for every WR (`DataPath::general_only`). After every post the same bytes are in
+/// flight, and the completions on both sides, the memory and the counters end up the same —
+/// over pieces of 1 to 4096 bytes (a frame the stream takes only part of, a backlog behind a
+/// full stream), with CRC off and on, with and without a poller that makes a lone Write's
+/// completion wait for the peer's answer. Without a poller the completions come at the same
+/// moments too; with one, a completion may wait for the answer on one path and not on the
+/// other (the direct path reports a Write ahead of the rest of its chain, where the general
+/// path reports the chain's completions together): they are compared once no poller holds
+/// them back.
 #[test]
-fn a_lone_message_leaves_as_a_chained_one_would() {
-    let mut lone_posts = 0;
-    for (max_io, crc, polled) in [(4096, Crc::Off, false), (1, Crc::Off, false), (7, Crc::Initiator, false), (64, Crc::Responder, true), (4096, Crc::Initiator, true)] {
+fn a_direct_message_leaves_as_the_general_path_sends_it() {
+    let (mut direct_posts, mut direct_large) = (0, 0);
+    for (max_io, crc, polled) in [(4096, Crc::Off, false), (1, Crc::Off, false), (7, Crc::Initiator, false), (64, Crc::Responder, true), (4096, Crc::Initiator, true), (4096, Crc::Off, true), (97, Crc::Off, false)] {
         set_poller_clock(polled.then_some(1_000));
         let (mem1, mut a1, mut b1, tap1) = tapped_pair(max_io, crc);
         let (mem2, mut a2, mut b2, tap2) = tapped_pair(max_io, crc);
+        a2.dp.general_only = true;
         let (a_key, b_key) = (a1.mr.stag, b1.mr.stag);
         assert_eq!((a_key, b_key), (a2.mr.stag, b2.mr.stag));
         let half = (ARENA / 2) as u64;
@@ -885,54 +895,92 @@ fn a_lone_message_leaves_as_a_chained_one_would() {
             rng ^= rng << 17;
             rng % n
         };
-        let settle = |mem: &Arena, a: &mut Side, b: &mut Side| pump_both(mem, a, b, 4 * 4096 / max_io.min(64) + 64);
-        for i in 0..120u64 {
+        let settle = |mem: &Arena, a: &mut Side, b: &mut Side| pump_both(mem, a, b, 8 * 4096 / max_io.min(64) + 64);
+        let (mut done1, mut done2) = (Vec::new(), Vec::new());
+        let (mut i, mut signaled) = (0u64, 0u64);
+        while i < 160 {
             // B keeps receives posted for the Sends.
             for (mem, b) in [(&mem1, &mut b1), (&mem2, &mut b2)] {
-                while b.dp.rq.len() < 4 {
-                    let recv = RecvWqe { wr_id: 1000 + i, sges: smallvec::smallvec![Sge { addr: b_addr, length: 1024, lkey: b_key }] };
+                while b.dp.rq.len() < 8 {
+                    let recv = RecvWqe { wr_id: 1000 + i, sges: smallvec::smallvec![Sge { addr: b_addr, length: 4096, lkey: b_key }] };
                     assert_eq!(b.with(mem, |dp, env| dp.post_recv(env, recv, false)), None);
                 }
             }
-            let len = match next(5) {
-                0 => 0,
-                1 => super::TX_COPY_MAX as u64 - 2 + next(4),
-                _ => next(600),
-            } as u32;
-            let at = BASE + next(8192);
-            let mut wqe = match next(6) {
-                0..=2 => send_wqe(i, opcode::SEND, Sge { addr: at, length: len, lkey: a_key }, 0, 0),
-                3 | 4 => send_wqe(i, opcode::RDMA_WRITE, Sge { addr: at, length: len, lkey: a_key }, b_addr + 4096 + next(4096), b_key),
-                _ => send_wqe(i, opcode::RDMA_READ, Sge { addr: BASE + 16384 + next(4096), length: len.min(1024), lkey: a_key }, b_addr + next(8192), b_key),
-            };
-            if next(3) == 0 {
-                wqe.flags &= !send_flags::SIGNALED;
+            let chain = 1 + next(4) * next(2);
+            // Most chains ring with their last WR (as `ibv_post_send` rings at the end of its
+            // list); some ring later, by the doorbell alone (a doorbell the QP deferred to its
+            // poller).
+            let rung_alone = next(4) == 0;
+            for k in 0..chain {
+                let len = match next(6) {
+                    0 => 0,
+                    1 => super::TX_COPY_MAX as u64 - 2 + next(4),
+                    2 => super::TX_COPY_MAX as u64 + next(2 * 1460),
+                    _ => next(600),
+                } as u32;
+                let at = BASE + next(8192);
+                let mut wqe = match next(6) {
+                    0..=2 => send_wqe(i, opcode::SEND, Sge { addr: at, length: len, lkey: a_key }, 0, 0),
+                    3 | 4 => send_wqe(i, opcode::RDMA_WRITE, Sge { addr: at, length: len, lkey: a_key }, b_addr + 4096 + next(4096), b_key),
+                    _ => send_wqe(i, opcode::RDMA_READ, Sge { addr: BASE + 16384 + next(4096), length: len.min(1024), lkey: a_key }, b_addr + next(8192), b_key),
+                };
+                if next(3) == 0 {
+                    wqe.flags &= !send_flags::SIGNALED;
+                }
+                if next(4) == 0 {
+                    wqe.flags |= send_flags::SOLICITED;
+                }
+                if wqe.opcode != opcode::RDMA_READ && len > 1 && next(3) == 0 {
+                    // Two SGEs: the payload in two runs.
+                    let cut = 1 + next(u64::from(len) - 1) as u32;
+                    wqe.payload = Payload::Sges(smallvec::smallvec![
+                        Sge { addr: at, length: cut, lkey: a_key },
+                        Sge { addr: at + 20_000, length: len - cut, lkey: a_key },
+                    ]);
+                } else if wqe.opcode == opcode::SEND && len <= 64 && next(2) == 0 {
+                    wqe.payload = Payload::Inline(mem1.get(at, len as usize).as_slice().into());
+                }
+                let large = len as usize > super::TX_COPY_MAX;
+                signaled += u64::from(wqe.flags & send_flags::SIGNALED != 0);
+                let ring = k + 1 == chain && !rung_alone;
+                let before = a1.dp.link.as_ref().unwrap().direct_sent;
+                let r1 = a1.with(&mem1, |dp, env| dp.post_send(env, wqe.clone(), 16, ring));
+                let r2 = a2.with(&mem2, |dp, env| dp.post_send(env, wqe, 16, ring));
+                assert_eq!((r1.unwrap(), r2.unwrap()), (None, None));
+                if large && a1.dp.link.as_ref().unwrap().direct_sent > before {
+                    direct_large += 1;
+                }
+                assert_eq!(tap1.bytes(), tap2.bytes(), "{max_io}-byte pieces, {crc:?}: WR {i} (chain of {chain}) put different bytes in flight");
+                i += 1;
             }
-            if next(4) == 0 {
-                wqe.flags |= send_flags::SOLICITED;
+            if rung_alone {
+                assert_eq!(a1.with(&mem1, |dp, env| dp.doorbell(env)), None);
+                assert_eq!(a2.with(&mem2, |dp, env| dp.doorbell(env)), None);
+                assert_eq!(tap1.bytes(), tap2.bytes(), "{max_io}-byte pieces, {crc:?}: the doorbell after WR {i} put different bytes in flight");
             }
-            if wqe.opcode == opcode::SEND && len <= 64 && next(2) == 0 {
-                wqe.payload = Payload::Inline(mem1.get(at, len as usize).as_slice().into());
-            }
-            // A few WRs in a row before the pairs settle: the later ones find the first still
-            // outstanding.
-            a1.post_send(&mem1, wqe.clone());
-            let r = a2.with(&mem2, |dp, env| dp.post_send(env, wqe, 16, false).map(|f| f.or_else(|| dp.doorbell(env))));
-            assert_eq!(r.unwrap(), None);
-            assert_eq!(tap1.bytes(), tap2.bytes(), "{max_io}-byte pieces, {crc:?}: WR {i} put different bytes in flight");
             if next(3) != 0 {
                 settle(&mem1, &mut a1, &mut b1);
                 settle(&mem2, &mut a2, &mut b2);
             }
-            assert_eq!(Side::completions(&a1.scq), Side::completions(&a2.scq), "WR {i}: A's send completions");
+            done1.extend(Side::completions(&a1.scq));
+            done2.extend(Side::completions(&a2.scq));
+            if !polled {
+                assert_eq!(done1, done2, "WR {i}: A's send completions");
+            }
             assert_eq!(Side::completions(&b1.rcq), Side::completions(&b2.rcq), "WR {i}: B's receive completions");
         }
+        set_poller_clock(None);
         settle(&mem1, &mut a1, &mut b1);
         settle(&mem2, &mut a2, &mut b2);
-        assert_eq!(Side::completions(&a1.scq), Side::completions(&a2.scq));
+        done1.extend(Side::completions(&a1.scq));
+        done2.extend(Side::completions(&a2.scq));
+        assert_eq!(done1, done2, "{max_io}-byte pieces, {crc:?}: A's send completions");
+        assert_eq!(done1.len() as u64, signaled, "every signaled WR completed");
+        assert!(done1.iter().all(|c| c.status == wc_status::SUCCESS));
+        assert_eq!(Side::completions(&b1.rcq), Side::completions(&b2.rcq));
         assert_eq!(mem1.get(BASE, ARENA), mem2.get(BASE, ARENA), "{max_io}-byte pieces, {crc:?}: memory differs");
-        lone_posts += a1.dp.link.as_ref().unwrap().lone_sent;
-        assert_eq!(a2.dp.link.as_ref().unwrap().lone_sent, 0, "a chained WR never goes alone");
+        direct_posts += a1.dp.link.as_ref().unwrap().direct_sent;
+        assert_eq!(a2.dp.link.as_ref().unwrap().direct_sent, 0, "the reference never takes the direct path");
         for (x, y) in [(&a1, &a2), (&b1, &b2)] {
             let (cx, cy) = (x.dp.link.as_ref().unwrap(), y.dp.link.as_ref().unwrap());
             assert_eq!(cx.conn.counters(), cy.conn.counters());
@@ -940,7 +988,8 @@ fn a_lone_message_leaves_as_a_chained_one_would() {
         }
     }
     set_poller_clock(None);
-    assert!(lone_posts > 150, "only {lone_posts} WRs took the lone path");
+    assert!(direct_posts > 300, "only {direct_posts} WRs took the direct path");
+    assert!(direct_large > 20, "only {direct_large} payloads above TX_COPY_MAX took the direct path");
 }
 
 /// A small Send or Write rung alone whose SGE does not check out — an unknown lkey, a range
@@ -966,7 +1015,7 @@ fn a_lone_message_whose_memory_does_not_check_out_fails_as_any() {
                 let r = a.mrs.register(PD, BASE + 64, 64, BASE + 64, access::LOCAL_WRITE).unwrap();
                 let ok = a.with(&mem, |dp, env| dp.post_send(env, send_wqe(9, op, Sge { addr: BASE + 64, length: 8, lkey: r.stag }, BASE, 0), 16, true));
                 assert_eq!(ok.unwrap(), None, "case {case}: the good post");
-                assert_eq!(a.dp.link.as_ref().unwrap().lone_sent, 1, "case {case}: it went alone");
+                assert_eq!(a.dp.link.as_ref().unwrap().direct_sent, 1, "case {case}: it went alone");
                 Side::completions(&a.scq);
                 a.mrs.deregister(r.stag);
                 Sge { addr: BASE + 64, length: 8, lkey: r.stag }

@@ -170,6 +170,9 @@ impl DataPath {
                     None => IoPart::Bytes(p.bytes(if i == 0 { l.tx_skip } else { 0 }).unwrap_or_default()),
                 })
                 .collect();
+            // Every byte queued is offered from here on (what the stream does not take now
+            // waits for its room).
+            l.unrung = 0;
             let sent = l.stream.send(env.user_mem, &parts);
             drop(parts);
             drop(pins);
@@ -220,31 +223,42 @@ impl DataPath {
     }
 }
 
-/// The largest FPDU [`DataPath::post_lone`] frames: a data header, a payload copied beside
-/// it, the trailer (a Read Request's, `post_lone_read`, is shorter).
+/// The largest FPDU [`DataPath::post_direct`] frames beside its payload: a data header, a
+/// payload copied beside it, the trailer (a lone Read Request's, `post_lone_read`, is
+/// shorter).
 const LONE_FRAME_MAX: usize = DATA_HDR + TX_COPY_MAX + TRAILER_MAX;
-/// The payloads [`DataPath::post_lone`] frames in a smaller frame (latency tests' 8 bytes, an
+/// The payloads [`DataPath::post_direct`] frames in a smaller frame (latency tests' 8 bytes, an
 /// MPI's or NVMe-oF's small messages, up to a 64-byte capsule).
 const LONE_SMALL: usize = 64;
 const _: () = assert!(LONE_FRAME_MAX >= uiw_wire::mpa::fpdu_len(uiw_wire::ddp::UNTAGGED_HDR_LEN + uiw_wire::rdmap::READ_REQ_LEN));
 
 impl DataPath {
-    /// Sends a lone small message at once: a Send or RDMA Write of at most [`TX_COPY_MAX`]
-    /// bytes that fits one FPDU, rung on its own on an established stream with nothing
-    /// outstanding (no WR on the send queue, no byte or completion held, the protocol core
-    /// idle: `Connection::send_lone`). The FPDU is framed on the stack and handed to the
-    /// stream in one call; its completion is reported as [`DataPath::pump_tx`] would have
-    /// reported it (`report_send`). What the general path goes through for it — a send-queue
-    /// entry, the core's posted-WR queue and events, a backlog run, the pins and the iovec
-    /// list of a `sendmsg` — was most of a post on a ping-pong of small messages, which is
-    /// what RDMA's latency tests and an MPI's small messages are.
+    /// Frames a Send or RDMA Write that fits one FPDU as it is posted, when no WR is
+    /// outstanding before it (the send queue is empty, the protocol core has nothing waiting to
+    /// go out: `Connection::send_lone`): its FPDU goes straight to the transmit backlog — a
+    /// payload of up to [`TX_COPY_MAX`] bytes copied beside its header, a larger one sent from
+    /// registered memory — and its completion is reported as [`DataPath::pump_tx`] would have
+    /// reported it (`report_send`: held until its bytes have left). What the general path
+    /// goes through for such a WR — a send-queue entry, the core's posted-WR queue, its
+    /// transmit unit and its completion event — was most of a post's cost for the small
+    /// messages of RDMA's latency tests and of an MPI, and for an NVMe-oF target's 4 KiB Read
+    /// data and response capsules (a chain of a Write and a Send per I/O, all of which take
+    /// this path one after the other).
     ///
-    /// `None`: nothing was done, the WR takes the general path. `Some`: it was sent (or its
-    /// bytes were queued: a stream that took only part of them sends the rest as the backlog
-    /// does), with what the transmit reported.
-    pub(super) fn post_lone(&mut self, env: &Env, id: u64, wqe: &SendWqe) -> Option<Option<Fatal>> {
+    /// With `ring` (a WR rung on its own), a small FPDU on an idle stream is handed to the
+    /// stream at once, in one call, framed on the stack; otherwise it waits in the backlog for
+    /// the chain's doorbell ([`DataPath::doorbell`]) or for the stream to take more.
+    ///
+    /// `None`: nothing was done, the WR takes the general path (an opcode or flag this path
+    /// does not frame, more than one FPDU, MPA CRC on a payload sent from registered memory,
+    /// memory that does not check out — the general path fails it).
+    pub(super) fn post_direct(&mut self, env: &Env, id: u64, wqe: &SendWqe, ring: bool) -> Option<Option<Fatal>> {
+        #[cfg(test)]
+        if self.general_only {
+            return None;
+        }
         let n = wqe.payload.len() as usize;
-        if n > TX_COPY_MAX || !self.sq.is_empty() || wqe.flags & send_flags::FENCE != 0 {
+        if !self.sq.is_empty() || wqe.flags & send_flags::FENCE != 0 {
             return None;
         }
         let solicited = wqe.flags & send_flags::SOLICITED != 0;
@@ -254,18 +268,21 @@ impl DataPath {
             opcode::RDMA_WRITE => LoneMsg::Write { stag: wqe.rkey, to: wqe.remote_addr },
             _ => return None,
         };
-        self.link.as_ref().filter(|l| l.established && l.tx.is_empty() && l.held.is_empty() && !l.tx_blocked)?;
+        self.link.as_ref().filter(|l| l.established)?;
         // The frame is zeroed before it is filled: a frame for the largest payload cost a
         // tenth of an 8-byte message's post in `memset`.
         if n <= LONE_SMALL {
-            self.frame_lone::<{ DATA_HDR + LONE_SMALL + TRAILER_MAX }>(env, id, wqe, msg)
+            self.frame_direct::<{ DATA_HDR + LONE_SMALL + TRAILER_MAX }>(env, id, wqe, msg, ring)
+        } else if n <= TX_COPY_MAX {
+            self.frame_direct::<LONE_FRAME_MAX>(env, id, wqe, msg, ring)
         } else {
-            self.frame_lone::<LONE_FRAME_MAX>(env, id, wqe, msg)
+            self.queue_direct(env, id, wqe, msg, ring)
         }
     }
 
-    /// [`DataPath::post_lone`]'s message, framed in `N` bytes (enough for its payload) and sent.
-    fn frame_lone<const N: usize>(&mut self, env: &Env, id: u64, wqe: &SendWqe, msg: LoneMsg) -> Option<Option<Fatal>> {
+    /// [`DataPath::post_direct`]'s message with its payload copied beside its header, framed
+    /// in `N` bytes (enough for its payload).
+    fn frame_direct<const N: usize>(&mut self, env: &Env, id: u64, wqe: &SendWqe, msg: LoneMsg, ring: bool) -> Option<Option<Fatal>> {
         let n = wqe.payload.len() as usize;
         let l = self.link.as_mut()?;
         // The payload is read before the core hears of the message: memory that does not
@@ -299,9 +316,65 @@ impl DataPath {
         let end = body.end + trailer.as_slice().len();
         frame[start..DATA_HDR].copy_from_slice(header);
         frame[body.end..end].copy_from_slice(trailer.as_slice());
-        let fatal = self.send_framed(env, &frame[start..end]);
-        self.report_send(env, wqe, done.status, done.byte_len);
+        let fatal = if ring && l.tx.is_empty() && !l.tx_blocked {
+            self.send_framed(env, &frame[start..end])
+        } else {
+            let backed_up = l.backed_up();
+            l.push_bytes(&frame[start..end]);
+            l.unrung += (end - start) as u64;
+            self.count_direct();
+            self.ring_direct(env, ring, backed_up)
+        };
+        self.report_send(env, wqe, done.status, done.byte_len, ring);
         Some(fatal)
+    }
+
+    /// [`DataPath::post_direct`]'s message with a payload larger than [`TX_COPY_MAX`]: its
+    /// header, its payload as runs of registered memory (pinned only by the `sendmsg` that
+    /// sends them, as the general path's), its trailer, queued in the backlog. Not with MPA
+    /// CRC (whose checksum reads the payload where it is, which the general path does).
+    fn queue_direct(&mut self, env: &Env, id: u64, wqe: &SendWqe, msg: LoneMsg, ring: bool) -> Option<Option<Fatal>> {
+        let Payload::Sges(sges) = &wqe.payload else { return None };
+        let l = self.link.as_ref()?;
+        if l.conn.crc() {
+            return None;
+        }
+        let runs = super::resolve(env.mrs, &self.local_hint, env.pd, sges, 0).ok()?;
+        let l = self.link.as_mut()?;
+        let (seg, done) = l.conn.send_lone(id, msg, wqe.payload.len() as u32)?;
+        self.sq.pass();
+        let backed_up = l.backed_up();
+        let queued = l.tx_queued;
+        l.push_bytes(seg.header.as_slice());
+        for run in runs {
+            l.push_user(run);
+        }
+        l.push_bytes(seg.trailer_no_crc().as_slice());
+        l.unrung += l.tx_queued - queued;
+        self.count_direct();
+        let fatal = self.ring_direct(env, ring, backed_up);
+        self.report_send(env, wqe, done.status, done.byte_len, ring);
+        Some(fatal)
+    }
+
+    /// After a direct FPDU was queued: with `ring`, the doorbell — the backlog goes to the
+    /// stream unless it was `backed_up` already (then the stream's room sends it, as for any
+    /// WR rung behind a full socket: [`DataPath::doorbell`]).
+    fn ring_direct(&mut self, env: &Env, ring: bool, backed_up: bool) -> Option<Fatal> {
+        if ring && !backed_up {
+            self.pump_tx(env)
+        } else {
+            None
+        }
+    }
+
+    /// Counts a message sent by the direct path (for the tests that compare it with the
+    /// general path).
+    fn count_direct(&mut self) {
+        #[cfg(test)]
+        if let Some(l) = self.link.as_mut() {
+            l.direct_sent += 1;
+        }
     }
 
     /// Sends a lone RDMA Read Request at once (`Connection::read_lone`): a Read rung on its
@@ -309,8 +382,12 @@ impl DataPath {
     /// queue already, and stays there until its response has been placed.
     ///
     /// `None`: nothing was done, the WR takes the general path. `Some`: its request was sent
-    /// (or queued, as [`DataPath::post_lone`]'s FPDU), with what the transmit reported.
+    /// (or queued, as [`DataPath::post_direct`]'s FPDU), with what the transmit reported.
     pub(super) fn post_lone_read(&mut self, env: &Env, id: u64) -> Option<Option<Fatal>> {
+        #[cfg(test)]
+        if self.general_only {
+            return None;
+        }
         let l = self.link.as_mut().filter(|l| l.established && l.tx.is_empty() && !l.tx_blocked)?;
         let e = self.sq.get_mut(id).filter(|e| !e.fed && e.wqe.opcode == opcode::RDMA_READ && e.wqe.flags & send_flags::FENCE == 0)?;
         let w = &e.wqe;
@@ -332,7 +409,7 @@ impl DataPath {
         debug_assert!(l.tx.is_empty(), "a frame goes ahead of nothing queued");
         #[cfg(test)]
         {
-            l.lone_sent += 1;
+            l.direct_sent += 1;
         }
         let sent = l.stream.send(env.user_mem, &[IoPart::Bytes(frame)]).unwrap_or_default();
         l.tx_queued += sent as u64;

@@ -46,7 +46,7 @@ impl<T> WrTable<T> {
         self.base + self.slots.len() as u64
     }
 
-    /// Gives the next id to a WR that is done as it is posted (`DataPath::post_lone`), with
+    /// Gives the next id to a WR that is done as it is posted (`DataPath::post_direct`), with
     /// no slot: ids stay one per posted WR. Only while the table is empty.
     pub fn pass(&mut self) {
         debug_assert!(self.slots.is_empty(), "a WR passes only an empty queue");
