@@ -577,12 +577,15 @@ impl DataPath {
         if self.sq.len() >= max_wr as usize {
             return Err(PostError::QueueFull);
         }
+        let Ok(len) = u32::try_from(wqe.payload.len()) else {
+            return Err(PostError::TooManySges);
+        };
         // A Send or Write of one FPDU behind nothing outstanding is framed at once (a small
         // one from its SGEs read through the hint: no runs resolved, no reference to each
         // region taken and dropped). What that path does not take (WRs outstanding, memory that
         // does not check out) goes on below, where a bad SGE fails the WR.
         if self.established() {
-            if let Some(fatal) = self.post_direct(env, self.sq.next_id(), &wqe, ring) {
+            if let Some(fatal) = self.post_direct(env, self.sq.next_id(), &wqe, len, ring) {
                 return Ok(fatal);
             }
         }
@@ -601,9 +604,6 @@ impl DataPath {
             (_, Payload::Sges(s)) => (resolve(env.mrs, &self.local_hint, env.pd, s, 0), false),
             (_, Payload::Inline(_)) => (Ok(Runs::new()), false),
         };
-        if wqe.payload.len() > u64::from(u32::MAX) {
-            return Err(PostError::TooManySges);
-        }
         // Local Invalidate (IBV_DEVICE_MEM_MGT_EXTENSIONS): the STag must name a region of this
         // QP's PD, else the WR fails as a bad local access would.
         let runs = match runs {

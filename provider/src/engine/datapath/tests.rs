@@ -1056,3 +1056,24 @@ fn a_send_lands_across_the_sges_of_its_receive() {
         assert_eq!(mem.get(b_addr + 520, 8), vec![0u8; 8], "{max_io}-byte pieces: nothing past the payload");
     }
 }
+
+/// A Send or Write whose SGEs add up to 4 GiB or more (each below it, as `ibv_sge` allows) is
+/// refused at post time, before any path frames it: a message length is 32 bits on the wire
+/// (RFC 5040's Read size, the receive's byte count), and one framed with its length cut to 32
+/// bits would put more payload on the stream than its header announces.
+#[test]
+fn a_payload_of_4_gib_or_more_is_refused_before_it_is_framed() {
+    for op in [opcode::SEND, opcode::RDMA_WRITE] {
+        let (mem, mut a, _b, a_addr, b_addr) = connected_pair(4096, Crc::Off);
+        // A region that spans both SGEs (registered, never read here): the length alone
+        // refuses the WR.
+        let lkey = a.mrs.register(PD, a_addr, 1 << 33, a_addr, access::LOCAL_WRITE).unwrap().stag;
+        let mut wqe = send_wqe(1, op, Sge { addr: a_addr, length: u32::MAX, lkey }, b_addr, 0);
+        wqe.payload = Payload::Sges(smallvec::smallvec![Sge { addr: a_addr, length: u32::MAX, lkey }, Sge { addr: a_addr, length: 2, lkey }]);
+        let r = a.with(&mem, |dp, env| dp.post_send(env, wqe, 16, true));
+        assert_eq!(r.unwrap_err(), crate::engine::wr::PostError::TooManySges, "opcode {op}");
+        assert!(a.dp.sq.is_empty(), "opcode {op}: nothing queued");
+        assert_eq!(a.dp.link.as_ref().unwrap().direct_sent, 0, "opcode {op}: nothing framed");
+        assert!(Side::completions(&a.scq).is_empty(), "opcode {op}: no completion");
+    }
+}

@@ -252,12 +252,13 @@ impl DataPath {
     /// `None`: nothing was done, the WR takes the general path (an opcode or flag this path
     /// does not frame, more than one FPDU, MPA CRC on a payload sent from registered memory,
     /// memory that does not check out — the general path fails it).
-    pub(super) fn post_direct(&mut self, env: &Env, id: u64, wqe: &SendWqe, ring: bool) -> Option<Option<Fatal>> {
+    /// `len`: the payload's length (`Payload::len`, below 4 GiB).
+    pub(super) fn post_direct(&mut self, env: &Env, id: u64, wqe: &SendWqe, len: u32, ring: bool) -> Option<Option<Fatal>> {
         #[cfg(test)]
         if self.general_only {
             return None;
         }
-        let n = wqe.payload.len() as usize;
+        let n = len as usize;
         if !self.sq.is_empty() || wqe.flags & send_flags::FENCE != 0 {
             return None;
         }
@@ -272,18 +273,17 @@ impl DataPath {
         // The frame is zeroed before it is filled: a frame for the largest payload cost a
         // tenth of an 8-byte message's post in `memset`.
         if n <= LONE_SMALL {
-            self.frame_direct::<{ DATA_HDR + LONE_SMALL + TRAILER_MAX }>(env, id, wqe, msg, ring)
+            self.frame_direct::<{ DATA_HDR + LONE_SMALL + TRAILER_MAX }>(env, id, wqe, n, msg, ring)
         } else if n <= TX_COPY_MAX {
-            self.frame_direct::<LONE_FRAME_MAX>(env, id, wqe, msg, ring)
+            self.frame_direct::<LONE_FRAME_MAX>(env, id, wqe, n, msg, ring)
         } else {
-            self.queue_direct(env, id, wqe, msg, ring)
+            self.queue_direct(env, id, wqe, len, msg, ring)
         }
     }
 
     /// [`DataPath::post_direct`]'s message with its payload copied beside its header, framed
-    /// in `N` bytes (enough for its payload).
-    fn frame_direct<const N: usize>(&mut self, env: &Env, id: u64, wqe: &SendWqe, msg: LoneMsg, ring: bool) -> Option<Option<Fatal>> {
-        let n = wqe.payload.len() as usize;
+    /// in `N` bytes (enough for its `n` bytes).
+    fn frame_direct<const N: usize>(&mut self, env: &Env, id: u64, wqe: &SendWqe, n: usize, msg: LoneMsg, ring: bool) -> Option<Option<Fatal>> {
         let l = self.link.as_mut()?;
         // The payload is read before the core hears of the message: memory that does not
         // check out (an SGE outside its region, of another PD, a region deregistered) leaves
@@ -333,7 +333,7 @@ impl DataPath {
     /// header, its payload as runs of registered memory (pinned only by the `sendmsg` that
     /// sends them, as the general path's), its trailer, queued in the backlog. Not with MPA
     /// CRC (whose checksum reads the payload where it is, which the general path does).
-    fn queue_direct(&mut self, env: &Env, id: u64, wqe: &SendWqe, msg: LoneMsg, ring: bool) -> Option<Option<Fatal>> {
+    fn queue_direct(&mut self, env: &Env, id: u64, wqe: &SendWqe, len: u32, msg: LoneMsg, ring: bool) -> Option<Option<Fatal>> {
         let Payload::Sges(sges) = &wqe.payload else { return None };
         let l = self.link.as_ref()?;
         if l.conn.crc() {
@@ -341,7 +341,7 @@ impl DataPath {
         }
         let runs = super::resolve(env.mrs, &self.local_hint, env.pd, sges, 0).ok()?;
         let l = self.link.as_mut()?;
-        let (seg, done) = l.conn.send_lone(id, msg, wqe.payload.len() as u32)?;
+        let (seg, done) = l.conn.send_lone(id, msg, len)?;
         self.sq.pass();
         let backed_up = l.backed_up();
         let queued = l.tx_queued;
