@@ -480,11 +480,20 @@ impl MrHint {
     /// granted). `None` (nothing read): the SGE does not check out as [`Mr::check`] says, or
     /// the region is being deregistered.
     pub fn read_at(&self, table: &MrTable, pd: u32, lkey: u32, addr: u64, out: &mut [u8], user_mem: &dyn super::user_memory::UserMemory) -> Option<()> {
+        self.with_pinned(table, pd, lkey, addr, out.len() as u64, 0, |pinned| user_mem.read(pinned, out))
+    }
+
+    /// Runs `f` on `[addr, addr+len)` (iova space) of the region `lkey` names in protection
+    /// domain `pd` with the rights `needed` ([`Mr::check`]; local read is always granted),
+    /// pinned for the call, without taking a reference to the region: a receive's SGE, found
+    /// as its bytes arrive (as a NIC reads its receive queue's lkeys, and siw's
+    /// `siw_proc_send` checks each SGE). `None` (`f` not called): the range does not check
+    /// out, or the region is being deregistered.
+    pub fn with_pinned<R>(&self, table: &MrTable, pd: u32, lkey: u32, addr: u64, len: u64, needed: u32, f: impl FnOnce(&Pinned) -> R) -> Option<R> {
         self.with(table, lkey, |mr| {
-            let off = mr.check(pd, addr, out.len() as u64, 0).ok()?;
-            let pinned = Pinned::new(mr, mr.addr + off, out.len() as u64)?;
-            user_mem.read(&pinned, out);
-            Some(())
+            let off = mr.check(pd, addr, len, needed).ok()?;
+            let pinned = Pinned::new(mr, mr.addr + off, len)?;
+            Some(f(&pinned))
         })
         .flatten()
     }

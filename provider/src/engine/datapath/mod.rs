@@ -97,17 +97,15 @@ pub struct SendEntry {
     pub sink: Option<u32>,
 }
 
-/// A posted receive WR.
+/// A posted receive WR. Its SGEs are checked against registered memory as bytes arrive for
+/// them (see [`DataPath::post_recv`]).
 #[derive(Debug)]
 pub struct RecvEntry {
     pub wqe: RecvWqe,
-    /// Where its bytes go; empty when the scatter list did not check out at post time.
-    pub runs: Runs,
     /// Bytes the scatter list declares (what the core may place into it).
     pub len: u32,
-    /// Its memory did not check out (unknown lkey, another PD, out of bounds, no local
-    /// write): a Send that places bytes into it fails then (see `post_recv`).
-    pub bad: bool,
+    /// The protection domain its lkeys belong to (the QP's, or its SRQ's).
+    pub pd: u32,
     pub fed: bool,
     /// Taken from the QP's SRQ (given back, not flushed, if the QP fails before using it).
     pub from_srq: bool,
@@ -387,6 +385,10 @@ pub struct DataPath {
     /// that a ping-pong whose messages come into one region and go out of another finds both.
     remote_hint: MrHint,
     local_hint: MrHint,
+    /// The region a Send's payload was placed into last (a receive's SGE): receive buffers
+    /// are often a region of their own, which the send side's hint would keep trading for
+    /// its own.
+    recv_hint: MrHint,
     /// Every WR takes the general path (the tests' reference for `post_direct`).
     #[cfg(test)]
     pub(super) general_only: bool,
@@ -498,10 +500,12 @@ impl Memory for Mem<'_> {
 }
 
 /// Where received payload goes (the rest of the run it starts in), or `None` to drop it.
+/// `hint`: for a peer's STags; `recv_hint`: for a receive's lkeys.
 fn place_at<'a>(
     place: Placement,
-    mrs: &MrTable,
+    mrs: &'a MrTable,
     hint: &MrHint,
+    recv_hint: &'a MrHint,
     sinks: &HashMap<u32, u64>,
     sq: &'a WrTable<SendEntry>,
     rq: &'a WrTable<RecvEntry>,
@@ -514,19 +518,34 @@ fn place_at<'a>(
             }
             hint.lookup(mrs, stag)?.span_from(to).map(Dst::Region)
         }
-        Placement::Recv { wr_id, offset } => Dst::run_at(&rq.get(wr_id).filter(|e| !e.bad)?.runs, u64::from(offset)),
+        Placement::Recv { wr_id, offset } => {
+            let e = rq.get(wr_id)?;
+            let mut at = u64::from(offset);
+            for s in e.wqe.sges.iter().filter(|s| s.length > 0) {
+                let len = u64::from(s.length);
+                if at < len {
+                    return Some(Dst::Sge { hint: recv_hint, mrs, pd: e.pd, lkey: s.lkey, addr: s.addr.checked_add(at)?, len: len - at });
+                }
+                at -= len;
+            }
+            None
+        }
         Placement::Discard => None,
     }
 }
 
 /// Where received payload goes ([`place_at`]): a span of a region of its own (what a peer's
-/// Write names), or the rest of a run of a work request's memory, borrowed from the request
-/// — a receive's for a Send, a Read's for its response: placing there takes no reference to
-/// the region (a locked increment and decrement on every Send received).
+/// Write names), the rest of a run of a Read's memory, borrowed from the request, or the rest
+/// of a receive's SGE, whose region is found through a hint as bytes arrive: placing into
+/// either takes no reference to the region (a locked increment and decrement on every
+/// message received).
 enum Dst<'a> {
     Region(Span),
     /// A run, and where in it the payload starts.
     Run(&'a Span, u64),
+    /// `len` bytes from `addr` (iova space) of the region `lkey` names in protection domain
+    /// `pd`, which must allow local write.
+    Sge { hint: &'a MrHint, mrs: &'a MrTable, pd: u32, lkey: u32, addr: u64, len: u64 },
 }
 
 impl<'a> Dst<'a> {
@@ -539,14 +558,23 @@ impl<'a> Dst<'a> {
         match self {
             Dst::Region(s) => s.len(),
             Dst::Run(s, at) => s.len() - at,
+            Dst::Sge { len, .. } => *len,
         }
     }
 
-    /// Pins `len` bytes at `offset` of it (see [`Span::pin_sub`]).
-    fn pin_sub(&self, offset: u64, len: u64) -> Option<Pinned<'_>> {
+    /// Runs `f` on `len` bytes at `offset` of it, pinned for the call (see [`Span::pin_sub`],
+    /// [`MrHint::with_pinned`]); `None` (`f` not called) unless they are all inside it and
+    /// its region is still registered (and, for a receive's SGE, checks out).
+    fn with_pinned<R>(&self, offset: u64, len: u64, f: impl FnOnce(&Pinned) -> R) -> Option<R> {
         match self {
-            Dst::Region(s) => s.pin_sub(offset, len),
-            Dst::Run(s, at) => s.pin_sub(at.checked_add(offset)?, len),
+            Dst::Region(s) => s.pin_sub(offset, len).map(|p| f(&p)),
+            Dst::Run(s, at) => s.pin_sub(at.checked_add(offset)?, len).map(|p| f(&p)),
+            Dst::Sge { hint, mrs, pd, lkey, addr, len: rest } => {
+                if offset.checked_add(len)? > *rest {
+                    return None;
+                }
+                hint.with_pinned(mrs, *pd, *lkey, addr.checked_add(offset)?, len, access::LOCAL_WRITE, f)
+            }
         }
     }
 }
@@ -664,10 +692,13 @@ impl DataPath {
     }
 
     /// Queues a receive WR. Its memory is checked when bytes are placed, as siw does
-    /// (`siw_proc_send` checks each SGE as data arrives): a receive whose buffer is absent or
-    /// not valid — libfabric posts `lkey` 0 buffers it never means to fill — is accepted here;
-    /// only a Send that places bytes into it fails, with a Terminate (DDP catastrophic, as
-    /// siw) and `IBV_WC_LOC_PROT_ERR`. A zero-length Send into it completes normally.
+    /// (`siw_proc_send` checks each SGE as data arrives) and a NIC reads its receive queue's
+    /// lkeys: a receive whose buffer is absent or not valid — libfabric posts `lkey` 0
+    /// buffers it never means to fill — is accepted here; only a Send that places bytes into
+    /// it fails, with a Terminate (DDP catastrophic, as siw) and `IBV_WC_LOC_PROT_ERR`. A
+    /// zero-length Send into it completes normally. Nothing of the region is looked up or
+    /// referenced here: resolving the SGEs at post time took a reference to the region, given
+    /// back when the receive completed — two locked instructions per message received.
     pub fn post_recv(&mut self, env: &Env, wqe: RecvWqe, from_srq: bool) -> Option<Fatal> {
         let id = self.rq.next_id();
         let len = wqe.sges.iter().map(|s| u64::from(s.length)).sum::<u64>().min(u64::from(u32::MAX)) as u32;
@@ -677,17 +708,15 @@ impl DataPath {
             (true, Some(srq)) => srq.pd,
             _ => env.pd,
         };
-        let (runs, bad) = match resolve(env.mrs, &self.local_hint, pd, &wqe.sges, access::LOCAL_WRITE) {
-            Ok(r) => (r, false),
-            Err(e) => {
+        if crate::engine::log::enabled(crate::engine::log::Level::Debug) {
+            if let Err(e) = resolve(env.mrs, &self.recv_hint, pd, &wqe.sges, access::LOCAL_WRITE) {
                 crate::engine::debug::why(format_args!(
                     "QP 0x{:06x}: receive wr_id {:#x}: {e:?}; accepted, fails if a Send places bytes into it",
                     env.qpn, wqe.wr_id
                 ));
-                (Runs::new(), true)
             }
-        };
-        let mut e = RecvEntry { wqe, runs, len, bad, fed: false, from_srq };
+        }
+        let mut e = RecvEntry { wqe, len, pd, fed: false, from_srq };
         if let Some(l) = self.link.as_mut().filter(|l| l.established) {
             e.fed = l.conn.post_recv(id, len).is_ok();
         }

@@ -89,7 +89,7 @@ impl DataPath {
                     continue;
                 }
             }
-            let DataPath { sq, rq, sinks, link, remote_hint, .. } = self;
+            let DataPath { sq, rq, sinks, link, remote_hint, recv_hint, .. } = self;
             let l = link.as_mut().unwrap();
             let mut mem = Mem { mrs: env.mrs, hint: remote_hint, pd: env.pd, qp_access: env.qp_access, user_mem: env.user_mem, sinks, sq };
             let step = match want {
@@ -119,7 +119,7 @@ impl DataPath {
                     Ok(k)
                 }
                 RxWant::Place { len, place } => {
-                    let dst = place_at(place, env.mrs, mem.hint, mem.sinks, mem.sq, rq);
+                    let dst = place_at(place, env.mrs, mem.hint, recv_hint, mem.sinks, mem.sq, rq);
                     let staged = l.st_hi - l.st_lo;
                     match dst {
                         Some(span) => {
@@ -134,46 +134,49 @@ impl DataPath {
                                 // out, siw's `siw_proc_send`, `siw_proc_rresp`; a peer's Write
                                 // with a Terminate for its STag) — never a successful
                                 // completion with bytes missing.
-                                let Some(p) = span.pin_sub(0, k as u64) else {
+                                if span.with_pinned(0, k as u64, |p| env.user_mem.write(p, chunk)).is_none() {
                                     l.conn.fail_placement();
                                     return (false, self.drain_events(env));
-                                };
-                                env.user_mem.write(&p, chunk);
+                                }
                                 l.conn.rx_placed(chunk, &mut mem);
                                 l.st_lo += k;
                                 Ok(k)
                             } else if l.drained {
                                 Err(io::ErrorKind::WouldBlock.into())
-                            } else if let Some(p) =
-                                (want >= DIRECT_MIN).then(|| span.pin_sub(0, want as u64)).flatten()
-                            {
+                            } else {
                                 // What follows the payload (trailer, next header) lands in
                                 // a short tail: a longer one would pull the next FPDU's payload
                                 // through the staging copy.
-                                match l.stream.recv_placed(env.user_mem, &p, &mut l.stage[..DIRECT_TAIL]) {
-                                    Ok(0) => Ok(0),
-                                    Ok(n) => {
-                                        l.drained = n < want + DIRECT_TAIL && !l.peer_hup;
-                                        let placed = n.min(want);
-                                        // With CRC, the placed bytes are checksummed where they
-                                        // landed (still pinned); the segment completes only
-                                        // once its trailer's CRC matched (RFC 5044 §6, §8).
-                                        let user_mem = env.user_mem;
-                                        l.conn.rx_placed_in_place(placed, |k, crc| user_mem.crc32c(&p, k, crc), &mut mem);
-                                        l.st_lo = 0;
-                                        l.st_hi = n - placed;
-                                        Ok(n)
-                                    }
-                                    Err(e) => Err(e),
+                                let user_mem = env.user_mem;
+                                let direct = (want >= DIRECT_MIN).then(|| {
+                                    span.with_pinned(0, want as u64, |p| match l.stream.recv_placed(user_mem, p, &mut l.stage[..DIRECT_TAIL]) {
+                                        Ok(0) => Ok(0),
+                                        Ok(n) => {
+                                            l.drained = n < want + DIRECT_TAIL && !l.peer_hup;
+                                            let placed = n.min(want);
+                                            // With CRC, the placed bytes are checksummed where
+                                            // they landed (still pinned); the segment completes
+                                            // only once its trailer's CRC matched (RFC 5044 §6,
+                                            // §8).
+                                            l.conn.rx_placed_in_place(placed, |k, crc| user_mem.crc32c(p, k, crc), &mut mem);
+                                            l.st_lo = 0;
+                                            l.st_hi = n - placed;
+                                            Ok(n)
+                                        }
+                                        Err(e) => Err(e),
+                                    })
+                                });
+                                match direct.flatten() {
+                                    Some(r) => r,
+                                    None => refill(l),
                                 }
-                            } else {
-                                refill(l)
                             }
                         }
-                        // Memory that did not check out (a receive's), or that no longer
-                        // resolves (a region deregistered meanwhile): the message fails where
-                        // its bytes would be placed (siw's `siw_proc_send`), its bytes are
-                        // written nowhere.
+                        // Memory that no longer resolves (a region deregistered meanwhile),
+                        // or bytes past a receive's SGEs: the message fails where its bytes
+                        // would be placed (siw's `siw_proc_send`), its bytes are written
+                        // nowhere. (A receive's SGE that does not check out fails the same
+                        // way, as its bytes are placed: `Dst::with_pinned`.)
                         None => {
                             l.conn.fail_placement();
                             return (false, self.drain_events(env));

@@ -387,6 +387,49 @@ fn a_send_into_a_receive_whose_region_was_deregistered_fails() {
     }
 }
 
+/// A receive's SGEs are checked as its bytes arrive, as siw's `siw_proc_send` checks them and
+/// a NIC reads its receive queue's lkeys: a Send that fits a receive's first SGE lands there
+/// and completes, though its second SGE names memory without local write; the next Send, whose
+/// bytes reach the second SGE of the next receive, fails there (`IBV_WC_LOC_PROT_ERR`, a
+/// Terminate, the QP failed) with nothing written into it.
+#[test]
+fn a_receives_sges_are_checked_as_its_bytes_arrive() {
+    for max_io in [64 << 10, 7] {
+        let (mem, mut a, mut b, a_addr, b_addr) = connected_pair(max_io, Crc::Off);
+        let read_only = b.mrs.register(PD, b_addr + 8192, 4096, b_addr + 8192, 0).unwrap();
+        for (wr_id, at) in [(7, 0), (8, 1024)] {
+            let sges = smallvec::smallvec![
+                Sge { addr: b_addr + at, length: 100, lkey: b.mr.stag },
+                Sge { addr: b_addr + 8192 + at, length: 100, lkey: read_only.stag },
+            ];
+            assert_eq!(b.with(&mem, |dp, env| dp.post_recv(env, RecvWqe { wr_id, sges }, false)), None);
+        }
+        mem.set(a_addr, &pattern(150, 3));
+        a.post_send(&mem, send_wqe(1, opcode::SEND, Sge { addr: a_addr, length: 50, lkey: a.mr.stag }, 0, 0));
+        pump_both(&mem, &mut a, &mut b, 2000);
+        let done: Vec<_> = Side::completions(&b.rcq).iter().map(|c| (c.wr_id, c.status, c.byte_len)).collect();
+        assert_eq!(done, vec![(7, wc_status::SUCCESS, 50)], "the Send within the first SGE (max_io {max_io})");
+        assert_eq!(mem.get(b_addr, 50), pattern(150, 3)[..50], "max_io {max_io}");
+
+        a.post_send(&mem, send_wqe(2, opcode::SEND, Sge { addr: a_addr, length: 150, lkey: a.mr.stag }, 0, 0));
+        let mut b_fatal = None;
+        let mut got = Vec::new();
+        for _ in 0..200_000 {
+            a.with(&mem, |dp, env| dp.pump(env));
+            if b_fatal.is_none() {
+                b_fatal = b.with(&mem, |dp, env| dp.pump(env)).1;
+            }
+            got.extend(Side::completions(&b.rcq));
+            if b_fatal.is_some() {
+                break;
+            }
+        }
+        assert_eq!(b_fatal, Some(Fatal::Terminated), "max_io {max_io}");
+        assert_eq!(got.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), vec![(8, wc_status::LOC_PROT_ERR)], "max_io {max_io}");
+        assert_eq!(mem.get(b_addr + 8192, 4096), vec![0u8; 4096], "nothing written where local write was not granted (max_io {max_io})");
+    }
+}
+
 /// A small payload is framed in place at the end of the transmit backlog (`Link::push_framed`):
 /// a Write whose region was deregistered after it was posted sends nothing of itself (its
 /// framing is undone and a Terminate goes out instead), while the Write framed before it in
