@@ -1120,3 +1120,56 @@ fn a_payload_of_4_gib_or_more_is_refused_before_it_is_framed() {
         assert!(Side::completions(&a.scq).is_empty(), "opcode {op}: no completion");
     }
 }
+
+/// A post or a pump that completes many work requests delivers their completions in order, all
+/// of them by the time it returns: a chain of 40 signaled Sends rung once completes 40 Sends as
+/// its doorbell returns, and the pumps that read them complete 40 receives, nothing of a pump's
+/// left for later — on one CQ shared by the send and receive queues, as on separate ones.
+#[test]
+fn completions_of_one_call_arrive_in_order_when_it_returns() {
+    for shared in [false, true] {
+        let (mem, mut a, mut b, a_addr, b_addr) = connected_pair(64 << 10, Crc::Off);
+        for i in 0..40u64 {
+            let recv = RecvWqe { wr_id: 100 + i, sges: smallvec::smallvec![Sge { addr: b_addr + 64 * i, length: 64, lkey: b.mr.stag }] };
+            assert_eq!(b.with(&mem, |dp, env| dp.post_recv(env, recv, false)), None);
+        }
+        mem.set(a_addr, &pattern(64, 1));
+        let a_key = a.mr.stag;
+        a.with(&mem, |dp, env| {
+            for i in 0..40u64 {
+                let r = dp.post_send(env, send_wqe(i, opcode::SEND, Sge { addr: a_addr, length: 8 + i as u32, lkey: a_key }, 0, 0), 64, i == 39);
+                assert_eq!(r.unwrap(), None);
+            }
+        });
+        let sent: Vec<u64> = Side::completions(&a.scq).iter().map(|c| c.wr_id).collect();
+        assert_eq!(sent, (0..40).collect::<Vec<_>>(), "the chain's completions as its doorbell returned (shared CQ: {shared})");
+        // B's pumps, with its send and receive queues on one CQ or two.
+        let mut got = Vec::new();
+        for _ in 0..100 {
+            let Side { dp, mrs, scq, rcq, qp_access, .. } = &mut b;
+            let env = Env {
+                qpn: 0x1001,
+                pd: PD,
+                sq_sig_all: false,
+                qp_access: *qp_access,
+                mrs,
+                user_mem: &mem,
+                send_cq: scq,
+                recv_cq: if shared { &*scq } else { &*rcq },
+                srq: None,
+                poller_clock,
+                poller_now: Default::default(),
+            };
+            assert_eq!(dp.pump(&env).1, None);
+            // Delivered as the pump returned, the Env still alive: its end delivers nothing.
+            got.extend(Side::completions(if shared { scq } else { rcq }));
+            drop(env);
+            assert!(Side::completions(if shared { scq } else { rcq }).is_empty(), "a completion delivered after its pump returned (shared CQ: {shared})");
+            if got.len() == 40 {
+                break;
+            }
+        }
+        let received: Vec<(u64, u32)> = got.iter().map(|c| (c.wr_id, c.byte_len)).collect();
+        assert_eq!(received, (0..40u64).map(|i| (100 + i, 8 + i as u32)).collect::<Vec<_>>(), "shared CQ: {shared}");
+    }
+}
