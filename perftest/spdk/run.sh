@@ -193,7 +193,7 @@ count_per_io() {
         ios=$(awk -v i="${total%% *}" -v s="$secs" 'BEGIN { printf "%.0f", i * s }')
         local dump; dump=$(ls -t "$run"/cg.out.* | head -1)
         echo "$m: ${total%% *} IOPS under callgrind, $ios I/Os; target instructions per I/O:"
-        callgrind_annotate --inclusive=no --threshold=100 "$dump" 2>/dev/null |
+        callgrind_annotate --inclusive=no --threshold=100 --auto=no "$dump" 2>/dev/null |
             awk -v ios="$ios" '/^ *[0-9,]+ .*\[.*\] *$/ { n = $1; gsub(",", "", n); o = $NF; gsub(/^\[|\]$/, "", o); sub(/.*\//, "", o); by[o] += n; t += n }
                 END { for (o in by) if (by[o] / ios >= 10) printf "  %8.0f  %s\n", by[o] / ios, o; printf "  %8.0f  total\n", t / ios }' |
             sort -rn
