@@ -249,10 +249,10 @@ impl DataPath {
     /// stream at once, in one call, framed on the stack; otherwise it waits in the backlog for
     /// the chain's doorbell ([`DataPath::doorbell`]) or for the stream to take more.
     ///
-    /// `None`: nothing was done, the WR takes the general path (an opcode or flag this path
-    /// does not frame, more than one FPDU, MPA CRC on a payload sent from registered memory,
-    /// memory that does not check out — the general path fails it).
-    /// `len`: the payload's length (`Payload::len`, below 4 GiB).
+    /// `len` is the payload's length (`Payload::len`, checked below 4 GiB). `None`: nothing
+    /// was done, the WR takes the general path (an opcode or flag this path does not frame,
+    /// more than one FPDU, MPA CRC on a payload sent from registered memory, memory that does
+    /// not check out — the general path fails it).
     pub(super) fn post_direct(&mut self, env: &Env, id: u64, wqe: &SendWqe, len: u32, ring: bool) -> Option<Option<Fatal>> {
         #[cfg(test)]
         if self.general_only {
