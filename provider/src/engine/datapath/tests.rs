@@ -60,6 +60,12 @@ impl Side {
 
     /// Runs `f` on the data path with its environment (borrowed apart from it).
     fn with<R>(&mut self, mem: &Arena, f: impl FnOnce(&mut DataPath, &Env) -> R) -> R {
+        self.with_cqs(mem, false, f)
+    }
+
+    /// [`Side::with`]; `shared`: the send CQ takes the receive completions too (one CQ for
+    /// both queues).
+    fn with_cqs<R>(&mut self, mem: &Arena, shared: bool, f: impl FnOnce(&mut DataPath, &Env) -> R) -> R {
         let Side { dp, mrs, scq, rcq, qp_access, .. } = self;
         let env = Env {
             qpn: 0x1001,
@@ -69,7 +75,7 @@ impl Side {
             mrs,
             user_mem: mem,
             send_cq: scq,
-            recv_cq: rcq,
+            recv_cq: if shared { &*scq } else { &*rcq },
             srq: None,
             poller_clock,
             poller_now: Default::default(),
@@ -1146,25 +1152,12 @@ fn completions_of_one_call_arrive_in_order_when_it_returns() {
         // B's pumps, with its send and receive queues on one CQ or two.
         let mut got = Vec::new();
         for _ in 0..100 {
-            let Side { dp, mrs, scq, rcq, qp_access, .. } = &mut b;
-            let env = Env {
-                qpn: 0x1001,
-                pd: PD,
-                sq_sig_all: false,
-                qp_access: *qp_access,
-                mrs,
-                user_mem: &mem,
-                send_cq: scq,
-                recv_cq: if shared { &*scq } else { &*rcq },
-                srq: None,
-                poller_clock,
-                poller_now: Default::default(),
-            };
-            assert_eq!(dp.pump(&env).1, None);
-            // Delivered as the pump returned, the Env still alive: its end delivers nothing.
-            got.extend(Side::completions(if shared { scq } else { rcq }));
-            drop(env);
-            assert!(Side::completions(if shared { scq } else { rcq }).is_empty(), "a completion delivered after its pump returned (shared CQ: {shared})");
+            // Delivered as the pump returned, its environment still alive: its end delivers
+            // nothing.
+            let (fatal, now) = b.with_cqs(&mem, shared, |dp, env| (dp.pump(env).1, Side::completions(env.recv_cq)));
+            assert_eq!(fatal, None);
+            got.extend(now);
+            assert!(Side::completions(if shared { &b.scq } else { &b.rcq }).is_empty(), "a completion delivered after its pump returned (shared CQ: {shared})");
             if got.len() == 40 {
                 break;
             }
