@@ -319,11 +319,7 @@ impl DataPath {
         let fatal = if ring && l.tx.is_empty() && !l.tx_blocked {
             self.send_framed(env, &frame[start..end])
         } else {
-            let backed_up = l.backed_up();
-            l.push_bytes(&frame[start..end]);
-            l.unrung += (end - start) as u64;
-            self.count_direct();
-            self.ring_direct(env, ring, backed_up)
+            self.queue_unrung(env, ring, |l| l.push_bytes(&frame[start..end]))
         };
         self.report_send(env, wqe, done.status, done.byte_len, ring);
         Some(fatal)
@@ -343,37 +339,35 @@ impl DataPath {
         let l = self.link.as_mut()?;
         let (seg, done) = l.conn.send_lone(id, msg, len)?;
         self.sq.pass();
-        let backed_up = l.backed_up();
-        let queued = l.tx_queued;
-        l.push_bytes(seg.header.as_slice());
-        for run in runs {
-            l.push_user(run);
-        }
-        l.push_bytes(seg.trailer_no_crc().as_slice());
-        l.unrung += l.tx_queued - queued;
-        self.count_direct();
-        let fatal = self.ring_direct(env, ring, backed_up);
+        let fatal = self.queue_unrung(env, ring, |l| {
+            l.push_bytes(seg.header.as_slice());
+            for run in runs {
+                l.push_user(run);
+            }
+            l.push_bytes(seg.trailer_no_crc().as_slice());
+        });
         self.report_send(env, wqe, done.status, done.byte_len, ring);
         Some(fatal)
     }
 
-    /// After a direct FPDU was queued: with `ring`, the doorbell — the backlog goes to the
-    /// stream unless it was `backed_up` already (then the stream's room sends it, as for any
-    /// WR rung behind a full socket: [`DataPath::doorbell`]).
-    fn ring_direct(&mut self, env: &Env, ring: bool, backed_up: bool) -> Option<Fatal> {
+    /// Queues a direct FPDU (`queue` appends it to the backlog) as bytes no `sendmsg` was
+    /// offered yet (`Link::unrung`); then, with `ring`, the doorbell — the backlog goes to the
+    /// stream unless it was backed up already (then the stream's room sends it, as for any WR
+    /// rung behind a full socket: [`DataPath::doorbell`]).
+    fn queue_unrung(&mut self, env: &Env, ring: bool, queue: impl FnOnce(&mut Link)) -> Option<Fatal> {
+        let l = self.link.as_mut()?;
+        let backed_up = l.backed_up();
+        let queued = l.tx_queued;
+        queue(l);
+        l.unrung += l.tx_queued - queued;
+        #[cfg(test)]
+        {
+            l.direct_sent += 1;
+        }
         if ring && !backed_up {
             self.pump_tx(env)
         } else {
             None
-        }
-    }
-
-    /// Counts a message sent by the direct path (for the tests that compare it with the
-    /// general path).
-    fn count_direct(&mut self) {
-        #[cfg(test)]
-        if let Some(l) = self.link.as_mut() {
-            l.direct_sent += 1;
         }
     }
 
