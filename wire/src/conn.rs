@@ -1691,6 +1691,46 @@ impl Connection {
         }
     }
 
+    /// Zero-copy API for bytes already read into a buffer of the caller's
+    /// (a staging buffer): takes framing and payload alike, one FPDU after
+    /// another, placing payload through `place(placement, bytes)`, which
+    /// writes a prefix of `bytes` at `placement` and returns its length
+    /// (0: not placed, nothing written). Stops where `data` ends, where
+    /// `place` placed nothing, where the connection has an event to hand out
+    /// (a completion frees a receive the next Send may name), or where the
+    /// receive side wants anything but framing or payload bytes (a Send
+    /// waiting for a receive, input after an error): the caller takes it
+    /// from there with [`Connection::rx_want`]. Returns the bytes consumed.
+    ///
+    /// The same steps as `rx_want`, `rx_bytes` and `rx_placed` in a loop of
+    /// the caller's, in one call: a small FPDU staged whole is a header, a
+    /// payload and a trailer.
+    pub fn rx_staged(&mut self, data: &[u8], mem: &mut impl Memory, mut place: impl FnMut(Placement, &[u8]) -> usize) -> usize {
+        let mut n = 0;
+        while n < data.len() && self.state == State::Established && self.rx_stalled.is_none() && self.events.is_empty() {
+            let rest = &data[n..];
+            let k = match self.deframer.want() {
+                segment::Want::Header(_) | segment::Want::Trailer(_) => self.rx_stream(rest, mem),
+                segment::Want::Payload(len) => match self.rx_cur.as_ref().map(|c| c.place.advance(c.done)) {
+                    Some(Placement::Discard) | None => self.rx_stream(rest, mem),
+                    Some(at) => {
+                        let chunk = &rest[..rest.len().min(len as usize)];
+                        let placed = place(at, chunk).min(chunk.len());
+                        if placed == 0 {
+                            break;
+                        }
+                        self.rx_stream(&chunk[..placed], mem)
+                    }
+                },
+            };
+            if k == 0 {
+                break;
+            }
+            n += k;
+        }
+        n
+    }
+
     /// Zero-copy API: `placed` payload bytes were written at the placement
     /// returned by `rx_want`. Returns bytes accounted.
     pub fn rx_placed(&mut self, placed: &[u8], mem: &mut impl Memory) -> usize {

@@ -1071,6 +1071,94 @@ fn timeouts_and_eof() {
 /// The zero-copy path: the sender gathers payload by Source and computes
 /// the trailer itself; the receiver reads exactly the bytes `rx_want`
 /// asks for and receives payload straight into the target memory.
+/// What `p` transmits, through the zero-copy transmit API, as the byte stream a socket would
+/// carry.
+fn wire_bytes(p: &mut Peer) -> Vec<u8> {
+    let mut pipe = Vec::new();
+    while let Some(tx) = p.c.next_tx() {
+        match tx {
+            Tx::Bytes(v) => pipe.extend_from_slice(&v),
+            Tx::Segment(s) => {
+                let (wr, off) = match s.source {
+                    Source::Wr { wr_id, offset } => (wr_id, offset as usize),
+                    _ => unreachable!(),
+                };
+                let payload = &p.m.sends[&wr][off..off + s.payload_len as usize];
+                pipe.extend_from_slice(s.header.as_slice());
+                pipe.extend_from_slice(payload); // iovec in real life
+                pipe.extend_from_slice(s.trailer(&[payload]).as_slice());
+            }
+        }
+    }
+    pipe
+}
+
+/// `rx_staged` on `data`, the payload it places recorded (and written into `p`'s memory after).
+fn staged(p: &mut Peer, data: &[u8], limit: usize) -> (usize, Vec<(Placement, usize)>) {
+    let mut placed = Vec::new();
+    let mut writes = Vec::new();
+    let k = p.c.rx_staged(data, &mut p.m, |at, bytes| {
+        let n = bytes.len().min(limit);
+        placed.push((at, n));
+        writes.push((at, bytes[..n].to_vec()));
+        n
+    });
+    for (at, bytes) in writes {
+        p.m.write(at, &bytes);
+    }
+    (k, placed)
+}
+
+/// Staged bytes go through the core in one call, FPDU after FPDU, until a completion is there
+/// to hand out; a payload not placed at all stops the call with the segment's header taken
+/// and its payload still wanted, and one placed in parts is asked for part after part.
+#[test]
+fn staged_api_takes_fpdus_until_an_event() {
+    let (mut a, mut b) = default_pair();
+    b.m.region(0xb00, 0x1000, 256, ALL);
+    for (i, wr) in [1u64, 2, 3].into_iter().enumerate() {
+        a.m.sends.insert(wr, pattern(64, wr as u8));
+        a.c.post_write(wr, 0xb00, 0x1000 + 64 * i as u64, 64, None).unwrap();
+    }
+    b.post_recv(7, 100);
+    a.post_send(4, &pattern(100, 4), SendFlags::default());
+    a.m.sends.insert(5, pattern(64, 5));
+    a.c.post_write(5, 0xb00, 0x10c0, 64, None).unwrap();
+    let pipe = wire_bytes(&mut a);
+    // The three Writes and the Send, not the Write after it: the Send's completion waits.
+    let (k, placed) = staged(&mut b, &pipe, usize::MAX);
+    let send_end = pipe.len() - (2 + 14 + 64 + 4);
+    assert_eq!(k, send_end, "stops after the Send");
+    assert_eq!(
+        placed,
+        vec![
+            (Placement::Tagged { stag: 0xb00, to: 0x1000 }, 64),
+            (Placement::Tagged { stag: 0xb00, to: 0x1040 }, 64),
+            (Placement::Tagged { stag: 0xb00, to: 0x1080 }, 64),
+            (Placement::Recv { wr_id: 7, offset: 0 }, 100),
+        ]
+    );
+    let c = b.completions();
+    assert_eq!((c.len(), c[0].wr_id, c[0].byte_len), (1, 7, 100));
+    assert_eq!(&b.m.recvs[&7][..], &pattern(100, 4)[..]);
+    // The last Write: nothing placed, its header taken, its payload wanted; then in parts.
+    let rest = &pipe[send_end..];
+    let (k, placed) = staged(&mut b, rest, 0);
+    assert_eq!((k, placed.len()), (2 + 14, 1));
+    assert_eq!(b.c.rx_want(), RxWant::Place { len: 64, place: Placement::Tagged { stag: 0xb00, to: 0x10c0 } });
+    // Placed 24 bytes at a time (a receive's SGEs end so): the rest asked for where it goes.
+    let (k2, placed) = staged(&mut b, &rest[k..], 24);
+    assert_eq!(k + k2, rest.len());
+    let at = |to| Placement::Tagged { stag: 0xb00, to };
+    assert_eq!(placed, vec![(at(0x10c0), 24), (at(0x10d8), 24), (at(0x10f0), 16)]);
+    let mut want = Vec::new();
+    for wr in [1u8, 2, 3, 5] {
+        want.extend(pattern(64, wr));
+    }
+    assert_eq!(b.m.bytes(0xb00), &want[..]);
+    assert!(b.completions().is_empty() && b.terminate().is_none());
+}
+
 #[test]
 fn zero_copy_api() {
     let (mut a, mut b) = default_pair();
@@ -1079,23 +1167,7 @@ fn zero_copy_api() {
     a.c.post_write(1, 0xb00, 0, 100_000, None).unwrap();
     b.post_recv(2, 5000);
     a.post_send(3, &pattern(4000, 9), SendFlags::default());
-    // "socket": a byte pipe
-    let mut pipe = Vec::new();
-    while let Some(tx) = a.c.next_tx() {
-        match tx {
-            Tx::Bytes(v) => pipe.extend_from_slice(&v),
-            Tx::Segment(s) => {
-                let (wr, off) = match s.source {
-                    Source::Wr { wr_id, offset } => (wr_id, offset as usize),
-                    _ => unreachable!(),
-                };
-                let payload = &a.m.sends[&wr][off..off + s.payload_len as usize];
-                pipe.extend_from_slice(s.header.as_slice());
-                pipe.extend_from_slice(payload); // iovec in real life
-                pipe.extend_from_slice(s.trailer(&[payload]).as_slice());
-            }
-        }
-    }
+    let pipe = wire_bytes(&mut a);
     let mut pos = 0;
     let mut placed_direct = 0usize;
     while pos < pipe.len() {

@@ -72,6 +72,16 @@ impl DataPath {
             if budget == 0 {
                 return (true, self.drain_events(env));
             }
+            // Staged bytes go through the core in one call for as many FPDUs as they hold,
+            // headers, payloads and trailers: a pass of this loop for each of them cost more
+            // than the core's work on a small FPDU.
+            if let Some(k) = self.take_staged(env) {
+                budget = budget.saturating_sub(k);
+                if let Some(f) = self.drain_events(env) {
+                    return (false, Some(f));
+                }
+                continue;
+            }
             let want = match self.link.as_ref() {
                 Some(l) if !l.peer_eof => l.conn.rx_want(),
                 _ => return (false, None),
@@ -105,18 +115,6 @@ impl DataPath {
                     } else {
                         refill(l)
                     }
-                }
-                // A peer's Write's payload, staged, into a region of ours (not a Read's sink):
-                // copied under the hint's borrow of the region (`MrHint::write_at`).
-                RxWant::Place { len, place: Placement::Tagged { stag, to } }
-                    if l.st_lo < l.st_hi
-                        && (mem.sinks.is_empty() || !mem.sinks.contains_key(&stag))
-                        && mem.hint.write_at(env.mrs, stag, to, staged_payload(l, len), env.user_mem).is_some() =>
-                {
-                    let k = staged_payload(l, len).len();
-                    l.conn.rx_placed(&l.stage[l.st_lo..l.st_lo + k], &mut mem);
-                    l.st_lo += k;
-                    Ok(k)
                 }
                 RxWant::Place { len, place } => {
                     let dst = place_at(place, env.mrs, mem.hint, recv_hint, mem.sinks, mem.sq, rq);
@@ -211,9 +209,32 @@ impl DataPath {
     }
 }
 
-/// The staged bytes of a payload of which `len` bytes are still to come.
-fn staged_payload(l: &Link, len: u32) -> &[u8] {
-    &l.stage[l.st_lo..l.st_hi.min(l.st_lo + len as usize)]
+impl DataPath {
+    /// Gives the core the staged bytes ([`Connection::rx_staged`]), placing payload from the
+    /// staging buffer as the general path does: a peer's Write's into the region its STag names
+    /// (`MrHint::write_at`), a receive's or a Read's through [`place_at`]. `None`: nothing was
+    /// staged or the core took none of it (the general path then finds out why: a placement
+    /// that fails, a Send waiting for a receive, an event).
+    ///
+    /// [`Connection::rx_staged`]: uiw_wire::conn::Connection::rx_staged
+    fn take_staged(&mut self, env: &Env) -> Option<usize> {
+        let DataPath { sq, rq, sinks, link, remote_hint, recv_hint, .. } = self;
+        let l = link.as_mut().filter(|l| l.st_lo < l.st_hi && !l.peer_eof)?;
+        let (sinks, sq, rq, remote_hint, recv_hint) = (&*sinks, &*sq, &*rq, &*remote_hint, &*recv_hint);
+        let mut mem = Mem { mrs: env.mrs, hint: remote_hint, pd: env.pd, qp_access: env.qp_access, user_mem: env.user_mem, sinks, sq };
+        let place = |at: Placement, bytes: &[u8]| match at {
+            Placement::Tagged { stag, to } if sinks.is_empty() || !sinks.contains_key(&stag) => {
+                remote_hint.write_at(env.mrs, stag, to, bytes, env.user_mem).map_or(0, |()| bytes.len())
+            }
+            _ => place_at(at, env.mrs, remote_hint, recv_hint, sinks, sq, rq).map_or(0, |dst| {
+                let k = (bytes.len() as u64).min(dst.len());
+                dst.with_pinned(0, k, |p| env.user_mem.write(p, &bytes[..k as usize])).map_or(0, |()| k as usize)
+            }),
+        };
+        let k = l.conn.rx_staged(&l.stage[l.st_lo..l.st_hi], &mut mem, place);
+        l.st_lo += k;
+        (k > 0).then_some(k)
+    }
 }
 
 /// Reads what the socket has into the staging buffer.
