@@ -521,6 +521,18 @@ impl Deframer {
         (k, Some(RxEvent::Payload(k)))
     }
 
+    /// Whether the segment's CRC matches its `trailer` (pad bytes, then the CRC field), or
+    /// CRC is off (RFC 5044 §4.4: the field is then not checked).
+    fn trailer_ok(&mut self, trailer: &[u8]) -> bool {
+        if !self.crc_on {
+            return true;
+        }
+        let pad = trailer.len() - CRC_LEN;
+        self.crc.update(&trailer[..pad]);
+        let w = [trailer[pad], trailer[pad + 1], trailer[pad + 2], trailer[pad + 3]];
+        crate::crc::from_wire(w) == self.crc.value()
+    }
+
     fn advance_payload(&mut self, rem: u32, n: usize) {
         let rem = rem - n as u32;
         self.st = if rem == 0 {
@@ -644,21 +656,20 @@ impl Deframer {
                 Ok((n, Some(RxEvent::Payload(n))))
             }
             St::Trailer { need } => {
-                let take = (need - self.trailer.len()).min(data.len());
-                self.trailer.push(&data[..take]);
-                if self.trailer.len() < need {
-                    return Ok((take, None));
-                }
-                let t = self.trailer.as_slice();
-                let pad = need - CRC_LEN;
-                let crc_ok = if self.crc_on {
-                    self.crc.update(&t[..pad]);
-                    let w = [t[pad], t[pad + 1], t[pad + 2], t[pad + 3]];
-                    crate::crc::from_wire(w) == self.crc.value()
+                // The whole trailer at the start of `data` is checked where it lies, as the
+                // header is; a trailer cut by a read is gathered first.
+                let (take, crc_ok) = if self.trailer.is_empty() && data.len() >= need {
+                    (need, self.trailer_ok(&data[..need]))
                 } else {
-                    true
+                    let take = (need - self.trailer.len()).min(data.len());
+                    self.trailer.push(&data[..take]);
+                    if self.trailer.len() < need {
+                        return Ok((take, None));
+                    }
+                    let t = self.trailer;
+                    self.trailer.clear();
+                    (take, self.trailer_ok(t.as_slice()))
                 };
-                self.trailer.clear();
                 self.st = St::Header { need: PROBE };
                 Ok((take, Some(RxEvent::End { crc_ok })))
             }
