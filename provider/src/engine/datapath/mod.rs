@@ -13,7 +13,7 @@
 //! RDMA Write's, while a thread polls for it, once the peer answered or a bound passed
 //! (`answer`; the clock is the poller's, asked through `Env::poller_clock`).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use uiw_wire::conn::{Completion as WireCompletion, Connection, Event, Failure, SendFlags, State as ConnState, Tx, WcOpcode};
 use uiw_wire::placement::{Access, Memory, Placement};
@@ -39,8 +39,27 @@ use tx::Piece;
 pub use wr_table::WrTable;
 
 /// STags of the engine's own Read/Atomic sinks (a Read's local SGE list, an atomic's result
-/// buffer): never valid for a peer, which only ever names registered regions.
+/// buffer): never valid for a peer, which only ever names registered regions (whose STags
+/// stay below, see `mr::MAX_INDEX`). The low 24 bits are those of the WR's id on the send
+/// queue ([`sink_of`]).
 const SINK_TAG: u32 = 0xff00_0000;
+/// The bits of a sink STag that come from its WR's id.
+const SINK_ID_BITS: u32 = 0x00ff_ffff;
+
+/// Whether `stag` is of the engine's own sinks' (one outstanding or not).
+fn is_sink_tag(stag: u32) -> bool {
+    stag & !SINK_ID_BITS == SINK_TAG
+}
+
+/// The outstanding Read or atomic whose sink `stag` names, found by the id its STag ends
+/// with: a send queue spans fewer WRs than 2^24.
+fn sink_of(sq: &WrTable<SendEntry>, stag: u32) -> Option<&SendEntry> {
+    if !is_sink_tag(stag) {
+        return None;
+    }
+    let id = sq.id_ending(u64::from(stag & SINK_ID_BITS), u64::from(SINK_ID_BITS))?;
+    sq.get(id).filter(|e| e.sink == Some(stag))
+}
 
 /// Below this, payload is staged and copied; above, it is received straight into place. A
 /// receive syscall costs more than copying a few KiB: payload received in place takes one
@@ -376,7 +395,6 @@ impl Link {
 pub struct DataPath {
     pub sq: WrTable<SendEntry>,
     pub rq: WrTable<RecvEntry>,
-    sinks: HashMap<u32, u64>,
     pub link: Option<Link>,
     /// Connection-level news for connection management (rdma_cm).
     pub notices: Vec<Notice>,
@@ -440,7 +458,6 @@ struct Mem<'a> {
     pd: u32,
     qp_access: u32,
     user_mem: &'a dyn UserMemory,
-    sinks: &'a HashMap<u32, u64>,
     sq: &'a WrTable<SendEntry>,
 }
 
@@ -460,8 +477,7 @@ impl Memory for Mem<'_> {
     fn check_tagged(&self, stag: u32, to: u64, len: u32, acc: Access) -> Result<(), TaggedError> {
         let needed = match acc {
             Access::LocalWrite => {
-                let id = self.sinks.get(&stag).ok_or(TaggedError::InvalidStag)?;
-                let e = self.sq.get(*id).ok_or(TaggedError::InvalidStag)?;
+                let e = sink_of(self.sq, stag).ok_or(TaggedError::InvalidStag)?;
                 let end = to.checked_add(u64::from(len)).ok_or(TaggedError::ToWrap)?;
                 return if end <= total(&e.runs) { Ok(()) } else { Err(TaggedError::BaseBounds) };
             }
@@ -506,15 +522,13 @@ fn place_at<'a>(
     mrs: &'a MrTable,
     hint: &MrHint,
     recv_hint: &'a MrHint,
-    sinks: &HashMap<u32, u64>,
     sq: &'a WrTable<SendEntry>,
     rq: &'a WrTable<RecvEntry>,
 ) -> Option<Dst<'a>> {
     match place {
         Placement::Tagged { stag, to } => {
-            // The engine's own sinks exist only while a Read or atomic is outstanding.
-            if let Some(id) = (!sinks.is_empty()).then(|| sinks.get(&stag)).flatten() {
-                return Dst::run_at(&sq.get(*id)?.runs, to);
+            if is_sink_tag(stag) {
+                return Dst::run_at(&sink_of(sq, stag)?.runs, to);
             }
             hint.lookup(mrs, stag)?.span_from(to).map(Dst::Region)
         }
@@ -651,11 +665,7 @@ impl DataPath {
             });
             return Ok(Some(Fatal::LocalError));
         };
-        let sink = sink.then(|| {
-            let s = SINK_TAG | (id as u32 & 0x00ff_ffff);
-            self.sinks.insert(s, id);
-            s
-        });
+        let sink = sink.then_some(SINK_TAG | (id as u32 & SINK_ID_BITS));
         let posted = self.sq.insert(SendEntry { wqe, runs, fed: false, sink });
         debug_assert_eq!(posted, id);
         if !self.established() {
@@ -775,9 +785,6 @@ impl DataPath {
                 // The peer did not negotiate RFC 7306 (or the opcode has no iWARP message):
                 // complete in error here rather than draw a Terminate from the peer.
                 let e = self.sq.remove(id)?;
-                if let Some(s) = e.sink {
-                    self.sinks.remove(&s);
-                }
                 env.send_cq.push(Completion {
                     wr_id: e.wqe.wr_id,
                     status: wc_status::LOC_QP_OP_ERR,
@@ -875,9 +882,6 @@ impl DataPath {
         let Some(e) = self.sq.remove(c.wr_id) else {
             return None;
         };
-        if let Some(s) = e.sink {
-            self.sinks.remove(&s);
-        }
         let mut status = c.status;
         if let (Some(v), WcStatus::Success) = (c.atomic_result, c.status) {
             match e.runs.first().and_then(Span::pin) {
@@ -991,7 +995,6 @@ impl DataPath {
             }
             closing = Some(Closing { stream: l.stream, bytes: tail });
         }
-        self.sinks.clear();
         for e in self.sq.take_all() {
             if deliver {
                 env.send_cq.push(e.wqe.flushed(env.qpn));
@@ -1011,7 +1014,6 @@ impl DataPath {
     pub fn reset(&mut self) {
         self.sq.clear();
         self.rq.clear();
-        self.sinks.clear();
         self.link = None;
     }
 }

@@ -11,7 +11,7 @@ use uiw_wire::placement::Placement;
 
 use crate::engine::transport::would_block;
 
-use super::{place_at, DataPath, Env, Fatal, Link, Mem, DIRECT_MIN, DIRECT_TAIL, RX_BUDGET};
+use super::{is_sink_tag, place_at, DataPath, Env, Fatal, Link, Mem, DIRECT_MIN, DIRECT_TAIL, RX_BUDGET};
 
 impl DataPath {
     /// Receives and transmits what the socket allows now. Returns whether there is more to do
@@ -99,9 +99,9 @@ impl DataPath {
                     continue;
                 }
             }
-            let DataPath { sq, rq, sinks, link, remote_hint, recv_hint, .. } = self;
+            let DataPath { sq, rq, link, remote_hint, recv_hint, .. } = self;
             let l = link.as_mut().unwrap();
-            let mut mem = Mem { mrs: env.mrs, hint: remote_hint, pd: env.pd, qp_access: env.qp_access, user_mem: env.user_mem, sinks, sq };
+            let mut mem = Mem { mrs: env.mrs, hint: remote_hint, pd: env.pd, qp_access: env.qp_access, user_mem: env.user_mem, sq };
             let step = match want {
                 RxWant::Wait => return (false, self.drain_events(env)),
                 RxWant::Bytes(_) | RxWant::Place { place: Placement::Discard, .. } | RxWant::Discard => {
@@ -117,7 +117,7 @@ impl DataPath {
                     }
                 }
                 RxWant::Place { len, place } => {
-                    let dst = place_at(place, env.mrs, mem.hint, recv_hint, mem.sinks, mem.sq, rq);
+                    let dst = place_at(place, env.mrs, mem.hint, recv_hint, mem.sq, rq);
                     let staged = l.st_hi - l.st_lo;
                     match dst {
                         Some(span) => {
@@ -218,15 +218,15 @@ impl DataPath {
     ///
     /// [`Connection::rx_staged`]: uiw_wire::conn::Connection::rx_staged
     fn take_staged(&mut self, env: &Env) -> Option<usize> {
-        let DataPath { sq, rq, sinks, link, remote_hint, recv_hint, .. } = self;
+        let DataPath { sq, rq, link, remote_hint, recv_hint, .. } = self;
         let l = link.as_mut().filter(|l| l.st_lo < l.st_hi && !l.peer_eof)?;
-        let (sinks, sq, rq, remote_hint, recv_hint) = (&*sinks, &*sq, &*rq, &*remote_hint, &*recv_hint);
-        let mut mem = Mem { mrs: env.mrs, hint: remote_hint, pd: env.pd, qp_access: env.qp_access, user_mem: env.user_mem, sinks, sq };
+        let (sq, rq, remote_hint, recv_hint) = (&*sq, &*rq, &*remote_hint, &*recv_hint);
+        let mut mem = Mem { mrs: env.mrs, hint: remote_hint, pd: env.pd, qp_access: env.qp_access, user_mem: env.user_mem, sq };
         let place = |at: Placement, bytes: &[u8]| match at {
-            Placement::Tagged { stag, to } if sinks.is_empty() || !sinks.contains_key(&stag) => {
+            Placement::Tagged { stag, to } if !is_sink_tag(stag) => {
                 remote_hint.write_at(env.mrs, stag, to, bytes, env.user_mem).map_or(0, |()| bytes.len())
             }
-            _ => place_at(at, env.mrs, remote_hint, recv_hint, sinks, sq, rq).map_or(0, |dst| {
+            _ => place_at(at, env.mrs, remote_hint, recv_hint, sq, rq).map_or(0, |dst| {
                 let k = (bytes.len() as u64).min(dst.len());
                 dst.with_pinned(0, k, |p| env.user_mem.write(p, &bytes[..k as usize])).map_or(0, |()| k as usize)
             }),

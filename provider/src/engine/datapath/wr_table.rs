@@ -60,6 +60,15 @@ impl<T> WrTable<T> {
         usize::try_from(i).ok().filter(|&i| i < self.slots.len())
     }
 
+    /// The id in the table whose bits under `mask` (a low mask, `2^k - 1`) are `low`: unique
+    /// while fewer than `mask + 1` ids span the table. `None` when no slot has such an id.
+    pub fn id_ending(&self, low: u64, mask: u64) -> Option<u64> {
+        debug_assert!(mask.wrapping_add(1).is_power_of_two() && low & !mask == 0);
+        // The first id from `base` on that ends so.
+        let id = self.base + (low.wrapping_sub(self.base) & mask);
+        self.index(id).map(|_| id)
+    }
+
     pub fn get(&self, id: u64) -> Option<&T> {
         self.slots.get(self.index(id)?)?.as_ref()
     }
@@ -166,6 +175,24 @@ mod tests {
             *e += 10;
         }
         assert_eq!(t.get(ids[3]), Some(&13));
+    }
+
+    /// A Read's sink STag carries the low 24 bits of its WR's id: the table finds the id
+    /// again across the 24-bit wrap, and nothing for bits no posted WR ends with.
+    #[test]
+    fn an_id_is_found_by_its_low_bits_across_their_wrap() {
+        const MASK: u64 = 0x00ff_ffff;
+        let mut t = WrTable::default();
+        t.base = MASK - 1;
+        let ids: Vec<u64> = (0..4).map(|i| t.insert(i)).collect();
+        assert_eq!(ids, vec![MASK - 1, MASK, MASK + 1, MASK + 2]);
+        for &id in &ids {
+            assert_eq!(t.id_ending(id & MASK, MASK), Some(id));
+        }
+        assert_eq!(t.id_ending(3, MASK), None, "past the newest");
+        assert_eq!(t.id_ending(MASK - 2, MASK), None, "before the oldest");
+        t.remove(ids[0]);
+        assert_eq!(t.id_ending(ids[0] & MASK, MASK), None, "gone with its WR");
     }
 
     #[test]
