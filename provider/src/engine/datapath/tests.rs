@@ -908,12 +908,14 @@ fn tapped_pair(max_io: usize, crc: Crc) -> (Arena, Side, Side, Tap) {
 /// A Send or RDMA Write of one FPDU posted behind nothing outstanding is framed as it is
 /// posted (`DataPath::post_direct`): rung on its own on an idle stream, handed to the stream in
 /// one call; in a chain, or behind a backlog, queued, and sent at the chain's doorbell. An RDMA
-/// Read rung on its own goes through `post_lone_read`. Two pairs run one script of chains of
+/// Read rung on its own goes through `post_lone_read`, and an FPDU that is all a pump has to
+/// send (a small Read's response, a general-path WR's last FPDU) through `send_alone`. Two
+/// pairs run one script of chains of
 /// one to four WRs, rung by their last WR or by the doorbell alone — Sends (gathered from one
 /// or two SGEs, or inline; signaled or not;
 /// solicited), Writes and Reads of sizes around `TX_COPY_MAX` and up to two MSS (one FPDU, or
-/// more, which the direct path leaves to the general one) — the second pair's QP taking the
-/// general path for every WR (`DataPath::general_only`). After every post the same bytes are in
+/// more, which the direct path leaves to the general one) — the second pair's QPs taking the
+/// general path for every FPDU (`DataPath::general_only`). After every post the same bytes are in
 /// flight, and the completions on both sides, the memory and the counters end up the same —
 /// over pieces of 1 to 4096 bytes (a frame the stream takes only part of, a backlog behind a
 /// full stream), with CRC off and on, with and without a poller that makes a lone Write's
@@ -930,6 +932,7 @@ fn a_direct_message_leaves_as_the_general_path_sends_it() {
         let (mem1, mut a1, mut b1, tap1) = tapped_pair(max_io, crc);
         let (mem2, mut a2, mut b2, tap2) = tapped_pair(max_io, crc);
         a2.dp.general_only = true;
+        b2.dp.general_only = true;
         let (a_key, b_key) = (a1.mr.stag, b1.mr.stag);
         assert_eq!((a_key, b_key), (a2.mr.stag, b2.mr.stag));
         let half = (ARENA / 2) as u64;

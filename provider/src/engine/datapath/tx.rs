@@ -5,7 +5,7 @@
 use std::io;
 
 use smallvec::SmallVec;
-use uiw_wire::conn::{LoneMsg, SendFlags, Tx};
+use uiw_wire::conn::{LoneMsg, SendFlags, Tx, TxSegment};
 use uiw_wire::segment::DATA_HDR;
 use uiw_wire::placement::Source;
 
@@ -59,6 +59,7 @@ impl DataPath {
     /// bytes anyway (`Link::held`, released once the batch has left), and building it ahead
     /// of the `sendmsg` only delayed the message.
     pub fn pump_tx(&mut self, env: &Env) -> Option<Fatal> {
+        let alone_framed = self.frames_directly();
         loop {
             // Fill the backlog; `exhausted`: until the core had nothing more.
             let mut exhausted = false;
@@ -75,6 +76,19 @@ impl DataPath {
                     Tx::Bytes(b) => l.push_bytes(&b),
                     Tx::Segment(s) => {
                         let n = s.payload_len as usize;
+                        // All there is to send (nothing queued before it, nothing after it in
+                        // the core): framed on the stack, handed to the stream in one call.
+                        if n <= TX_COPY_MAX && alone_framed && l.tx.is_empty() && !l.conn.tx_pending() {
+                            let f = if n <= LONE_SMALL {
+                                self.send_alone::<{ DATA_HDR + LONE_SMALL + TRAILER_MAX }>(env, &s)
+                            } else {
+                                self.send_alone::<LONE_FRAME_MAX>(env, &s)
+                            };
+                            if f.is_some() {
+                                return f;
+                            }
+                            continue;
+                        }
                         // The payload is resolved before the header is queued: if its memory
                         // is gone, a Terminate goes out instead of the segment. A small one is
                         // copied, framed in place at the end of the backlog (cheaper than an
@@ -254,8 +268,7 @@ impl DataPath {
     /// more than one FPDU, MPA CRC on a payload sent from registered memory, memory that does
     /// not check out — the general path fails it).
     pub(super) fn post_direct(&mut self, env: &Env, id: u64, wqe: &SendWqe, len: u32, ring: bool) -> Option<Option<Fatal>> {
-        #[cfg(test)]
-        if self.general_only {
+        if !self.frames_directly() {
             return None;
         }
         let n = len as usize;
@@ -378,8 +391,7 @@ impl DataPath {
     /// `None`: nothing was done, the WR takes the general path. `Some`: its request was sent
     /// (or queued, as [`DataPath::post_direct`]'s FPDU), with what the transmit reported.
     pub(super) fn post_lone_read(&mut self, env: &Env, id: u64) -> Option<Option<Fatal>> {
-        #[cfg(test)]
-        if self.general_only {
+        if !self.frames_directly() {
             return None;
         }
         let l = self.link.as_mut().filter(|l| l.established && l.tx.is_empty() && !l.tx_blocked)?;
@@ -393,6 +405,46 @@ impl DataPath {
         frame[..header.len()].copy_from_slice(header);
         frame[header.len()..total].copy_from_slice(trailer);
         Some(self.send_framed(env, &frame[..total]))
+    }
+
+    /// Whether an FPDU may be framed outside the backlog ([`DataPath::post_direct`],
+    /// [`DataPath::post_lone_read`], [`DataPath::send_alone`]): always, but in the tests'
+    /// reference for the general path (`general_only`).
+    fn frames_directly(&self) -> bool {
+        #[cfg(test)]
+        if self.general_only {
+            return false;
+        }
+        true
+    }
+
+    /// Sends segment `s` of the core's (a payload of at most [`TX_COPY_MAX`] bytes), framed in
+    /// `N` bytes on the stack, in one call ([`DataPath::send_framed`]): what [`DataPath::pump_tx`]
+    /// does with an FPDU that is all there is to send — most often the Read Response to a
+    /// lone Read Request, which the backlog, its pins and its iovec list cost a passive
+    /// responder more than the rest of its turnaround. Memory gone meanwhile: the core's
+    /// `abort_source`, as in `pump_tx`.
+    fn send_alone<const N: usize>(&mut self, env: &Env, s: &TxSegment) -> Option<Fatal> {
+        let DataPath { sq, link, .. } = self;
+        let l = link.as_mut()?;
+        let (header, n) = (s.header.as_slice(), s.payload_len as usize);
+        let body = header.len()..header.len() + n;
+        let mut frame = [0u8; N];
+        frame[..body.start].copy_from_slice(header);
+        if let Err(SourceGone) = gather(sq, env, s.source, &mut frame[body.clone()]) {
+            l.conn.abort_source();
+            return None;
+        }
+        let trailer = if l.conn.crc() {
+            let mut crc = s.crc_start();
+            crc.update(&frame[body.clone()]);
+            s.trailer_after(crc)
+        } else {
+            s.trailer_no_crc()
+        };
+        let end = body.end + trailer.as_slice().len();
+        frame[body.end..end].copy_from_slice(trailer.as_slice());
+        self.send_framed(env, &frame[..end])
     }
 
     /// Hands one framed FPDU to an idle stream in one call. A stream that takes only part of it
