@@ -207,9 +207,7 @@ impl DataPath {
             }
         }
     }
-}
 
-impl DataPath {
     /// Gives the core the staged bytes ([`Connection::rx_staged`]), placing payload from the
     /// staging buffer as the general path does: a peer's Write's into the region its STag names
     /// (`MrHint::write_at`), a receive's or a Read's through [`place_at`]. `None`: nothing was
