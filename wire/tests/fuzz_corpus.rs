@@ -54,8 +54,9 @@ fn run_one(data: &[u8]) {
             }
         }
     }
-    // As stream input of an established responder and of a fresh one.
-    for established in [true, false] {
+    // As stream input of an established responder (through the copying API and through the
+    // staged one, `rx_staged`, with the copying one where it stops) and of a fresh one.
+    for (established, staged) in [(true, false), (true, true), (false, false)] {
         let mut c = Connection::new(Config::new(Role::Responder), 0);
         let mut m = Mem(vec![0; 4096]);
         if established {
@@ -82,7 +83,21 @@ fn run_one(data: &[u8]) {
         let mut out = Vec::new();
         let mut rest = data;
         while !rest.is_empty() {
-            let n = c.handle_bytes(rest, &mut m);
+            let mut n = 0;
+            if staged {
+                let mut writes = Vec::new();
+                n = c.rx_staged(rest, &mut m, |at, bytes| {
+                    writes.push((at, bytes.to_vec()));
+                    bytes.len()
+                });
+                assert!(n <= rest.len());
+                for (at, bytes) in writes {
+                    m.write(at, &bytes);
+                }
+            }
+            if n == 0 {
+                n = c.handle_bytes(rest, &mut m);
+            }
             assert!(n > 0);
             rest = &rest[n..];
             while c.poll_transmit(&mut out, &m) {}

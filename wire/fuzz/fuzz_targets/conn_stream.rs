@@ -1,6 +1,7 @@
 //! An established connection (responder, after a valid MPA Request) fed
-//! arbitrary FPDU bytes: placement, DDP rules, Terminate generation. The
-//! toy memory accepts STag 0x100 for TO 0..4096.
+//! arbitrary FPDU bytes: placement, DDP rules, Terminate generation, through
+//! the copying API or the staged one (`rx_staged`). The toy memory accepts
+//! STag 0x100 for TO 0..4096.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use uiw_wire::conn::{Config, Connection, Role};
@@ -74,8 +75,25 @@ fuzz_target!(|data: &[u8]| {
     }
     let mut out = Vec::new();
     let mut rest = &data[1..];
+    // Half the inputs go through the staged API first (as the engine's staging buffer does),
+    // payload placed by its callback; where it stops, one step of the copying API.
+    let staged = sel & 0x80 != 0;
     while !rest.is_empty() {
-        let n = c.handle_bytes(rest, &mut m);
+        let mut n = 0;
+        if staged {
+            let mut writes = Vec::new();
+            n = c.rx_staged(rest, &mut m, |at, bytes| {
+                writes.push((at, bytes.to_vec()));
+                bytes.len()
+            });
+            assert!(n <= rest.len());
+            for (at, bytes) in writes {
+                m.write(at, &bytes);
+            }
+        }
+        if n == 0 {
+            n = c.handle_bytes(rest, &mut m);
+        }
         assert!(n > 0 && n <= rest.len());
         rest = &rest[n..];
         while c.poll_transmit(&mut out, &m) {}
