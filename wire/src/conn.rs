@@ -1668,10 +1668,37 @@ impl Connection {
                 n
             }
         };
+        self.store_atomic_result(mem);
+        n
+    }
+
+    /// Copying convenience over [`Connection::rx_staged`], as
+    /// [`Connection::handle_bytes`] is over the one-step API: the payload
+    /// is written through `mem` once the call returns (nothing in the call
+    /// reads it). Returns the bytes consumed; 0 where `rx_staged` stops at
+    /// once (a Send waiting for a receive, an event not yet taken, input
+    /// outside an established stream: `handle_bytes` takes that step).
+    pub fn handle_staged(&mut self, data: &[u8], mem: &mut impl MemoryIo) -> usize {
+        let mut writes = Vec::new();
+        let n = self.rx_staged(data, mem, |at, bytes| {
+            writes.push((at, bytes.to_vec()));
+            bytes.len()
+        });
+        for (at, bytes) in writes {
+            mem.write(at, &bytes);
+        }
+        // An Atomic Response's completion stops `rx_staged`: one result at most.
+        self.store_atomic_result(mem);
+        n
+    }
+
+    /// Copying API: an Atomic Response's original value goes to the
+    /// requester's result buffer (the zero-copy API hands it out in the
+    /// completion instead).
+    fn store_atomic_result(&mut self, mem: &mut impl MemoryIo) {
         if let Some(((stag, to), v)) = self.pending_atomic_store.take() {
             mem.write(Placement::Tagged { stag, to }, &v.to_ne_bytes());
         }
-        n
     }
 
     /// Zero-copy API: consume framing bytes (MPA frames, headers, trailers).

@@ -83,18 +83,7 @@ fn run_one(data: &[u8]) {
         let mut out = Vec::new();
         let mut rest = data;
         while !rest.is_empty() {
-            let mut n = 0;
-            if staged {
-                let mut writes = Vec::new();
-                n = c.rx_staged(rest, &mut m, |at, bytes| {
-                    writes.push((at, bytes.to_vec()));
-                    bytes.len()
-                });
-                assert!(n <= rest.len());
-                for (at, bytes) in writes {
-                    m.write(at, &bytes);
-                }
-            }
+            let mut n = if staged { c.handle_staged(rest, &mut m) } else { 0 };
             if n == 0 {
                 n = c.handle_bytes(rest, &mut m);
             }

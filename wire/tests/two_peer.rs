@@ -809,6 +809,42 @@ fn masked_atomics_end_to_end() {
     assert_eq!(&b.m.bytes(0xb00)[8..16], &0xab00_0000_0000_1277u64.to_ne_bytes());
 }
 
+/// The staged copying convenience (`handle_staged`) places what `handle_bytes` places: a
+/// Write's payload at the responder, and at the requester an Atomic Response's original value
+/// in the result buffer (the copying API's store, which the zero-copy one leaves to the
+/// completion).
+#[test]
+fn staged_copying_api_stores_payload_and_atomic_results() {
+    let (mut a, mut b) = ext_pair();
+    a.m.region(0xa00, 0, 64, ALL);
+    b.m.region(0xb00, 0x100, 64, ALL);
+    b.m.regions.get_mut(&0xb00).unwrap().data[16..24].copy_from_slice(&41u64.to_ne_bytes());
+    a.m.sends.insert(1, pattern(16, 3));
+    a.c.post_write(1, 0xb00, 0x100, 16, None).unwrap();
+    let add = AtomicOperation::FetchAdd { add: 1, add_mask: 0 };
+    a.c.post_atomic(2, add, (0xa00, 8), 0xb00, 0x110).unwrap();
+    // Every byte through handle_staged (events taken between calls: one waiting stops it).
+    let feed = |p: &mut Peer, bytes: &[u8]| {
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            p.drain();
+            let n = p.c.handle_staged(rest, &mut p.m);
+            assert!(n > 0, "handle_staged took nothing of {} bytes", rest.len());
+            rest = &rest[n..];
+        }
+    };
+    let request = wire_bytes(&mut a);
+    feed(&mut b, &request);
+    let mut response = Vec::new();
+    while b.c.poll_transmit(&mut response, &b.m) {}
+    feed(&mut a, &response);
+    assert_eq!(&b.m.bytes(0xb00)[..16], &pattern(16, 3)[..]);
+    assert_eq!(&b.m.bytes(0xb00)[16..24], &42u64.to_ne_bytes());
+    assert_eq!(&a.m.bytes(0xa00)[8..16], &41u64.to_ne_bytes(), "the original value in the result buffer");
+    let c = a.completions();
+    assert_eq!(c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), [(1, WcStatus::Success), (2, WcStatus::Success)]);
+}
+
 #[test]
 fn misaligned_atomic_is_a_remote_operation_error() {
     // RFC 7306 §8.2: a target that is not 64-bit aligned draws RDMAP / Remote Operation

@@ -75,22 +75,11 @@ fuzz_target!(|data: &[u8]| {
     }
     let mut out = Vec::new();
     let mut rest = &data[1..];
-    // Half the inputs go through the staged API first (as the engine's staging buffer does),
-    // payload placed by its callback; where it stops, one step of the copying API.
+    // Half the inputs go through the staged API first (as the engine's staging buffer does;
+    // `handle_staged`, its copying convenience); where it stops, one step of `handle_bytes`.
     let staged = sel & 0x80 != 0;
     while !rest.is_empty() {
-        let mut n = 0;
-        if staged {
-            let mut writes = Vec::new();
-            n = c.rx_staged(rest, &mut m, |at, bytes| {
-                writes.push((at, bytes.to_vec()));
-                bytes.len()
-            });
-            assert!(n <= rest.len());
-            for (at, bytes) in writes {
-                m.write(at, &bytes);
-            }
-        }
+        let mut n = if staged { c.handle_staged(rest, &mut m) } else { 0 };
         if n == 0 {
             n = c.handle_bytes(rest, &mut m);
         }
