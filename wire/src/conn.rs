@@ -416,9 +416,19 @@ pub struct TxSegment {
 }
 
 impl TxSegment {
-    /// Pad and CRC for this segment, once the payload is at hand.
+    /// Pad and CRC for this segment, once the payload is at hand (all
+    /// `payload_len` bytes of it, in order): without CRC only its length
+    /// counts ([`TxSegment::trailer_no_crc`]).
+    #[inline]
     pub fn trailer(&self, payload: &[&[u8]]) -> Trailer {
-        segment::trailer(self.crc, self.header.as_slice(), payload)
+        if !self.crc {
+            return self.trailer_no_crc();
+        }
+        let mut crc = self.crc_start();
+        for p in payload {
+            crc.update(p);
+        }
+        self.trailer_after(crc)
     }
 
     /// The CRC register after this segment's header, for a payload the

@@ -95,16 +95,9 @@ impl DataPath {
                         // iovec entry and a pin); a larger one is sent from registered memory,
                         // with CRC too: the checksum reads it in place.
                         if n <= TX_COPY_MAX {
-                            let crc = l.conn.crc();
                             let framed = l.push_framed(s.header.as_slice(), n, |payload| {
                                 gather(&self.sq, env, s.source, payload)?;
-                                Ok(if crc {
-                                    let mut c = s.crc_start();
-                                    c.update(payload);
-                                    s.trailer_after(c)
-                                } else {
-                                    s.trailer_no_crc()
-                                })
+                                Ok(s.trailer(&[payload]))
                             });
                             if let Err(SourceGone) = framed {
                                 l.conn.abort_source();
@@ -318,13 +311,7 @@ impl DataPath {
         let (seg, done) = l.conn.send_lone(id, msg, n as u32)?;
         self.sq.pass();
         let header = seg.header.as_slice();
-        let trailer = if seg.crc {
-            let mut crc = seg.crc_start();
-            crc.update(&frame[body.clone()]);
-            seg.trailer_after(crc)
-        } else {
-            seg.trailer_no_crc()
-        };
+        let trailer = seg.trailer(&[&frame[body.clone()]]);
         let start = DATA_HDR - header.len();
         let end = body.end + trailer.as_slice().len();
         frame[start..DATA_HDR].copy_from_slice(header);
@@ -435,13 +422,7 @@ impl DataPath {
             l.conn.abort_source();
             return None;
         }
-        let trailer = if l.conn.crc() {
-            let mut crc = s.crc_start();
-            crc.update(&frame[body.clone()]);
-            s.trailer_after(crc)
-        } else {
-            s.trailer_no_crc()
-        };
+        let trailer = s.trailer(&[&frame[body.clone()]]);
         let end = body.end + trailer.as_slice().len();
         frame[body.end..end].copy_from_slice(trailer.as_slice());
         self.send_framed(env, &frame[..end])
