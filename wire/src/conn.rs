@@ -97,7 +97,7 @@ use crate::rdmap::{
     IMMEDIATE_LEN,
 };
 use crate::segment::{
-    self, DataHeader, Deframer, FrameError, HeaderBuf, RxEvent, RxSegment, Segmenter, Target,
+    self, DataHeader, Deframer, FrameError, RxEvent, RxSegment, Segmenter, Target,
     Trailer,
 };
 
@@ -1148,10 +1148,10 @@ impl Connection {
     /// connection moves exactly as [`Connection::post_read`] followed by
     /// [`Connection::next_tx`] would move it (the Read takes the next sequence number and the
     /// next MSN of the Read Request queue, and is outstanding until its response), and the
-    /// caller gets the FPDU `next_tx` would have handed out — as a header (with the request's
-    /// body) and a trailer, framed without the heap. The Read completes when its response
-    /// has been placed, as any. `None`, and nothing changed: the Read takes the general path.
-    pub fn read_lone(&mut self, wr_id: u64, local_stag: u32, local_to: u64, stag: u32, to: u64, len: u32) -> Option<(HeaderBuf, Trailer)> {
+    /// caller gets the FPDU `next_tx` would have handed out, framed whole without the heap.
+    /// The Read completes when its response has been placed, as any. `None`, and nothing
+    /// changed: the Read takes the general path.
+    pub fn read_lone(&mut self, wr_id: u64, local_stag: u32, local_to: u64, stag: u32, to: u64, len: u32) -> Option<segment::ReadRequestFpdu> {
         let ord = self.ord();
         if !self.tx_idle() || ord == 0 || self.ord_used() >= ord {
             return None;
@@ -1163,10 +1163,9 @@ impl Connection {
         let body = self.read_outstanding(read, stag, to);
         let msn = self.next_msn(qn::READ_REQUEST);
         let d = DdpHeader::untagged(qn::READ_REQUEST, msn, 0, 0, true, RdmapCtrl::new(Opcode::ReadRequest));
-        let header = segment::encode_header(&d, &body, 0);
-        let trailer = segment::trailer(self.crc, header.as_slice(), &[]);
+        let fpdu = segment::read_request_fpdu(self.crc, &d, &body);
         self.count_tx_control();
-        Some((header, trailer))
+        Some(fpdu)
     }
 
     /// Post an RDMA Read of `len` bytes from the peer's `(stag, to)` into our

@@ -1802,10 +1802,9 @@ fn lone_messages_match_the_general_path() {
                         let (at, n) = (0x10000 + next(2048), len.min(2048) as u32);
                         a1.c.post_read(wr_id, 0xa00, at, 0xb00, 0x7000_0000, n).unwrap();
                         match a2.c.read_lone(wr_id, 0xa00, at, 0xb00, 0x7000_0000, n) {
-                            Some((header, trailer)) => {
+                            Some(fpdu) => {
                                 lone += 1;
-                                wire2.extend_from_slice(header.as_slice());
-                                wire2.extend_from_slice(trailer.as_slice());
+                                wire2.extend_from_slice(fpdu.as_slice());
                             }
                             None => {
                                 declined += 1;

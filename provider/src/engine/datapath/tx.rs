@@ -384,14 +384,9 @@ impl DataPath {
         let l = self.link.as_mut().filter(|l| l.established && l.tx.is_empty() && !l.tx_blocked)?;
         let e = self.sq.get_mut(id).filter(|e| !e.fed && e.wqe.opcode == opcode::RDMA_READ && e.wqe.flags & send_flags::FENCE == 0)?;
         let w = &e.wqe;
-        let (header, trailer) = l.conn.read_lone(id, e.sink?, 0, w.rkey, w.remote_addr, w.payload.len() as u32)?;
+        let fpdu = l.conn.read_lone(id, e.sink?, 0, w.rkey, w.remote_addr, w.payload.len() as u32)?;
         e.fed = true;
-        let (header, trailer) = (header.as_slice(), trailer.as_slice());
-        let mut frame = [0u8; LONE_FRAME_MAX];
-        let total = header.len() + trailer.len();
-        frame[..header.len()].copy_from_slice(header);
-        frame[header.len()..total].copy_from_slice(trailer);
-        Some(self.send_framed(env, &frame[..total]))
+        Some(self.send_framed(env, fpdu.as_slice()))
     }
 
     /// Whether an FPDU may be framed outside the backlog ([`DataPath::post_direct`],
