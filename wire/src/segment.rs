@@ -128,15 +128,18 @@ pub fn encode_header(ddp: &DdpHeader, body: &[u8], payload_len: usize) -> Header
 /// [`encode_header`] into a buffer of `N` bytes; `body` is cut to what fits (a
 /// [`DataHeader`] takes none: data segments have no body).
 fn encode_header_in<const N: usize>(ddp: &DdpHeader, body: &[u8], payload_len: usize) -> InlineBuf<N> {
+    const { assert!(N >= LEN_FIELD + UNTAGGED_HDR_LEN, "room for any DDP header") };
     let mut h = InlineBuf::<N>::new();
     let ulpdu = ddp.len() + body.len() + payload_len;
     debug_assert!(ulpdu <= u16::MAX as usize);
-    h.push(&(ulpdu as u16).to_be_bytes());
-    let mut d = [0u8; UNTAGGED_HDR_LEN];
-    let n = ddp.encode(&mut d);
-    h.push(&d[..n]);
-    let b = body.len().min(CONTROL_CAP).min(N - h.len());
-    h.push(&body[..b]);
+    // The length and the DDP header are encoded where they go: pushed as slices of lengths
+    // known only here, they were a `memcpy` call for every FPDU's header.
+    h.buf[..LEN_FIELD].copy_from_slice(&(ulpdu as u16).to_be_bytes());
+    h.len = LEN_FIELD + ddp.encode(&mut h.buf[LEN_FIELD..LEN_FIELD + UNTAGGED_HDR_LEN]);
+    if !body.is_empty() {
+        let b = body.len().min(CONTROL_CAP).min(N - h.len());
+        h.push(&body[..b]);
+    }
     h
 }
 
