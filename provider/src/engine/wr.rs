@@ -55,7 +55,14 @@ pub enum Payload {
 impl Payload {
     pub fn len(&self) -> u64 {
         match self {
-            Payload::Sges(s) => s.iter().map(|s| u64::from(s.length)).sum(),
+            // One or two SGEs (nearly every WR, and what the list holds inline) are added up
+            // without a loop: asked twice per posted WR, the loop was 4 % of an NVMe-oF
+            // target's provider instructions.
+            Payload::Sges(s) => match s.as_slice() {
+                [a] => u64::from(a.length),
+                [a, b] => u64::from(a.length) + u64::from(b.length),
+                s => s.iter().map(|s| u64::from(s.length)).sum(),
+            },
             Payload::Inline(b) => b.len() as u64,
         }
     }
@@ -155,5 +162,16 @@ mod tests {
         assert_eq!((f.wr_id, f.status, f.qp_num), (9, wc_status::WR_FLUSH_ERR, 5));
         assert_eq!(w.payload.len(), 3);
         assert_eq!(Payload::Sges(smallvec::smallvec![Sge { addr: 0, length: 7, lkey: 1 }, Sge { addr: 0, length: 5, lkey: 1 }]).len(), 12);
+    }
+
+    #[test]
+    fn a_payload_is_as_long_as_its_sges_together() {
+        let sge = |length| Sge { addr: 0, length, lkey: 1 };
+        let len = |v: &[u32]| Payload::Sges(v.iter().map(|&n| sge(n)).collect()).len();
+        assert_eq!(len(&[]), 0);
+        assert_eq!(len(&[9]), 9);
+        assert_eq!(len(&[u32::MAX, 2]), u64::from(u32::MAX) + 2, "added in 64 bits");
+        assert_eq!(len(&[1, 2, 3, 4]), 10);
+        assert_eq!(len(&[u32::MAX; 3]), 3 * u64::from(u32::MAX));
     }
 }
