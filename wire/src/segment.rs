@@ -66,6 +66,34 @@ impl<const N: usize> InlineBuf<N> {
     }
 }
 
+impl InlineBuf<DATA_HDR> {
+    /// Copies this data header into `frame` so that it ends at `end`, and returns where it
+    /// begins. A data header is 16 or 20 bytes (MPA length and a tagged or an untagged DDP
+    /// header, RFC 5041 §4.2–4.3): copied as 16 bytes and then maybe 4 — copies of sizes
+    /// known when compiled, not one `memcpy` call of a length read at run time.
+    #[inline]
+    pub fn put_before(&self, frame: &mut [u8], end: usize) -> usize {
+        const SHORT: usize = LEN_FIELD + TAGGED_HDR_LEN;
+        let start = end - self.len;
+        frame[start..start + SHORT].copy_from_slice(&self.buf[..SHORT]);
+        if self.len > SHORT {
+            frame[start + SHORT..end].copy_from_slice(&self.buf[SHORT..DATA_HDR]);
+        }
+        start
+    }
+}
+
+impl InlineBuf<7> {
+    /// Copies this trailer into `frame` at `at` and returns where it ends. All 7 bytes a
+    /// trailer may take are written (a copy of a size known when compiled), so `frame` needs
+    /// that room; what lies past the returned end is left over, not part of the FPDU.
+    #[inline]
+    pub fn put_at(&self, frame: &mut [u8], at: usize) -> usize {
+        frame[at..at + 7].copy_from_slice(&self.buf);
+        at + self.len
+    }
+}
+
 impl<const N: usize> Default for InlineBuf<N> {
     fn default() -> Self {
         Self::new()
@@ -725,6 +753,30 @@ mod tests {
                 trailer(false, &header, &[&payload]).as_slice(),
                 "payload {len}"
             );
+        }
+    }
+
+    #[test]
+    fn headers_and_trailers_are_put_into_a_frame_whole() {
+        let rd = RdmapCtrl::new(Opcode::Send);
+        let headers: [DataHeader; 2] = [
+            encode_header_in(&DdpHeader::tagged(0x1234_5678, 0x0102_0304_0506_0708, true, RdmapCtrl::new(Opcode::Write)), &[], 9),
+            encode_header_in(&DdpHeader::untagged(0, 7, 0xa1b2_c3d4, 0x55, false, rd), &[], 9),
+        ];
+        for h in headers {
+            // Over bytes that are not zero, ending where a payload would begin.
+            let mut frame = [0xeeu8; 64];
+            let start = h.put_before(&mut frame, 30);
+            assert_eq!(start, 30 - h.len());
+            assert_eq!(&frame[start..30], h.as_slice());
+            assert!(frame[..start].iter().chain(&frame[30..]).all(|&b| b == 0xee), "nothing else written");
+        }
+        for len in [0usize, 1, 2, 3, 30] {
+            let t = trailer(true, headers[1].as_slice(), &[&vec![0x5a; len]]);
+            let mut frame = [0xeeu8; 64];
+            let end = t.put_at(&mut frame, 40);
+            assert_eq!(&frame[40..end], t.as_slice(), "payload {len}");
+            assert!(frame[..40].iter().all(|&b| b == 0xee));
         }
     }
 

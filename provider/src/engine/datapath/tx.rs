@@ -310,12 +310,9 @@ impl DataPath {
         }
         let (seg, done) = l.conn.send_lone(id, msg, n as u32)?;
         self.sq.pass();
-        let header = seg.header.as_slice();
         let trailer = seg.trailer(&[&frame[body.clone()]]);
-        let start = DATA_HDR - header.len();
-        let end = body.end + trailer.as_slice().len();
-        frame[start..DATA_HDR].copy_from_slice(header);
-        frame[body.end..end].copy_from_slice(trailer.as_slice());
+        let start = seg.header.put_before(&mut frame, DATA_HDR);
+        let end = trailer.put_at(&mut frame, body.end);
         let fatal = if ring && l.tx.is_empty() && !l.tx_blocked {
             self.send_framed(env, &frame[start..end])
         } else {
@@ -409,17 +406,16 @@ impl DataPath {
     fn send_alone<const N: usize>(&mut self, env: &Env, s: &TxSegment) -> Option<Fatal> {
         let DataPath { sq, link, .. } = self;
         let l = link.as_mut()?;
-        let (header, n) = (s.header.as_slice(), s.payload_len as usize);
-        let body = header.len()..header.len() + n;
+        let (hl, n) = (s.header.len(), s.payload_len as usize);
+        let body = hl..hl + n;
         let mut frame = [0u8; N];
-        frame[..body.start].copy_from_slice(header);
+        s.header.put_before(&mut frame, hl);
         if let Err(SourceGone) = gather(sq, env, s.source, &mut frame[body.clone()]) {
             l.conn.abort_source();
             return None;
         }
         let trailer = s.trailer(&[&frame[body.clone()]]);
-        let end = body.end + trailer.as_slice().len();
-        frame[body.end..end].copy_from_slice(trailer.as_slice());
+        let end = trailer.put_at(&mut frame, body.end);
         self.send_framed(env, &frame[..end])
     }
 
