@@ -474,6 +474,25 @@ impl MrHint {
         .flatten()
     }
 
+    /// Copies into `out` the bytes at `to` (in the region's iova space) of the region `stag`
+    /// names, pinned for the copy, without taking a reference to the region: a small Read
+    /// Response's payload, whose rights were checked when its Read Request arrived (RFC 5040
+    /// §5.3). `None` (nothing read): no region has that STag, it is being deregistered, or the
+    /// range leaves it. The table's lookup and the reference it returned were four locked
+    /// instructions of a Read responder's six.
+    pub fn read_remote(&self, table: &MrTable, stag: u32, to: u64, out: &mut [u8], user_mem: &dyn super::user_memory::UserMemory) -> Option<()> {
+        self.with(table, stag, |mr| {
+            let off = to.checked_sub(mr.iova)?;
+            if off.checked_add(out.len() as u64)? > mr.length {
+                return None;
+            }
+            let pinned = Pinned::new(mr, mr.addr + off, out.len() as u64)?;
+            user_mem.read(&pinned, out);
+            Some(())
+        })
+        .flatten()
+    }
+
     /// Copies into `out` the bytes at `addr` (in the iova space) of the region `lkey` names
     /// in protection domain `pd`, pinned for the copy, without taking a reference to the
     /// region: a small Send's or Write's SGE, framed for the wire (local read is always

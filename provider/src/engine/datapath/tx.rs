@@ -9,7 +9,7 @@ use uiw_wire::conn::{LoneMsg, SendFlags, Tx, TxSegment};
 use uiw_wire::segment::DATA_HDR;
 use uiw_wire::placement::Source;
 
-use super::super::mr::Span;
+use super::super::mr::{MrHint, Span};
 use super::super::user_memory::{IoPart, Pinned};
 use super::{run_ref_at, DataPath, Env, Fatal, Link, SendEntry, WrTable, TRAILER_MAX, TX_BYTES, TX_COPY_MAX, TX_PIECES};
 use crate::engine::transport::would_block;
@@ -96,7 +96,7 @@ impl DataPath {
                         // with CRC too: the checksum reads it in place.
                         if n <= TX_COPY_MAX {
                             let framed = l.push_framed(s.header.as_slice(), n, |payload| {
-                                gather(&self.sq, env, s.source, payload)?;
+                                gather(&self.sq, &self.remote_hint, env, s.source, payload)?;
                                 Ok(s.trailer(&[payload]))
                             });
                             if let Err(SourceGone) = framed {
@@ -105,7 +105,7 @@ impl DataPath {
                             continue;
                         }
                         let mut pieces = Pieces::new();
-                        let payload = source_pieces(&self.sq, env, s.source, n, &mut pieces).map(|()| pieces);
+                        let payload = source_pieces(&self.sq, &self.remote_hint, env, s.source, n, &mut pieces).map(|()| pieces);
                         let framed = payload.and_then(|pieces| {
                             let trailer = if l.conn.crc() {
                                 let mut crc = s.crc_start();
@@ -404,13 +404,13 @@ impl DataPath {
     /// responder more than the rest of its turnaround. Memory gone meanwhile: the core's
     /// `abort_source`, as in `pump_tx`.
     fn send_alone<const N: usize>(&mut self, env: &Env, s: &TxSegment) -> Option<Fatal> {
-        let DataPath { sq, link, .. } = self;
+        let DataPath { sq, link, remote_hint, .. } = self;
         let l = link.as_mut()?;
         let (hl, n) = (s.header.len(), s.payload_len as usize);
         let body = hl..hl + n;
         let mut frame = [0u8; N];
         s.header.put_before(&mut frame, hl);
-        if let Err(SourceGone) = gather(sq, env, s.source, &mut frame[body.clone()]) {
+        if let Err(SourceGone) = gather(sq, remote_hint, env, s.source, &mut frame[body.clone()]) {
             l.conn.abort_source();
             return None;
         }
@@ -458,7 +458,7 @@ pub(super) fn release_held(l: &mut Link, env: &Env, alone: bool) {
 }
 
 /// The pieces of `len` payload bytes at `src`.
-fn source_pieces(sq: &WrTable<SendEntry>, env: &Env, src: Source, len: usize, out: &mut Pieces) -> Result<(), SourceGone> {
+fn source_pieces(sq: &WrTable<SendEntry>, remote_hint: &MrHint, env: &Env, src: Source, len: usize, out: &mut Pieces) -> Result<(), SourceGone> {
     match src {
         Source::Wr { wr_id, offset } => {
             let Some(e) = sq.get(wr_id) else {
@@ -487,7 +487,7 @@ fn source_pieces(sq: &WrTable<SendEntry>, env: &Env, src: Source, len: usize, ou
         // A Read Response: the Read Request was checked on arrival (RFC 5040 §5.3); the
         // region must still be there now.
         Source::Tagged { stag, to } => {
-            let span = env.mrs.lookup(stag).and_then(|mr| mr.span_from(to)).and_then(|s| s.sub(0, len as u64));
+            let span = remote_hint.lookup(env.mrs, stag).and_then(|mr| mr.span_from(to)).and_then(|s| s.sub(0, len as u64));
             out.push(Piece::User(span.ok_or(SourceGone)?));
         }
         Source::None => {}
@@ -516,7 +516,7 @@ fn checksum(env: &Env, pieces: &[Piece], crc: &mut uiw_wire::crc::Crc32c) -> Res
 /// A small payload copied into `buf` (sent beside its header, see `TX_COPY_MAX`), which
 /// comes zeroed: the same bytes as [`source_pieces`] names, each run of registered memory
 /// pinned only while it is read.
-fn gather(sq: &WrTable<SendEntry>, env: &Env, src: Source, buf: &mut [u8]) -> Result<(), SourceGone> {
+fn gather(sq: &WrTable<SendEntry>, remote_hint: &MrHint, env: &Env, src: Source, buf: &mut [u8]) -> Result<(), SourceGone> {
     match src {
         Source::Wr { wr_id, offset } => {
             // The protocol core only names WRs it was given and has not completed.
@@ -543,11 +543,7 @@ fn gather(sq: &WrTable<SendEntry>, env: &Env, src: Source, buf: &mut [u8]) -> Re
         }
         // A Read Response: the Read Request was checked on arrival (RFC 5040 §5.3); the
         // region must still be there now.
-        Source::Tagged { stag, to } => {
-            let span = env.mrs.lookup(stag).and_then(|mr| mr.span_from(to)).ok_or(SourceGone)?;
-            let pinned = span.pin_sub(0, buf.len() as u64).ok_or(SourceGone)?;
-            env.user_mem.read(&pinned, buf);
-        }
+        Source::Tagged { stag, to } => remote_hint.read_remote(env.mrs, stag, to, buf, env.user_mem).ok_or(SourceGone)?,
         Source::None => {}
     }
     Ok(())
