@@ -462,16 +462,7 @@ impl MrHint {
     /// must. A reference taken and dropped around the copy was two locked instructions on
     /// every such payload.
     pub fn write_at(&self, table: &MrTable, stag: u32, to: u64, bytes: &[u8], user_mem: &dyn super::user_memory::UserMemory) -> Option<()> {
-        self.with(table, stag, |mr| {
-            let off = to.checked_sub(mr.iova)?;
-            if off.checked_add(bytes.len() as u64)? > mr.length {
-                return None;
-            }
-            let pinned = Pinned::new(mr, mr.addr + off, bytes.len() as u64)?;
-            user_mem.write(&pinned, bytes);
-            Some(())
-        })
-        .flatten()
+        self.with_remote_range(table, stag, to, bytes.len() as u64, |pinned| user_mem.write(pinned, bytes))
     }
 
     /// Copies into `out` the bytes at `to` (in the region's iova space) of the region `stag`
@@ -481,14 +472,20 @@ impl MrHint {
     /// range leaves it. The table's lookup and the reference it returned were four locked
     /// instructions of a Read responder's six.
     pub fn read_remote(&self, table: &MrTable, stag: u32, to: u64, out: &mut [u8], user_mem: &dyn super::user_memory::UserMemory) -> Option<()> {
+        self.with_remote_range(table, stag, to, out.len() as u64, |pinned| user_mem.read(pinned, out))
+    }
+
+    /// Runs `f` on the `len` bytes at `to` (in the region's iova space) of the region `stag`
+    /// names, pinned for the call, without taking a reference to the region. `None` (`f` not
+    /// called): no region has that STag, it is being deregistered, or the range leaves it.
+    fn with_remote_range<R>(&self, table: &MrTable, stag: u32, to: u64, len: u64, f: impl FnOnce(&Pinned) -> R) -> Option<R> {
         self.with(table, stag, |mr| {
             let off = to.checked_sub(mr.iova)?;
-            if off.checked_add(out.len() as u64)? > mr.length {
+            if off.checked_add(len)? > mr.length {
                 return None;
             }
-            let pinned = Pinned::new(mr, mr.addr + off, out.len() as u64)?;
-            user_mem.read(&pinned, out);
-            Some(())
+            let pinned = Pinned::new(mr, mr.addr + off, len)?;
+            Some(f(&pinned))
         })
         .flatten()
     }
