@@ -74,6 +74,7 @@ impl InlineBuf<DATA_HDR> {
     #[inline]
     pub fn put_before(&self, frame: &mut [u8], end: usize) -> usize {
         const SHORT: usize = LEN_FIELD + TAGGED_HDR_LEN;
+        debug_assert!(self.len >= SHORT, "a data header, tagged or untagged");
         let start = end - self.len;
         frame[start..start + SHORT].copy_from_slice(&self.buf[..SHORT]);
         if self.len > SHORT {
@@ -124,9 +125,9 @@ pub type ReadRequestFpdu = InlineBuf<{ LEN_FIELD + UNTAGGED_HDR_LEN + crate::rdm
 
 /// Frames a Read Request (`ddp`: its untagged DDP header, `body`: its fixed body) with every
 /// field at its fixed place; the CRC field covers length, ULPDU and pad (RFC 5044 §4.1), or
-/// is zero with CRC off. [`encode_header`] and [`trailer`], whose pushes of slices with
-/// lengths learnt as they go are calls to `memcpy`, and the copy of both into a frame, were
-/// a tenth of an `ib_read_lat` requester's turnaround.
+/// is zero with CRC off. A header and a trailer built by pushes of slices with lengths
+/// learnt as they went (calls to `memcpy`), and the copy of both into a frame, were a tenth
+/// of an `ib_read_lat` requester's turnaround.
 #[inline]
 pub fn read_request_fpdu(crc_on: bool, ddp: &DdpHeader, body: &[u8; crate::rdmap::READ_REQ_LEN]) -> ReadRequestFpdu {
     const ULPDU: usize = UNTAGGED_HDR_LEN + crate::rdmap::READ_REQ_LEN;
