@@ -84,13 +84,13 @@ impl InlineBuf<DATA_HDR> {
     }
 }
 
-impl InlineBuf<7> {
-    /// Copies this trailer into `frame` at `at` and returns where it ends. All 7 bytes a
-    /// trailer may take are written (a copy of a size known when compiled), so `frame` needs
-    /// that room; what lies past the returned end is left over, not part of the FPDU.
+impl InlineBuf<TRAILER_MAX> {
+    /// Copies this trailer into `frame` at `at` and returns where it ends. All [`TRAILER_MAX`]
+    /// bytes a trailer may take are written (a copy of a size known when compiled), so `frame`
+    /// needs that room; what lies past the returned end is left over, not part of the FPDU.
     #[inline]
     pub fn put_at(&self, frame: &mut [u8], at: usize) -> usize {
-        frame[at..at + 7].copy_from_slice(&self.buf);
+        frame[at..at + TRAILER_MAX].copy_from_slice(&self.buf);
         at + self.len
     }
 }
@@ -116,12 +116,14 @@ pub const DATA_HDR: usize = LEN_FIELD + UNTAGGED_HDR_LEN;
 /// plans and transmit units that carry one move in registers, not through `memcpy` — every
 /// message's FPDUs pass through several moves on their way to the socket.
 pub type DataHeader = InlineBuf<DATA_HDR>;
+/// The longest FPDU trailer: pad (up to 3 bytes) and the CRC field (RFC 5044 §4).
+pub const TRAILER_MAX: usize = 3 + CRC_LEN;
 /// Pad (≤ 3) + CRC (4).
-pub type Trailer = InlineBuf<7>;
+pub type Trailer = InlineBuf<TRAILER_MAX>;
 /// A whole RDMA Read Request FPDU (RFC 5040 §4.4 in RFC 5044 §4's framing: MPA length,
 /// untagged DDP header, the request's fixed body, pad, CRC field), as
 /// `Connection::read_lone` frames it: small enough to move in registers, and sent as it is.
-pub type ReadRequestFpdu = InlineBuf<{ LEN_FIELD + UNTAGGED_HDR_LEN + crate::rdmap::READ_REQ_LEN + 7 }>;
+pub type ReadRequestFpdu = InlineBuf<{ LEN_FIELD + UNTAGGED_HDR_LEN + crate::rdmap::READ_REQ_LEN + TRAILER_MAX }>;
 
 /// Frames a Read Request (`ddp`: its untagged DDP header, `body`: its fixed body) with every
 /// field at its fixed place; the CRC field covers length, ULPDU and pad (RFC 5044 §4.1), or

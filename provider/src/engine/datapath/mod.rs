@@ -89,8 +89,8 @@ const TX_BYTES: u64 = 1 << 20;
 /// consecutive small FPDUs then leave as one contiguous run (one `sendmsg` entry for many
 /// messages).
 const TX_COPY_MAX: usize = 512;
-/// Largest FPDU trailer: pad (up to 3 bytes) and the CRC field (RFC 5044 §4).
-const TRAILER_MAX: usize = 7;
+// Largest FPDU trailer (pad and CRC field): the room a frame keeps for `Trailer::put_at`.
+use uiw_wire::segment::TRAILER_MAX;
 /// Largest run of engine-owned bytes one backlog piece grows to.
 const TX_RUN_MAX: usize = 64 << 10;
 /// Bytes sent between two looks at the stream's MSS ([`Link::follow_mss`]): one
