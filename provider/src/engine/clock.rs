@@ -21,8 +21,9 @@ pub fn now_us() -> u64 {
     HELD.with(Cell::get).unwrap_or_else(read_us)
 }
 
-/// The clock now, whatever a poll holds.
-fn read_us() -> u64 {
+/// The clock now, whatever a poll holds: for what a poll does long after its start (a
+/// transmit pass that sends for milliseconds, see `datapath::Holder`).
+pub fn read_us() -> u64 {
     static START: OnceLock<u64> = OnceLock::new();
     let now = uiw_kabi::sys::monotonic_ns();
     now.saturating_sub(*START.get_or_init(|| now)) / 1000

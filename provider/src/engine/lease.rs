@@ -40,11 +40,21 @@
 //! to send only while a leased stream is full ([`Lease::track_room`]): the poller may give its
 //! CPU away then, and the progress thread sends the bytes when the socket takes them.
 //!
-//! The cost of a lease that is kept for long is one progress-thread wake-up per check; the
-//! checks of a lease that keeps being renewed back off from [`LEASE_US`] to [`CHECK_MAX_US`],
-//! so a thread that polls without pause (an SPDK reactor) costs the progress thread about a
-//! thousand wake-ups a second, and a thread that stops polling without arming a channel
-//! leaves its QP's arrivals waiting at most that long.
+//! The checks of a lease that keeps being renewed back off from [`LEASE_US`] to
+//! [`CHECK_MAX_US`]: a thread that stops polling without arming a channel leaves its QP's
+//! arrivals waiting at most that long. The progress thread sleeps until the next check on a
+//! timer of its epoll set (the lease alarm), which the pollers themselves push on while every
+//! lease is fresh ([`Lease::alarm_view`], [`alarm_ahead`]; at most every
+//! [`ALARM_PUSH_EVERY_US`], a `timerfd_settime` by whichever poller comes first), as does a
+//! poller inside a long transmit pass between its `sendmsg`s (`datapath::Holder`: an MPI
+//! rank's poll that answers a window of 1 MiB Read Requests sends for milliseconds): a thread
+//! that polls without pause (an SPDK reactor, an MPI rank) costs the progress thread no
+//! wake-up at all. A check that woke it instead took 1,000 wake-ups a second, each preempting
+//! a polling thread on a machine whose CPUs they all hold: Open MPI's 1 MiB stream over
+//! `ofi_rxm` (two ranks on two vCPUs) had the sending rank's progress thread at 11–17 % of a
+//! CPU and 850–1,100 involuntary switches a second of each rank, against 3 % and 50–100 with
+//! the alarm pushed away; the `ib_read_lat` requester's progress thread, 945 wake-ups a second
+//! against none.
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -64,6 +74,35 @@ pub const CLAIM_AFTER_US: u64 = 20;
 pub const CLAIM_AWAITING_ANSWER_US: u64 = 2;
 /// The longest pause between two checks of a lease that keeps being renewed.
 pub const CHECK_MAX_US: u64 = 1_000;
+/// How often at most a poller pushes the lease alarm on (engine µs): a quarter of the
+/// longest check pause, so that a thread that polls at all in that time keeps it from going
+/// off.
+pub const ALARM_PUSH_EVERY_US: u64 = CHECK_MAX_US / 4;
+/// How recently a lease must have been renewed for a push to count it fresh (engine µs):
+/// longer than one lease, so that a poller whose CQ holds several QPs, or that spends a while
+/// inside one (a 1 MiB `sendmsg`), still pushes; a lease its poller left is then handed back
+/// at most this much later than [`CHECK_MAX_US`] after its last renewal.
+pub const ALARM_FRESH_US: u64 = CHECK_MAX_US / 2;
+
+/// How a lease stands for a push of the lease alarm ([`Lease::alarm_view`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AlarmView {
+    /// Not leased: nothing to check.
+    Free,
+    /// Renewed within [`ALARM_FRESH_US`] of `now`, held since `since` (engine µs).
+    Fresh { since: u64 },
+    /// Not renewed for longer (or held by a thread asleep on a channel, whose renewals this
+    /// view does not see): its poller may have left it, so the alarm must not be pushed.
+    Lapsed,
+}
+
+/// How far ahead (engine µs) a push sets the lease alarm when every lease is fresh and the
+/// youngest was claimed at `since`: as far as it has been held, between [`LEASE_US`] and
+/// [`CHECK_MAX_US`] — the same pause the checks' back-off would have reached, so that a
+/// thread that polled briefly and stopped hands its QP back as soon as before.
+pub fn alarm_ahead(now: u64, since: u64) -> u64 {
+    now.saturating_sub(since).clamp(LEASE_US, CHECK_MAX_US)
+}
 
 /// What the progress thread found when a lease was due.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,6 +150,8 @@ struct State {
 pub struct Lease {
     /// Until when the lease is held (engine µs); renewed by every poll.
     until: AtomicU64,
+    /// When a poller last claimed it (engine µs).
+    claimed_at: AtomicU64,
     /// Fast view of `State::leased`.
     leased: AtomicBool,
     state: Mutex<State>,
@@ -147,9 +188,24 @@ impl Lease {
         let Some(fd) = s.fd.filter(|_| !s.leased) else { return false };
         s.leased = true;
         s.check_every = LEASE_US;
+        // The claim follows the renewal that asked for it (`renew`).
+        self.claimed_at.store(self.renewed_at(), Ordering::Relaxed);
         self.leased.store(true, Ordering::Release);
         apply(Arming::Disarm(fd));
         true
+    }
+
+    /// How the lease stands at `now` for a push of the lease alarm (see the module's doc),
+    /// read without its lock: a lease taken or let go meanwhile is seen either way, and the
+    /// progress thread's own checks follow every transition (a claim makes it check at once).
+    pub fn alarm_view(&self, now: u64) -> AlarmView {
+        if !self.held() {
+            return AlarmView::Free;
+        }
+        if self.renewed_at() + ALARM_FRESH_US <= now {
+            return AlarmView::Lapsed;
+        }
+        AlarmView::Fresh { since: self.claimed_at.load(Ordering::Relaxed) }
     }
 
     /// The progress thread's look at a due lease (at `now`): kept if renewed since, or if an
@@ -283,6 +339,43 @@ mod tests {
     use super::*;
 
     use std::cell::RefCell;
+
+    /// A push of the lease alarm sees a lease fresh only while it is renewed, held since its
+    /// claim; a lapsed one stops the push, a free one does not count.
+    #[test]
+    fn the_alarm_sees_fresh_lapsed_and_free_leases() {
+        let l = Lease::default();
+        l.attach(7);
+        assert_eq!(l.alarm_view(100), AlarmView::Free);
+        assert!(l.renew(100));
+        assert!(l.claim(|_| {}));
+        assert_eq!(l.alarm_view(120), AlarmView::Fresh { since: 100 });
+        // Renewals keep it fresh and keep the claim's time, a while past the lease's end.
+        l.renew(400);
+        assert_eq!(l.alarm_view(440), AlarmView::Fresh { since: 100 });
+        assert_eq!(l.alarm_view(400 + ALARM_FRESH_US - 1), AlarmView::Fresh { since: 100 });
+        assert_eq!(l.alarm_view(400 + ALARM_FRESH_US), AlarmView::Lapsed);
+        // Handed back: free again.
+        assert_eq!(l.check(400 + LEASE_US, false, |_| {}), Check::Free);
+        assert_eq!(l.alarm_view(500), AlarmView::Free);
+        // A sleeper's hold is not renewed by polls: never pushed past.
+        l.reader_sleeps(1, |_| true, |_| {});
+        assert_eq!(l.alarm_view(400 + ALARM_FRESH_US), AlarmView::Lapsed);
+    }
+
+    /// The alarm is pushed as far ahead as the youngest lease has been held, within the
+    /// checks' own bounds.
+    #[test]
+    fn the_alarm_goes_as_far_ahead_as_the_checks_back_off() {
+        assert_eq!(alarm_ahead(1_000, 1_000), LEASE_US);
+        assert_eq!(alarm_ahead(1_000, 990), LEASE_US);
+        assert_eq!(alarm_ahead(1_000, 700), 300);
+        assert_eq!(alarm_ahead(10_000, 1_000), CHECK_MAX_US);
+        // A claim time from the future (a racing claim) is no pause at all.
+        assert_eq!(alarm_ahead(1_000, 2_000), LEASE_US);
+        // A thread that polls at all between two pushes keeps a long-held lease's alarm away.
+        assert!(ALARM_PUSH_EVERY_US < alarm_ahead(1_000_000, 0));
+    }
 
     #[test]
     fn no_claim_without_a_stream() {

@@ -12,13 +12,13 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
-use uiw_kabi::sys::{Epoll, EPOLL_IN, EPOLL_SOCKET_EDGE};
+use uiw_kabi::sys::{Epoll, TimerFd, EPOLL_IN, EPOLL_SOCKET_EDGE};
 use uiw_wire::conn::{Connection, Role};
 
 use super::clock::earliest;
 use super::cm::{CmConn, CmListen, CmStatus};
 use super::device::{gid_ipv4, DeviceInfo, TransportKind};
-use super::lease::{Arming, Check};
+use super::lease::{AlarmView, Arming, Check};
 use super::spin::{self, Spin};
 use super::transport::kernel::KernelTcp;
 use super::transport::raw::RawTcp;
@@ -70,6 +70,9 @@ pub trait Endpoint: Send + Sync {
     fn reader_woke(&self);
     /// When its lease was last renewed (engine µs, see `lease`).
     fn lease_renewed_at(&self) -> u64;
+    /// How its lease stands at `now` (engine µs) for a push of the lease alarm
+    /// ([`Net::push_lease_alarm`]).
+    fn lease_alarm_view(&self, now_us: u64) -> AlarmView;
     /// Whether a doorbell of the QP waits for its poller's next poll (`Qp::defer_doorbell`).
     fn doorbell_waits(&self) -> bool;
     /// In a forked child: let go of the parent's stream (close this process's descriptor
@@ -107,6 +110,7 @@ const EPOLL_HUP_FLAGS: u32 = (libc::EPOLLRDHUP | libc::EPOLLHUP | libc::EPOLLERR
 
 const TOKEN_LISTENER: u64 = 0;
 const TOKEN_WAKE: u64 = 1;
+const TOKEN_LEASE_ALARM: u64 = 2;
 const KIND_QP: u64 = 1 << 32;
 const KIND_PENDING: u64 = 2 << 32;
 const KIND_CLOSING: u64 = 3 << 32;
@@ -178,6 +182,13 @@ pub struct Net {
     leased_glance: AtomicU64,
     /// A lease was claimed: the progress thread must take its deadline.
     lease_news: AtomicBool,
+    /// The timer the progress thread sleeps on until the next lease is due, in its epoll set
+    /// (token `TOKEN_LEASE_ALARM`), which pollers push on ([`Net::push_lease_alarm`]; see
+    /// `lease`). `None` (no timer could be made): the leases' deadline is the progress
+    /// thread's `epoll_wait` timeout, and each check wakes it.
+    lease_alarm: Option<TimerFd>,
+    /// No poller pushes the lease alarm before then (engine µs).
+    alarm_push_after: AtomicU64,
     /// A pump took a message in and sent one out on the same stream (a Read Request and its
     /// Response) since the progress thread last looked: the traffic is request and answer,
     /// whose next request the progress thread may wait for by polling (see `spin`).
@@ -360,6 +371,8 @@ impl Net {
         }
         let waker = Waker::new().map_err(|e| e.to_string())?;
         epoll.add(waker.rx.as_raw_fd(), TOKEN_WAKE, EPOLL_IN).map_err(|e| e.to_string())?;
+        // Without a timer, the leases' deadline is a timeout (a wake-up per check).
+        let lease_alarm = TimerFd::new().ok().filter(|t| epoll.add(t.fd(), TOKEN_LEASE_ALARM, EPOLL_IN).is_ok());
         Ok(Net {
             epoll,
             listeners: Mutex::new(listeners),
@@ -376,6 +389,8 @@ impl Net {
             leased: Mutex::new(HashSet::new()),
             leased_glance: AtomicU64::new(0),
             lease_news: AtomicBool::new(false),
+            lease_alarm,
+            alarm_push_after: AtomicU64::new(0),
             answered: AtomicU64::new(0),
             requeued: Mutex::new(Vec::new()),
             paced: Mutex::new(Vec::new()),
@@ -648,6 +663,52 @@ impl Net {
         self.raw_turn.read().iter().any(|t| t.owns_readiness(fd))
     }
 
+    /// A poller renewed its lease at `now` (engine µs): if every lease is fresh, the lease
+    /// alarm goes off no sooner than [`super::lease::alarm_ahead`] from now, and the progress
+    /// thread sleeps on (see `lease`). At most one push per
+    /// [`super::lease::ALARM_PUSH_EVERY_US`], by whichever poller comes first; a lease found
+    /// lapsed leaves the alarm as the progress thread set it, to go off and check.
+    ///
+    /// A claim that races the push may see its first check later than its back-off would
+    /// have put it, never later than [`super::lease::CHECK_MAX_US`] from the push.
+    pub fn push_lease_alarm(&self, now: u64) {
+        let Some(alarm) = &self.lease_alarm else { return };
+        let after = self.alarm_push_after.load(Ordering::Relaxed);
+        if now < after || self.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let next = now + super::lease::ALARM_PUSH_EVERY_US;
+        if self.alarm_push_after.compare_exchange(after, next, Ordering::Relaxed, Ordering::Relaxed).is_err() {
+            // Another poller pushes.
+            return;
+        }
+        let qpns: Vec<u32> = self.leased.lock().iter().copied().collect();
+        let mut youngest: Option<u64> = None;
+        for qpn in qpns {
+            match self.lookup(qpn).map(|qp| qp.lease_alarm_view(now)) {
+                Some(AlarmView::Lapsed) => return,
+                Some(AlarmView::Fresh { since }) => youngest = Some(youngest.map_or(since, |y| y.max(since))),
+                Some(AlarmView::Free) | None => {}
+            }
+        }
+        if let Some(since) = youngest {
+            let _ = alarm.arm(Duration::from_micros(super::lease::alarm_ahead(now, since)));
+        }
+    }
+
+    /// The progress thread's lease deadline is `next` (engine µs; `None`: no lease to check):
+    /// the alarm is set for it. Returns the deadline its `epoll_wait` must time out at for the
+    /// leases — none with an alarm.
+    fn set_lease_alarm(&self, now: u64, next: Option<u64>) -> Option<u64> {
+        let Some(alarm) = &self.lease_alarm else { return next };
+        let set = match next {
+            Some(t) => alarm.arm(Duration::from_micros(t.saturating_sub(now))),
+            None => alarm.disarm(),
+        };
+        // A timer that cannot be set: the deadline as a timeout, as without one.
+        set.err().and(next)
+    }
+
     /// Looks at the leases (due or new) at `now` (engine µs): the QPs handed back are queued
     /// to be served at once; returns when the next lease is due.
     fn check_leases(&self, now: u64, ready: &mut VecDeque<(u64, u32)>) -> Option<u64> {
@@ -680,7 +741,8 @@ impl Net {
         let mut ready: VecDeque<(u64, u32)> = VecDeque::new();
         // When the next deadline is due (engine ms); None: no stream needs the clock.
         let mut next_due: Option<u64> = None;
-        // When the next application lease is due (engine µs; see `lease`).
+        // When the next application lease is due (engine µs; see `lease`), if the lease alarm
+        // does not tell (no timer).
         let mut next_lease: Option<u64> = None;
         // Polls without sleeping for a few µs after answered traffic (see `spin`).
         let mut spin = Spin::from_env();
@@ -700,6 +762,7 @@ impl Net {
         while !self.stop.load(Ordering::Acquire) {
             evs.clear();
             let mut polled = false;
+            let mut alarm_rang = false;
             let timeout = if !ready.is_empty() {
                 Some(Duration::ZERO)
             } else if spin.enabled() && spin.poll(now, || spin::crowded(&mut loadavg, cpus)) {
@@ -765,6 +828,12 @@ impl Net {
                         next_due = Some(0);
                         false
                     }
+                    _ if tok == TOKEN_LEASE_ALARM => {
+                        // The leases are checked below; setting the alarm again there takes
+                        // back its expiry.
+                        alarm_rang = true;
+                        false
+                    }
                     _ => {
                         // Woken: a stream with a deadline may have started.
                         self.waker.drain();
@@ -800,8 +869,9 @@ impl Net {
             // writes the waker, so news whose wake-up byte this turn consumed is seen here
             // (looked at before the read, it could be missed, and the thread would sleep
             // with a lease nobody checks). QPs handed back are served on the next turn.
-            if super::flag::take(&self.lease_news) || next_lease.is_some_and(|t| t <= now) {
-                next_lease = self.check_leases(now, &mut ready);
+            if super::flag::take(&self.lease_news) || alarm_rang || next_lease.is_some_and(|t| t <= now) {
+                let next = self.check_leases(now, &mut ready);
+                next_lease = self.set_lease_alarm(now, next);
             }
             // Paced streams whose deadline came are served on the next turn (see `pace`).
             self.serve_paced(now, &mut ready);

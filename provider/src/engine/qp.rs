@@ -9,12 +9,12 @@ use uiw_wire::conn::{Connection, Role, State as WireState};
 
 use super::cm::{CmConn, CmQp, CmStatus};
 use super::cq::{CqObj, PolledQp, Poller};
-use super::datapath::{DataPath, Env, Fatal, Link, Notice};
+use super::datapath::{DataPath, Env, Fatal, Holder, Link, Notice};
 use super::device::{gid_ipv4, DeviceInfo, TransportKind};
 use super::error::{Error, Result};
 use super::events::{event_type, AsyncSink};
 use super::clock::earliest;
-use super::lease::{Arming, Check, Lease};
+use super::lease::{AlarmView, Arming, Check, Lease};
 use super::limits::{DeviceLimits, MAX_QP_INIT_RD_ATOM};
 use super::mr::MrTable;
 use super::net::{Endpoint, Net, Progress};
@@ -307,6 +307,7 @@ impl Qp {
             srq: self.srq.as_deref(),
             poller_clock: CqObj::poller_clock,
             poller_now: Default::default(),
+            holder: Some(self),
         }
     }
 
@@ -583,10 +584,13 @@ impl Qp {
             Poller::Claims if lease_enabled() => {
                 if self.lease.renew(now) {
                     self.lease.claim(|a| self.net.apply_arming(self.qpn, a));
+                } else {
+                    self.net.push_lease_alarm(now);
                 }
             }
             Poller::Renews if self.lease.held() => {
                 self.lease.renew(now);
+                self.net.push_lease_alarm(now);
             }
             _ => {}
         }
@@ -1330,6 +1334,19 @@ fn ord(a: &QpAttrs) -> u16 {
         _ => MAX_QP_INIT_RD_ATOM as u16,
     }
 }
+impl Holder for Qp {
+    fn still_sending(&self) {
+        // The holder is a poller (a lease) or the progress thread (no lease: nothing to keep);
+        // a lease check would keep the QP of a thread inside it anyway.
+        if self.lease.held() {
+            // The poll's own reading is as old as the pass.
+            let now = super::clock::read_us();
+            self.lease.renew(now);
+            self.net.push_lease_alarm(now);
+        }
+    }
+}
+
 impl Endpoint for Qp {
     fn qpn(&self) -> u32 {
         self.qpn
@@ -1400,6 +1417,9 @@ impl Endpoint for Qp {
     }
     fn lease_renewed_at(&self) -> u64 {
         self.lease.renewed_at()
+    }
+    fn lease_alarm_view(&self, now_us: u64) -> AlarmView {
+        self.lease.alarm_view(now_us)
     }
     fn doorbell_waits(&self) -> bool {
         self.doorbell_waits.load(Ordering::Relaxed)
@@ -1936,7 +1956,7 @@ mod tests {
         let peer_mrs = MrTable::new(4);
         let pmr = peer_mrs.register(1, peer_addr, HALF, peer_addr, access::LOCAL_WRITE).unwrap();
         let (pscq, prcq) = (cq(), cq());
-        let penv = Env { qpn: 0x1001, pd: 1, sq_sig_all: false, qp_access: 0, mrs: &peer_mrs, user_mem: mem, send_cq: &pscq, recv_cq: &prcq, srq: None, poller_clock: |_| None, poller_now: Default::default() };
+        let penv = Env { qpn: 0x1001, pd: 1, sq_sig_all: false, qp_access: 0, mrs: &peer_mrs, user_mem: mem, send_cq: &pscq, recv_cq: &prcq, srq: None, poller_clock: |_| None, poller_now: Default::default(), holder: None };
         let mut peer = DataPath::default();
         let (sa, mut sb) = memory::pair(WRITE, 4 << 20);
         let marks = if paced { sb.record_wake_marks() } else { Default::default() };

@@ -440,6 +440,7 @@ impl Harness {
             srq: srq.as_ref(),
             poller_clock: |_| None,
             poller_now: Default::default(),
+            holder: None,
         };
         f(dp, &env)
     }

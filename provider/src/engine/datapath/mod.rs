@@ -150,6 +150,17 @@ pub struct Env<'a> {
     /// or one pump (a lone Write's post asked it up to four times: a clock read and a CQ lock
     /// each, on the path of `ib_write_lat`'s every message).
     pub poller_now: std::cell::Cell<Option<Option<u64>>>,
+    /// The QP, told when a transmit pass goes on past a `sendmsg` ([`Holder`]); `None` in
+    /// tests.
+    pub holder: Option<&'a dyn Holder>,
+}
+
+/// What the data path tells its QP while one call of it works for long.
+pub trait Holder {
+    /// A transmit pass sent and goes on sending (an MPI rank's poll that answers 64 Read
+    /// Requests of 1 MiB sends for 13 ms in one pass): the thread that holds the QP is still
+    /// serving it, as a poll would (see `lease`: it keeps the QP and the lease alarm away).
+    fn still_sending(&self);
 }
 
 impl Env<'_> {

@@ -14,7 +14,7 @@ use uiw_wire::segment::parse_fpdu;
 use uiw_wire::TermCode;
 
 use super::testkit::{cq, Arena, BASE};
-use super::{DataPath, Env, Fatal, Link};
+use super::{DataPath, Env, Fatal, Holder, Link};
 use crate::engine::access;
 use crate::engine::cq::{wc_opcode, wc_status, Completion, CqObj};
 use crate::engine::mr::{Mr, MrTable};
@@ -38,6 +38,24 @@ fn set_poller_clock(t: Option<u64>) {
     POLLER_CLOCK.with(|c| c.set(t));
 }
 
+thread_local! {
+    /// How many times a side that tells its holder heard `Holder::still_sending`.
+    static STILL_SENDING: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The holder of a side that has one (`Side::holder`): counts what the data path tells it.
+struct CountingHolder;
+
+impl Holder for CountingHolder {
+    fn still_sending(&self) {
+        STILL_SENDING.with(|c| c.set(c.get() + 1));
+    }
+}
+
+fn still_sending_heard() -> usize {
+    STILL_SENDING.with(|c| c.replace(0))
+}
+
 /// One side: its data path, its regions, its CQs.
 struct Side {
     dp: DataPath,
@@ -47,6 +65,8 @@ struct Side {
     rcq: CqObj,
     /// The QP's `qp_access_flags`.
     qp_access: u32,
+    /// Whether the data path tells a holder ([`CountingHolder`]).
+    holder: bool,
 }
 
 const PD: u32 = 1;
@@ -55,7 +75,7 @@ impl Side {
     fn new(addr: u64, len: u64) -> Side {
         let mrs = MrTable::new(16);
         let mr = mrs.register(PD, addr, len, addr, access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ).unwrap();
-        Side { dp: DataPath::default(), mrs, mr, scq: cq(), rcq: cq(), qp_access: access::REMOTE_WRITE | access::REMOTE_READ }
+        Side { dp: DataPath::default(), mrs, mr, scq: cq(), rcq: cq(), qp_access: access::REMOTE_WRITE | access::REMOTE_READ, holder: false }
     }
 
     /// Runs `f` on the data path with its environment (borrowed apart from it).
@@ -66,7 +86,7 @@ impl Side {
     /// [`Side::with`]; `shared`: the send CQ takes the receive completions too (one CQ for
     /// both queues).
     fn with_cqs<R>(&mut self, mem: &Arena, shared: bool, f: impl FnOnce(&mut DataPath, &Env) -> R) -> R {
-        let Side { dp, mrs, scq, rcq, qp_access, .. } = self;
+        let Side { dp, mrs, scq, rcq, qp_access, holder, .. } = self;
         let env = Env {
             qpn: 0x1001,
             pd: PD,
@@ -79,6 +99,7 @@ impl Side {
             srq: None,
             poller_clock,
             poller_now: Default::default(),
+            holder: holder.then_some(&CountingHolder as &dyn Holder),
         };
         f(dp, &env)
     }
@@ -898,7 +919,7 @@ fn tapped_pair(max_io: usize, crc: Crc) -> (Arena, Side, Side, Tap) {
     let side = |addr: u64| {
         let mrs = MrTable::with_fixed_keys(16, 0x5a);
         let mr = mrs.register(PD, addr, half, addr, access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ).unwrap();
-        Side { dp: DataPath::default(), mrs, mr, scq: cq(), rcq: cq(), qp_access: access::REMOTE_WRITE | access::REMOTE_READ }
+        Side { dp: DataPath::default(), mrs, mr, scq: cq(), rcq: cq(), qp_access: access::REMOTE_WRITE | access::REMOTE_READ, holder: false }
     };
     let (mut a, mut b) = (side(BASE), side(BASE + half));
     let (a_to_b, _, _) = connect(&mem, &mut a, &mut b, max_io, crc);
@@ -1168,4 +1189,34 @@ fn completions_of_one_call_arrive_in_order_when_it_returns() {
         let received: Vec<(u64, u32)> = got.iter().map(|c| (c.wr_id, c.byte_len)).collect();
         assert_eq!(received, (0..40u64).map(|i| (100 + i, 8 + i as u32)).collect::<Vec<_>>(), "shared CQ: {shared}");
     }
+}
+
+/// A transmit pass that sends again after a `sendmsg` took part of its backlog tells the QP's
+/// holder each time (`Holder::still_sending`: an application thread inside a pass that goes on
+/// for milliseconds keeps its lease and the lease alarm away, see `lease`); a pass that one
+/// `sendmsg` settles tells it nothing, and neither does a pass the stream stops.
+#[test]
+fn a_transmit_pass_that_goes_on_tells_the_holder() {
+    // A stream that takes 512 bytes a call and holds 4 KiB.
+    let (mem, mut a, mut b, a_addr, b_addr) = connected_pair(512, Crc::Off);
+    let a_key = a.mr.stag;
+    let b_key = b.mr.stag;
+    a.holder = true;
+    still_sending_heard();
+    let write = |a: &mut Side, wr_id: u64, len: u32| {
+        let wqe = send_wqe(wr_id, opcode::RDMA_WRITE, Sge { addr: a_addr, length: len, lkey: a_key }, b_addr, b_key);
+        a.post_send(&mem, wqe);
+    };
+    // 8 bytes: one FPDU, one call.
+    write(&mut a, 1, 8);
+    a.pump(&mem);
+    assert_eq!(still_sending_heard(), 0, "a pass one sendmsg settles");
+    run(&mem, &mut a, &mut b, |a, _| !Side::completions(&a.scq).is_empty());
+    still_sending_heard();
+    // 3 KiB: six calls of 512 bytes and more, in the passes that post and pump it.
+    write(&mut a, 2, 3 << 10);
+    a.pump(&mem);
+    let heard = still_sending_heard();
+    assert!(heard >= 5, "a pass of 3 KiB in 512-byte calls told its holder {heard} times");
+    run(&mem, &mut a, &mut b, |a, _| !Side::completions(&a.scq).is_empty());
 }

@@ -214,6 +214,9 @@ impl DataPath {
                     if settled {
                         return None;
                     }
+                    if let Some(h) = env.holder {
+                        h.still_sending();
+                    }
                 }
                 Err(e) if would_block(&e) => {
                     l.tx_blocked = true;
