@@ -59,7 +59,7 @@ static void usage(FILE *f, const char *argv0)
 		"    data being visible at a passive target in the same process\n"
 		"\n"
 		"SYNOPSIS\n"
-		"    %s [-d DEVICE] [-n ITERS] [-w WARMUP] [-s SIZE] [-t MS] [-q] [-P] [-I MS]\n"
+		"    %s [-d DEVICE] [-n ITERS] [-w WARMUP] [-s SIZE] [-t MS] [-q] [-P] [-I MS] [-B MS]\n"
 		"    %s -h | --help\n"
 		"\n"
 		"DESCRIPTION\n"
@@ -99,6 +99,11 @@ static void usage(FILE *f, const char *argv0)
 		"                uiw-progress) did meanwhile: its context switches (wake-ups)\n"
 		"                and CPU time, from /proc/self/task (an idle process takes no\n"
 		"                periodic wake-ups, and a busy-poll after traffic must end)\n"
+		"    -B MS       afterwards (after -I's wait, with both), poll the initiator's\n"
+		"                CQ without pause for MS milliseconds, as an SPDK reactor or an\n"
+		"                MPI rank does, and report the same of the progress thread\n"
+		"                meanwhile (a thread that keeps polling drives its QP itself:\n"
+		"                the progress thread need not wake for it)\n"
 		"    -h, --help  this text\n"
 		"\n"
 		"OUTPUT\n"
@@ -108,6 +113,8 @@ static void usage(FILE *f, const char *argv0)
 		"        first_look: K of N writes were already visible when the completion came\n"
 		"    and with -I:\n"
 		"        idle: ms=MS progress_threads=T switches=S cpu_ms=C\n"
+		"    and with -B:\n"
+		"        polling: ms=MS progress_threads=T switches=S cpu_ms=C polls=N\n"
 		"    (microseconds, CLOCK_MONOTONIC). uiw-bench's placement_lag row reads the\n"
 		"    lag_us line.\n"
 		"\n"
@@ -308,7 +315,7 @@ int main(int argc, char **argv)
 		{ NULL, 0, NULL, 0 },
 	};
 	const char *dev_name = getenv("UIW_DEVICE");
-	long iters = DEFAULT_ITERS, warmup = DEFAULT_WARMUP, timeout_ms = DEFAULT_TIMEOUT_MS, idle_ms = 0;
+	long iters = DEFAULT_ITERS, warmup = DEFAULT_WARMUP, timeout_ms = DEFAULT_TIMEOUT_MS, idle_ms = 0, busy_ms = 0;
 	size_t size = DEFAULT_SIZE;
 	int quiet = 0, never = 0, active = 0, opt, num, rc = 2;
 	struct ibv_device **list;
@@ -318,7 +325,7 @@ int main(int argc, char **argv)
 	uint64_t *lag = NULL, timeout_ns, first_look = 0, sum = 0;
 	volatile uint64_t *head, *tail;
 
-	while ((opt = getopt_long(argc, argv, "d:n:w:s:t:qPXI:h", longopts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "d:n:w:s:t:qPXI:B:h", longopts, NULL)) != -1) {
 		switch (opt) {
 		case 'd':
 			dev_name = optarg;
@@ -350,6 +357,12 @@ int main(int argc, char **argv)
 		case 'I':
 			if (parse_count(optarg, 1, 3600000, &idle_ms)) {
 				fprintf(stderr, "%s: bad -I '%s' (1..3600000 ms)\n", argv[0], optarg);
+				return 2;
+			}
+			break;
+		case 'B':
+			if (parse_count(optarg, 1, 3600000, &busy_ms)) {
+				fprintf(stderr, "%s: bad -B '%s' (1..3600000 ms)\n", argv[0], optarg);
 				return 2;
 			}
 			break;
@@ -533,6 +546,25 @@ int main(int argc, char **argv)
 		progress_stats(&sw1, &cpu1);
 		printf("idle: ms=%ld progress_threads=%d switches=%" PRIu64 " cpu_ms=%.3f\n", idle_ms, threads, sw1 - sw0,
 		       cpu1 - cpu0);
+	}
+	if (busy_ms) {
+		uint64_t sw0, sw1, polls = 0, end;
+		double cpu0, cpu1;
+		struct ibv_wc wc;
+		int threads = progress_stats(&sw0, &cpu0);
+
+		end = now_ns() + (uint64_t)busy_ms * 1000000u;
+		do {
+			if (ibv_poll_cq(a.cq, 1, &wc) != 0) {
+				printf("FAILED: the initiator's CQ returned a completion (or an error) with nothing "
+				       "posted\n");
+				goto out;
+			}
+			polls++;
+		} while ((polls & 63) || now_ns() < end);
+		progress_stats(&sw1, &cpu1);
+		printf("polling: ms=%ld progress_threads=%d switches=%" PRIu64 " cpu_ms=%.3f polls=%" PRIu64 "\n",
+		       busy_ms, threads, sw1 - sw0, cpu1 - cpu0, polls);
 	}
 	rc = 0;
 out:

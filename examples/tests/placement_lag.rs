@@ -286,3 +286,40 @@ fn a_connected_process_left_idle_takes_no_wake_ups() {
         assert!(cpu_ms < 50.0, "{what}: the progress thread ran {cpu_ms} ms in an idle second\n{}", show(&out));
     }
 }
+
+/// The `polling:` line of `-B`: the progress thread's context switches and CPU milliseconds
+/// while the application polled the initiator's CQ without pause, and how many polls it made.
+fn polling(stdout: &str) -> Option<(u64, f64, u64)> {
+    let l = stdout.lines().find_map(|l| l.strip_prefix("polling: "))?;
+    let field = |k: &str| l.split_whitespace().find_map(|w| w.strip_prefix(k));
+    Some((field("switches=")?.parse().ok()?, field("cpu_ms=")?.parse().ok()?, field("polls=")?.parse().ok()?))
+}
+
+/// A thread that keeps polling holds its QP (issue 9's lease) and costs the progress thread no
+/// wake-ups: its polls push the progress thread's lease alarm away instead of letting it go off
+/// to check the lease (`engine::lease`). Before, the checks backed off to one a millisecond —
+/// a wake-up preempting the poller on a machine whose CPUs pollers hold — so a second of
+/// polling cost about a thousand. A few may still come from the claim itself (a first check
+/// LEASE_US after it) and from a poller preempted for longer than the alarm's lead.
+#[test]
+fn a_thread_that_keeps_polling_costs_the_progress_thread_no_wake_ups() {
+    const TEST: &str = "a_thread_that_keeps_polling_costs_the_progress_thread_no_wake_ups";
+    let Some((artifacts, exe)) = prepare(TEST) else {
+        return;
+    };
+    let _lock = device_lock();
+    let dev = Published::up(&artifacts, &out_dir(env!("CARGO_TARGET_TMPDIR")))
+        .unwrap_or_else(|e| panic!("{TEST}: {e}"));
+    let out = run(&dev, &exe, &["-d", "uiw_lo", "-n", "200", "-w", "10", "-B", "1000", "-q"]);
+    let what = "placement_lag -B 1000";
+    assert_all_visible(what, &out, 200);
+    let (switches, cpu_ms, polls) = polling(&String::from_utf8_lossy(&out.stdout))
+        .unwrap_or_else(|| panic!("{what}: no polling: line\n{}", show(&out)));
+    assert!(polls > 1000, "{what}: only {polls} polls in a second\n{}", show(&out));
+    assert!(
+        switches <= 100,
+        "{what}: the progress thread woke {switches} times in a second its QP's CQ was polled without pause\n{}",
+        show(&out)
+    );
+    assert!(cpu_ms < 100.0, "{what}: the progress thread ran {cpu_ms} ms in that second\n{}", show(&out));
+}
