@@ -1334,6 +1334,7 @@ fn ord(a: &QpAttrs) -> u16 {
         _ => MAX_QP_INIT_RD_ATOM as u16,
     }
 }
+
 impl Holder for Qp {
     fn still_sending(&self) {
         // The holder is a poller (a lease) or the progress thread (no lease: nothing to keep);
