@@ -11,6 +11,7 @@ usage() {
 Usage: perftest/spdk/run.sh build --spdk DIR --isal DIR --isal-crypto DIR [--work DIR]
        perftest/spdk/run.sh bench [--work DIR] [--time SECS] [--reps N] [--uiw PATH]
                                   [--tcp-only|--rdma-only] [--alternate N] [--count QD]
+                                  [--threads QD]
        perftest/spdk/run.sh all   --spdk DIR --isal DIR --isal-crypto DIR [--work DIR] [--time SECS]
 
 build   Copy the SPDK tree (and isa-l / isa-l_crypto, checked out at the commits SPDK pins:
@@ -41,6 +42,12 @@ Options:
                       (slowed down about 50 times: the target is the bottleneck), and the
                       target's instructions per I/O, by library — deterministic where IOPS are
                       not, to compare builds by. No data verification in this mode.
+  --threads QD        instead of the table: a 4 KiB random read run at queue depth QD over each
+                      transport and, over 2 s in its middle, every thread of the target and the
+                      host: wake-ups (voluntary context switches) and preemptions (involuntary
+                      ones) per second and CPU share, from /proc (issue 9: no uiw thread may
+                      compete for a reactor's core; a reactor preempted a thousand times a second
+                      is one that does). Needs SECS of at least 4.
   --alternate N       instead of the table: N rounds of 4 KiB random reads at QD1 for SECS seconds,
                       over uiw's RDMA then NVMe/TCP, on the same target, each round's ratio
                       printed (the machine's speed moves both; the ratio is what to read)
@@ -57,7 +64,7 @@ die() { say "error: $*"; exit 1; }
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 cmd=${1:-}; [ $# -gt 0 ] && shift
-spdk_src= isal_src= isalc_src= work=/tmp/uiw-spdk secs=10 reps=3 uiw= nohuge=0 modes="rdma tcp" alternate=0 count=0
+spdk_src= isal_src= isalc_src= work=/tmp/uiw-spdk secs=10 reps=3 uiw= nohuge=0 modes="rdma tcp" alternate=0 count=0 threads=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --spdk) spdk_src=$2; shift 2 ;;
@@ -72,6 +79,7 @@ while [ $# -gt 0 ]; do
         --rdma-only) modes="rdma"; shift ;;
         --alternate) alternate=$2; shift 2 ;;
         --count) count=$2; shift 2 ;;
+        --threads) threads=$2; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) usage >&2; die "unknown argument '$1'" ;;
     esac
@@ -200,6 +208,48 @@ count_per_io() {
     done
 }
 
+# thread_stats PID...: "pid comm voluntary involuntary cpu-ticks" for every thread of the PIDs
+thread_stats() {
+    local p t
+    for p in "$@"; do
+        for t in /proc/"$p"/task/*; do
+            [ -r "$t/status" ] || continue
+            printf '%s %s %s %s\n' "$p" "$(tr ' ' _ <"$t/comm")" \
+                "$(awk '/^voluntary_ctxt_switches/ { v = $2 } /^nonvoluntary_ctxt_switches/ { n = $2 } END { print v, n }' "$t/status")" \
+                "$(awk '{ print $14 + $15 }' "$t/stat")"
+        done
+    done
+}
+
+# threads_per_run (inside bench): per transport, one 4 KiB random read run at QD $threads, and
+# each thread of the target and the host over 2 s in its middle.
+threads_per_run() {
+    local m log tgt host a b hz
+    [ "$secs" -ge 4 ] || die "--threads needs --time of at least 4 (2 s are looked at in the middle)"
+    hz=$(getconf CLK_TCK)
+    tgt=${pids[0]}
+    # `uiw run` execs the target: its pid is the target's.
+    echo "SPDK $(cat "$work/spdk/VERSION" 2>/dev/null || echo '?') nvmf_tgt (core 0) + spdk_nvme_perf (core 1): 4 KiB randread QD $threads, threads over 2 s, $(date -u +%FT%TZ)"
+    for m in $modes; do
+        log=$run/threads-$m.log
+        $(host "$m") "$bin/spdk_nvme_perf" -c 0x2 "${mem[@]}" -r "$(trid "$m")" -w randread -o 4096 -q "$threads" \
+            -t "$secs" >"$log" 2>&1 &
+        local perf=$!
+        sleep $(((secs - 2) / 2))
+        host=$(pgrep -f -- "spdk_nvme_perf -c 0x2 .*$(trid "$m" | cut -d' ' -f1)" | head -1)
+        a=$(thread_stats "$tgt" $host)
+        sleep 2
+        b=$(thread_stats "$tgt" $host)
+        wait "$perf" || { tail -20 "$log" >&2; die "perf over $m failed (log $log)"; }
+        echo "$m: $(perf_total "$log" | cut -d' ' -f1) IOPS; per thread (target $tgt, host ${host:-?}):"
+        join <(echo "$a" | awk '{ print $1 "/" $2 "/" NR, $3, $4, $5 }' | sort) \
+             <(echo "$b" | awk '{ print $1 "/" $2 "/" NR, $3, $4, $5 }' | sort) |
+            awk -v hz="$hz" '{ split($1, k, "/"); w = ($5 - $2) / 2; p = ($6 - $3) / 2; c = ($7 - $4) / 2 / hz * 100
+                if (w + p + c > 0) printf "  %-6s %-7s %-16s wake-ups %6.0f/s  preempted %6.0f/s  cpu %5.1f %%\n",
+                    (k[1] == "'"$tgt"'" ? "target" : "host"), k[1], k[2], w, p, c }'
+    done
+}
+
 bench() {
     local bin=$work/spdk/build/bin ex=$work/spdk/build/examples
     [ -x "$bin/nvmf_tgt" ] && [ -x "$bin/spdk_nvme_perf" ] || die "no SPDK build in $work/spdk: run '$0 build ...' first"
@@ -270,7 +320,7 @@ JSON
     #    every byte (a mismatch fails the job); 4 KiB QD16 and 128 KiB QD16, over each transport.
     local m bs fail=0
     local modes_verify=$modes
-    if [ "$count" != 0 ]; then modes_verify=; fi
+    if [ "$count" != 0 ] || [ "$threads" != 0 ]; then modes_verify=; fi
     for m in $modes_verify; do
         local TR; TR=$(echo "$m" | tr a-z A-Z)
         local port=$rport; [ "$m" = tcp ] && port=$tport
@@ -304,6 +354,10 @@ JSON
         { tail -20 "$run/warm-up.log" >&2; die "warm-up failed (log $run/warm-up.log)"; }
     if [ "$count" != 0 ]; then
         count_per_io
+        return
+    fi
+    if [ "$threads" != 0 ]; then
+        threads_per_run
         return
     fi
     if [ "$alternate" -gt 0 ]; then
