@@ -128,6 +128,11 @@ pub enum Arming {
     Room { fd: i32, on: bool },
     Rearm(i32),
     Forget,
+    /// The progress thread reads the stream of a free QP itself in a spin window: its socket
+    /// leaves the set meanwhile (`SpinOut`) and comes back before the thread sleeps (`SpinIn`,
+    /// reporting what arrived meanwhile at once). See `spin`.
+    SpinOut(i32),
+    SpinIn(i32),
 }
 
 #[derive(Debug, Default)]
@@ -140,6 +145,9 @@ struct State {
     sleepers: smallvec::SmallVec<[i32; 2]>,
     /// A leased stream's socket is watched for room to send (see `Arming::Room`).
     room: bool,
+    /// A free stream's socket is out of the set while the progress thread spins on it (see
+    /// `Arming::SpinOut`).
+    spun_out: bool,
     /// Pause before the next check (back-off while the lease keeps being renewed).
     check_every: u64,
 }
@@ -187,6 +195,9 @@ impl Lease {
         let mut s = self.state.lock();
         let Some(fd) = s.fd.filter(|_| !s.leased) else { return false };
         s.leased = true;
+        // Out of the set already if the progress thread spun on it: the lease keeps it out,
+        // and the end of the spin leaves it there.
+        s.spun_out = false;
         s.check_every = LEASE_US;
         // The claim follows the renewal that asked for it (`renew`).
         self.claimed_at.store(self.renewed_at(), Ordering::Relaxed);
@@ -273,6 +284,7 @@ impl Lease {
         if s.leased {
             return;
         }
+        s.spun_out = false;
         s.leased = true;
         self.leased.store(true, Ordering::Release);
         apply(Arming::DisarmWhileAsleep(fd));
@@ -318,6 +330,33 @@ impl Lease {
         self.leased.store(false, Ordering::Release);
     }
 
+    /// The progress thread is about to read this free QP's stream itself, poll after poll, in
+    /// a spin window (`spin`): its socket leaves the set (`apply(SpinOut(fd))`), so that an
+    /// arrival runs no epoll callback inside the peer's `sendmsg` (loopback) under the socket
+    /// lock the spinning `recv` waits for. Returns whether it did (not for a leased QP, whose
+    /// socket is out already, nor one without a socket).
+    pub fn spin_out(&self, apply: impl FnOnce(Arming)) -> bool {
+        let mut s = self.state.lock();
+        let Some(fd) = s.fd.filter(|_| !s.leased && !s.spun_out) else { return false };
+        s.spun_out = true;
+        apply(Arming::SpinOut(fd));
+        true
+    }
+
+    /// The spin on this QP's stream ends (the progress thread is about to sleep, or spins on
+    /// another): its socket comes back to the set, reporting at once what arrived meanwhile
+    /// (`apply(SpinIn(fd))`) — unless a claim or a sleeping reader took the QP since (their
+    /// lease keeps the socket out) or the stream went.
+    pub fn spin_in(&self, apply: impl FnOnce(Arming)) {
+        let mut s = self.state.lock();
+        if !std::mem::take(&mut s.spun_out) {
+            return;
+        }
+        if let Some(fd) = s.fd.filter(|_| !s.leased) {
+            apply(Arming::SpinIn(fd));
+        }
+    }
+
     /// The stream's socket leaves the progress thread: the lease ends (`apply(Forget)` if it
     /// was held) and no later hand-back can touch the descriptor, which may be closed and its
     /// number reused.
@@ -325,6 +364,7 @@ impl Lease {
         let mut s = self.state.lock();
         s.fd = None;
         s.room = false;
+        s.spun_out = false;
         s.sleepers.clear();
         if s.leased {
             s.leased = false;
@@ -339,6 +379,38 @@ mod tests {
     use super::*;
 
     use std::cell::RefCell;
+
+    /// A spin takes a free QP's socket out of the set and puts it back; a claim meanwhile keeps
+    /// it out (the lease's), and the end of the spin leaves it there; a leased QP's socket is
+    /// never spun out.
+    #[test]
+    fn a_spin_takes_a_free_socket_out_and_a_claim_keeps_it_out() {
+        let log = RefCell::new(Vec::new());
+        let push = |a| log.borrow_mut().push(a);
+        let l = Lease::default();
+        assert!(!l.spin_out(push), "no socket");
+        l.attach(7);
+        assert!(l.spin_out(push));
+        assert!(!l.spin_out(push), "out already");
+        l.spin_in(push);
+        l.spin_in(push);
+        assert_eq!(*log.borrow(), vec![Arming::SpinOut(7), Arming::SpinIn(7)]);
+        log.borrow_mut().clear();
+        // Claimed while spun out: the claim's Disarm stands, the spin's end adds nothing.
+        assert!(l.spin_out(push));
+        assert!(l.renew(100));
+        assert!(l.claim(push));
+        l.spin_in(push);
+        assert!(!l.spin_out(push), "a leased socket is out for the lease");
+        assert_eq!(*log.borrow(), vec![Arming::SpinOut(7), Arming::Disarm(7)]);
+        log.borrow_mut().clear();
+        // Handed back, then spun out, then the stream goes: nothing comes back.
+        assert_eq!(l.check(1_000_000, false, push), Check::Free);
+        assert!(l.spin_out(push));
+        l.detach(push);
+        l.spin_in(push);
+        assert_eq!(*log.borrow(), vec![Arming::Rearm(7), Arming::SpinOut(7)]);
+    }
 
     /// A push of the lease alarm sees a lease fresh only while it is renewed, held since its
     /// claim; a lapsed one stops the push, a free one does not count.

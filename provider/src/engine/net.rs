@@ -73,6 +73,12 @@ pub trait Endpoint: Send + Sync {
     /// How its lease stands at `now` (engine µs) for a push of the lease alarm
     /// ([`Net::push_lease_alarm`]).
     fn lease_alarm_view(&self, now_us: u64) -> AlarmView;
+    /// The progress thread is about to read the stream itself poll after poll (a spin
+    /// window): the socket leaves its set, if the QP is free and its stream a socket's
+    /// (`Lease::spin_out`). Returns whether it did.
+    fn spin_out(&self) -> bool;
+    /// That spin ends: the socket comes back (`Lease::spin_in`).
+    fn spin_in(&self);
     /// Whether a doorbell of the QP waits for its poller's next poll (`Qp::defer_doorbell`).
     fn doorbell_waits(&self) -> bool;
     /// In a forked child: let go of the parent's stream (close this process's descriptor
@@ -572,6 +578,12 @@ impl Net {
                 self.raw_lease_end(qpn);
                 self.lease_set(|l| l.remove(&qpn));
             }
+            Arming::SpinOut(fd) => {
+                let _ = self.epoll.delete(fd);
+            }
+            Arming::SpinIn(fd) => {
+                let _ = self.epoll.add(fd, token, EPOLL_SOCKET_EDGE).or_else(|_| self.epoll.modify(fd, token, EPOLL_SOCKET_EDGE));
+            }
         }
     }
 
@@ -749,6 +761,9 @@ impl Net {
         // The QP that answered last: within a window, most polls read its stream itself
         // (see `spin::Spin::looks_at_set`).
         let mut hot: Option<u32> = None;
+        // The QP whose socket is out of the set while this thread spins on its stream (see
+        // `spin`).
+        let mut spun_out: Option<u32> = None;
         // Read inside a window, every `spin::CROWD_CHECK_US` (see `spin::crowded`); none with
         // the window off.
         let mut loadavg = if spin.enabled() { std::fs::File::open("/proc/loadavg").ok() } else { None };
@@ -777,6 +792,19 @@ impl Net {
                 Some(q) if polled && !spin.looks_at_set() => Some(q),
                 _ => None,
             };
+            // The spun-out socket comes back before a wait that may sleep (reporting what came
+            // meanwhile), or when another stream is the hot one.
+            if let Some(q) = spun_out.filter(|&q| timeout != Some(Duration::ZERO) || hot != Some(q)) {
+                if let Some(qp) = self.lookup(q) {
+                    qp.spin_in();
+                }
+                spun_out = None;
+            }
+            if let Some(q) = direct.filter(|&q| spun_out != Some(q)) {
+                if self.lookup(q).is_some_and(|qp| qp.spin_out()) {
+                    spun_out = Some(q);
+                }
+            }
             if let Some(q) = direct {
                 match self.lookup(q) {
                     Some(qp) if qp.progress(false, false) == Progress::More => ready.push_back((KIND_QP | u64::from(q), 0)),

@@ -1422,6 +1422,13 @@ impl Endpoint for Qp {
     fn lease_alarm_view(&self, now_us: u64) -> AlarmView {
         self.lease.alarm_view(now_us)
     }
+    fn spin_out(&self) -> bool {
+        // A stream whose readiness is its socket's (not a raw transport's).
+        self.input_fd.load(Ordering::Acquire) >= 0 && self.lease.spin_out(|a| self.net.apply_arming(self.qpn, a))
+    }
+    fn spin_in(&self) {
+        self.lease.spin_in(|a| self.net.apply_arming(self.qpn, a))
+    }
     fn doorbell_waits(&self) -> bool {
         self.doorbell_waits.load(Ordering::Relaxed)
     }
