@@ -487,9 +487,7 @@ impl Net {
     /// Starts serving a QP's stream on the progress thread.
     pub fn watch(&self, stream: &dyn Stream, qpn: u32) -> io::Result<()> {
         let fd = stream.readiness();
-        self.epoll
-            .add(fd, KIND_QP | u64::from(qpn), EPOLL_SOCKET_EDGE)
-            .or_else(|_| self.epoll.modify(fd, KIND_QP | u64::from(qpn), EPOLL_SOCKET_EDGE))?;
+        self.watch_qp_fd(fd, qpn)?;
         self.watched.lock().insert(fd, qpn);
         // Its MPA negotiation has a deadline the progress thread must know of.
         self.wake();
@@ -570,7 +568,7 @@ impl Net {
             }
             Arming::Rearm(fd) => {
                 // Back with its pending readiness reported at once (arrivals while leased).
-                let _ = self.epoll.add(fd, token, EPOLL_SOCKET_EDGE).or_else(|_| self.epoll.modify(fd, token, EPOLL_SOCKET_EDGE));
+                let _ = self.watch_qp_fd(fd, qpn);
                 self.raw_lease_end(qpn);
                 self.lease_set(|l| l.remove(&qpn));
             }
@@ -582,9 +580,17 @@ impl Net {
                 let _ = self.epoll.delete(fd);
             }
             Arming::SpinIn(fd) => {
-                let _ = self.epoll.add(fd, token, EPOLL_SOCKET_EDGE).or_else(|_| self.epoll.modify(fd, token, EPOLL_SOCKET_EDGE));
+                let _ = self.watch_qp_fd(fd, qpn);
             }
         }
+    }
+
+    /// QP `qpn`'s stream readiness `fd` in the progress thread's set (added, or its interest
+    /// restored if it is there): every readiness change, edge-triggered; what is pending
+    /// already is reported at once.
+    fn watch_qp_fd(&self, fd: i32, qpn: u32) -> io::Result<()> {
+        let token = KIND_QP | u64::from(qpn);
+        self.epoll.add(fd, token, EPOLL_SOCKET_EDGE).or_else(|_| self.epoll.modify(fd, token, EPOLL_SOCKET_EDGE))
     }
 
     /// Changes the set of leased QPs, and its glance with it.
